@@ -1,0 +1,189 @@
+"""Wire protocol between controller and agent daemon: JSON lines, pure encode/decode, no I/O.
+
+How it works
+------------
+One JSON object per line, UTF-8, ``\\n``-terminated, in both directions, over the daemon's Unix socket
+(``eaglewatch-agent connect`` bridges stdin/stdout to it, which is what the controller runs over SSH).
+
+1. On connect the daemon sends ``{"type": "hello", "agent_version": "0.1.0", "protocol": 1,
+   "hostname": ..., "pid": ...}`` before anything else.
+2. The client sends requests ``{"id": <int|str>, "op": <op>, ...args}``.  Every request gets exactly one
+   reply carrying the same ``id``: ``{"type": "reply", "id": ..., "ok": true, "result": {...}}`` or
+   ``{"type": "error", "id": ..., "code": <ErrorCode>, "message": "..."}``.  A line that is not JSON, not an
+   object, too long, or names an unknown op gets an error reply (``id`` null when it could not be read) and
+   the connection carries on.
+3. ``follow`` additionally streams, after its reply, messages tagged with the run:
+   ``{"type": "event", "run": R, "event": {<journal event>}}`` for every journal event with
+   ``seq > after_seq`` (first the backlog from ``runs/<R>/events.jsonl``, then live ones, strictly in seq
+   order, never twice on one connection) and, when ``log_offset`` was given,
+   ``{"type": "log", "run": R, "lines": [[offset, text], ...], "next_offset": N}`` where ``offset`` is the
+   byte offset of the line's start in ``output.log`` (so the receiver can store lines idempotently).
+   ``unfollow`` ends the stream.
+
+Requests (args → result):
+- ``version`` → ``{"agent_version", "protocol", "python", "hostname"}``
+- ``launch {run, spec}`` → ``{"run", "pid", "start_time", "argv"}``; ``spec`` is a run spec dict
+  (agent/spec.py); backend ``command`` runs ``spec.command``, the others run ``eaglewatch-agent extract``.
+- ``stop {run, grace_s?}`` → ``{"run", "killed": [{"pid", "cmdline", "signal"}], "remaining": [pid...],
+  "confirmed": bool}``
+- ``list`` → ``{"runs": [<status>...]}``; ``status {run}`` → ``<status>`` =
+  ``{"run", "state", "pid", "start_time", "exit": {"code", "signal"} | null, "last_seq", "log_size"}``
+  with ``state`` one of ``running | completed | failed | stopped | lost``.
+- ``follow {run, after_seq=0, log_offset?}`` → ``{"run", "last_seq"}`` then the stream above; ``unfollow {run}``.
+- ``read_log {run, offset=0, limit=65536}`` → ``{"run", "offset", "next_offset", "size", "data"}``
+  (``data`` decoded as UTF-8 with replacement).
+- ``check {path, layers?, hidden_size?}`` → the report of ``eaglewatch-agent check --json``.
+- ``gpus`` → ``{"gpus": [{"index", "uuid", "name", "memory_total_mib", "memory_used_mib",
+  "utilization_pct", "temperature_c"}], "processes": [{"pid", "gpu_uuid", "used_memory_mib"}]}``
+  (empty lists where there is no GPU / no nvidia-smi).
+
+Journal events (one JSON object per line in ``runs/<R>/events.jsonl``; ``seq`` starts at 1, +1 each):
+- ``{"seq", "ts", "type": "state", "state", "exit"?, "reason"?}``
+- ``{"seq", "ts", "type": "milestone", "kind", "line", "rank", "fields", "text"}``
+- ``{"seq", "ts", "type": "check", "file", "ok", "format", "problems": [{"code", "file", "message"}]}``
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+PROTOCOL_VERSION = 1
+#: Longest request line the daemon accepts; longer lines are discarded and answered with ``too_long``.
+MAX_LINE_BYTES = 1 << 20
+
+
+class Op(StrEnum):
+    """Request operations understood by the daemon."""
+
+    VERSION = "version"
+    LAUNCH = "launch"
+    STOP = "stop"
+    LIST = "list"
+    STATUS = "status"
+    FOLLOW = "follow"
+    UNFOLLOW = "unfollow"
+    READ_LOG = "read_log"
+    CHECK = "check"
+    GPUS = "gpus"
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes carried by ``{"type": "error"}`` replies."""
+
+    BAD_JSON = "bad_json"
+    NOT_AN_OBJECT = "not_an_object"
+    TOO_LONG = "too_long"
+    UNKNOWN_OP = "unknown_op"
+    BAD_ARGS = "bad_args"
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"
+    FAILED = "failed"
+    INTERNAL = "internal"
+
+
+class ProtocolError(Exception):
+    """A message that cannot be accepted; ``code`` is the ErrorCode to send back."""
+
+    def __init__(self, code: ErrorCode, message: str, request_id: Any = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class Request:
+    """A decoded client request."""
+
+    id: Any
+    op: Op
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+_REQUIRED: dict[Op, tuple[str, ...]] = {
+    Op.LAUNCH: ("run", "spec"),
+    Op.STOP: ("run",),
+    Op.STATUS: ("run",),
+    Op.FOLLOW: ("run",),
+    Op.UNFOLLOW: ("run",),
+    Op.READ_LOG: ("run",),
+    Op.CHECK: ("path",),
+}
+
+
+def decode_request(line: bytes | str) -> Request:
+    """Parse one request line; raise ProtocolError naming what is wrong."""
+    if isinstance(line, bytes):
+        if len(line) > MAX_LINE_BYTES:
+            raise ProtocolError(ErrorCode.TOO_LONG, f"line of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(ErrorCode.BAD_JSON, f"line is not valid UTF-8 ({exc.reason})") from None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(ErrorCode.BAD_JSON, f"line is not JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.NOT_AN_OBJECT, f"expected a JSON object, got {type(obj).__name__}")
+    req_id = obj.get("id")
+    if req_id is not None and not isinstance(req_id, (int, str)):
+        raise ProtocolError(ErrorCode.BAD_ARGS, "'id' must be an integer or a string")
+    raw_op = obj.get("op")
+    if not isinstance(raw_op, str):
+        raise ProtocolError(ErrorCode.BAD_ARGS, "missing string field 'op'", req_id)
+    try:
+        op = Op(raw_op)
+    except ValueError:
+        known = ", ".join(o.value for o in Op)
+        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {raw_op[:64]!r} (known: {known})", req_id) from None
+    args = {k: v for k, v in obj.items() if k not in ("id", "op")}
+    missing = [name for name in _REQUIRED.get(op, ()) if name not in args]
+    if missing:
+        raise ProtocolError(ErrorCode.BAD_ARGS, f"op {op.value!r} needs field(s) {', '.join(missing)}", req_id)
+    return Request(id=req_id, op=op, args=args)
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """Serialise one message as a JSON line."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def hello(agent_version: str, hostname: str, pid: int) -> dict[str, Any]:
+    """The first message the daemon sends on every connection."""
+    return {"type": "hello", "agent_version": agent_version, "protocol": PROTOCOL_VERSION,
+            "hostname": hostname, "pid": pid}
+
+
+def reply(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """A successful reply to request ``request_id``."""
+    return {"type": "reply", "id": request_id, "ok": True, "result": result}
+
+
+def error(request_id: Any, code: ErrorCode, message: str) -> dict[str, Any]:
+    """An error reply; ``request_id`` is None when the request could not be read."""
+    return {"type": "error", "id": request_id, "code": code.value, "message": message}
+
+
+def event(run: str, journal_event: dict[str, Any]) -> dict[str, Any]:
+    """A streamed journal event of a followed run."""
+    return {"type": "event", "run": run, "event": journal_event}
+
+
+def log_lines(run: str, lines: list[tuple[int, str]], next_offset: int) -> dict[str, Any]:
+    """A streamed batch of log lines ``(byte offset, text)`` of a followed run."""
+    return {"type": "log", "run": run, "lines": [[o, t] for o, t in lines], "next_offset": next_offset}
+
+
+def decode_message(line: bytes | str) -> dict[str, Any]:
+    """Parse one daemon→client line (controller side); raise ProtocolError when malformed."""
+    try:
+        obj = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(ErrorCode.BAD_JSON, f"daemon sent a line that is not JSON: {exc}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        raise ProtocolError(ErrorCode.NOT_AN_OBJECT, "daemon sent a message without a string 'type'")
+    return obj

@@ -1,0 +1,132 @@
+"""The run spec: one pydantic model shared by the CLI, the HTTP API, the web form and the extraction job.
+
+Not part of the stdlib-only agent core: the daemon passes specs around as plain dicts; the controller
+validates them with this model before launch, and the extraction job (which runs beside vLLM, which
+brings pydantic) validates them again on the host.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Backend = Literal["worker-extension", "vllm-native", "command"]
+LayerConvention = Literal["input", "output"]
+ShapeFailurePolicy = Literal["alert", "stop"]
+#: Deliberate faults for the demo and the tests: make the capture go wrong the way real runs do.
+Fault = Literal["drop_layer", "flatten", "zero"]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def eagle3_default_layers(num_hidden_layers: int) -> list[int]:
+    """EAGLE-3 default layer ids in the "input" convention: [2, N//2, N-3, N]."""
+    n = num_hidden_layers
+    return [2, n // 2, n - 3, n]
+
+
+class Expect(BaseModel):
+    """What every captured file should look like; defaults come from the model's config.json."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layers: int | None = Field(default=None, ge=1, description="number of captured layers per token")
+    hidden_size: int | None = Field(default=None, ge=1, description="hidden size of each captured layer")
+
+
+class RunSpecBase(BaseModel):
+    """Fields a user sets to describe an extraction run (or any watched command)."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    name: str = Field(default="run", description="a short label: letters, digits, '.', '_', '-'")
+    host: str = Field(min_length=1, max_length=128, description="name of a configured host")
+    backend: Backend = "worker-extension"
+    model: str | None = Field(default=None, description="absolute path of the model directory on the host")
+    layers: list[int] | None = Field(default=None, description="layer ids; default EAGLE-3 [2, N//2, N-3, N]")
+    layer_convention: LayerConvention = "input"
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    dataset: str | None = Field(default=None, description="absolute path of a JSONL dataset on the host")
+    max_samples: int | None = Field(default=None, ge=1)
+    seq_len: int = Field(default=2048, ge=1, le=1 << 20)
+    batch_size: int = Field(default=8, ge=1, le=4096)
+    output_dir: str | None = Field(default=None, description="absolute path on the host for hs_N files")
+    env: dict[str, str] = Field(default_factory=dict)
+    vllm_args: list[str] = Field(default_factory=list, description="extra engine arguments, one per item")
+    command: list[str] = Field(default_factory=list, description="argv to run (backend 'command' only)")
+    expect: Expect = Field(default_factory=Expect)
+    rules: list[dict[str, Any]] = Field(default_factory=list, description="extra milestone rules")
+    on_shape_failure: ShapeFailurePolicy = "alert"
+    inject_fault: Fault | None = Field(default=None, description="demo/testing: corrupt the capture")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError("name must be 1-64 of letters, digits, '.', '_', '-' and start with a letter/digit")
+        return v
+
+    @field_validator("model", "dataset", "output_dir")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        if "\x00" in v or not PurePosixPath(v).is_absolute():
+            raise ValueError(f"must be an absolute path on the host, got {v!r}")
+        return v
+
+    @field_validator("layers")
+    @classmethod
+    def _layers(cls, v: list[int] | None) -> list[int] | None:
+        if v is None:
+            return None
+        if not v:
+            raise ValueError("layers must not be empty (leave it out for the EAGLE-3 default)")
+        if any(i < 0 for i in v):
+            raise ValueError(f"layer ids must be >= 0, got {v}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"layer ids must be unique, got {v}")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not _ENV_RE.match(key):
+                raise ValueError(f"environment variable name {key!r} is not valid")
+            if "\x00" in value:
+                raise ValueError(f"environment variable {key!r} contains a NUL byte")
+        return v
+
+    @field_validator("vllm_args", "command")
+    @classmethod
+    def _argv(cls, v: list[str]) -> list[str]:
+        if any("\x00" in a for a in v):
+            raise ValueError("arguments must not contain NUL bytes")
+        return v
+
+    @model_validator(mode="after")
+    def _backend_fields(self) -> RunSpecBase:
+        if self.backend == "command":
+            if not self.command:
+                raise ValueError("backend 'command' needs 'command' (an argv list)")
+        else:
+            if self.command:
+                raise ValueError(f"'command' is only allowed with backend 'command', not {self.backend!r}")
+            missing = [f for f in ("model", "dataset", "output_dir") if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"backend {self.backend!r} needs {', '.join(missing)}")
+        return self
+
+
+class RunSpec(RunSpecBase):
+    """A validated run spec, as stored and sent to the agent."""
+
+
+def parse_spec(data: dict[str, Any]) -> RunSpec:
+    """Validate a spec dict; raises pydantic.ValidationError naming each bad field."""
+    return RunSpec.model_validate(data)

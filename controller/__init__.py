@@ -1,0 +1,5 @@
+"""eaglewatch controller: SSH links to agents, SQLite state, run lifecycle, alerts and the CLI."""
+
+from agent import __version__
+
+__all__ = ["__version__"]
