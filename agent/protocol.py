@@ -25,7 +25,8 @@ Requests (args → result):
 - ``launch {run, spec}`` → ``{"run", "pid", "start_time", "argv"}``; ``spec`` is a run spec dict
   (agent/spec.py); backend ``command`` runs ``spec.command``, the others run ``eaglewatch-agent extract``.
 - ``stop {run, grace_s?}`` → ``{"run", "killed": [{"pid", "cmdline", "signal"}], "remaining": [pid...],
-  "confirmed": bool}``
+  "confirmed": bool, "gpu_released": bool | null}`` (``gpu_released``: no killed pid still holds GPU memory
+  according to nvidia-smi; null where there is no GPU)
 - ``list`` → ``{"runs": [<status>...]}``; ``status {run}`` → ``<status>`` =
   ``{"run", "state", "pid", "start_time", "exit": {"code", "signal"} | null, "last_seq", "log_size"}``
   with ``state`` one of ``running | completed | failed | stopped | lost``.
@@ -36,6 +37,7 @@ Requests (args → result):
 - ``gpus`` → ``{"gpus": [{"index", "uuid", "name", "memory_total_mib", "memory_used_mib",
   "utilization_pct", "temperature_c"}], "processes": [{"pid", "gpu_uuid", "used_memory_mib"}]}``
   (empty lists where there is no GPU / no nvidia-smi).
+- ``shutdown`` → ``{"stopping": true}``: the daemon exits cleanly, leaving every job running (agent upgrade).
 
 Journal events (one JSON object per line in ``runs/<R>/events.jsonl``; ``seq`` starts at 1, +1 each):
 - ``{"seq", "ts", "type": "state", "state", "exit"?, "reason"?}``
@@ -68,6 +70,7 @@ class Op(StrEnum):
     READ_LOG = "read_log"
     CHECK = "check"
     GPUS = "gpus"
+    SHUTDOWN = "shutdown"
 
 
 class ErrorCode(StrEnum):
