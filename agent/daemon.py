@@ -1,0 +1,283 @@
+"""The agent daemon: re-adopts runs from the state dir and serves agent/protocol.py on a Unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from agent import __version__, jobs, protocol
+from agent.connection import Connection, OpError
+from agent.journal import Journal
+from agent.paths import RunPaths, atomic_write_json, run_paths, runs_dir, valid_run_id
+from agent.procfs import boot_id
+from agent.rules import RuleError, load_rules
+from agent.protocol import ErrorCode
+from agent.tail import Inotify
+from agent.watch import RunWatcher
+
+log = logging.getLogger("eaglewatch.agent")
+
+
+class DaemonError(Exception):
+    """The daemon cannot start (another one runs, socket path unusable)."""
+
+
+class Daemon:
+    """One daemon per state dir: the runs it watches and the socket server."""
+
+    def __init__(self, state_dir: Path, socket_path: Path) -> None:
+        self.state_dir = state_dir
+        self.socket_path = socket_path
+        self.runs: dict[str, RunWatcher] = {}
+        self.hostname = socket.gethostname()
+        self.inotify: Inotify | None = None
+        self.connections: set[Connection] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._stopping = asyncio.Event()
+        self._lock_fd = -1
+        self._bg: set[asyncio.Task[Any]] = set()
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Take the state dir's lock, re-adopt every run, listen on the socket."""
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        runs_dir(self.state_dir).mkdir(exist_ok=True, mode=0o700)
+        self._lock_fd = os.open(self.state_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise DaemonError(f"another daemon already serves {self.state_dir}") from None
+        os.ftruncate(self._lock_fd, 0)
+        os.write(self._lock_fd, f"{os.getpid()}\n".encode())
+        loop = asyncio.get_running_loop()
+        try:
+            self.inotify = Inotify(loop)
+        except OSError as exc:
+            log.warning("inotify unavailable (%s): polling every 0.2 s", exc)
+        for entry in sorted(runs_dir(self.state_dir).iterdir()):
+            if entry.is_dir() and valid_run_id(entry.name) and (entry / "spec.json").exists():
+                self._adopt(run_paths(self.state_dir, entry.name))
+        await self._listen()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        loop.add_signal_handler(signal.SIGUSR2, _dump_tasks)
+        log.info(
+            "agent %s serving %s (state %s, %d runs)",
+            __version__,
+            self.socket_path,
+            self.state_dir,
+            len(self.runs),
+        )
+
+    async def _listen(self) -> None:
+        path = self.socket_path
+        if len(os.fsencode(path)) > 100:
+            raise DaemonError(f"socket path {path} is too long for a Unix socket (max ~100 bytes)")
+        if path.exists() or path.is_symlink():
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(path))
+            except OSError:
+                path.unlink()  # stale: nobody answers
+            else:
+                raise DaemonError(f"a daemon already listens on {path}")
+            finally:
+                probe.close()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        old = os.umask(0o077)
+        try:
+            self._server = await asyncio.start_unix_server(
+                self._on_client, path=str(path), limit=protocol.MAX_LINE_BYTES
+            )
+        finally:
+            os.umask(old)
+        self._socket_ino = path.stat().st_ino
+
+    async def serve_forever(self) -> None:
+        """Run until SIGTERM/SIGINT or a ``shutdown`` request, then close (jobs keep running)."""
+        await self._stopping.wait()
+        await self.close()
+
+    def request_shutdown(self) -> None:
+        """Ask the daemon to exit after the current replies."""
+        self._stopping.set()
+
+    async def close(self) -> None:
+        """Stop listening, end connections and watchers (cursors are saved); jobs are left alone."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.close()
+        for w in self.runs.values():
+            if w.task is not None:
+                w.task.cancel()
+        tasks = [w.task for w in self.runs.values() if w.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        for w in self.runs.values():
+            w.journal.close()
+        with contextlib.suppress(OSError):
+            if self.socket_path.stat().st_ino == self._socket_ino:
+                self.socket_path.unlink()
+        if self.inotify is not None:
+            self.inotify.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(self, reader, writer)
+        self.connections.add(conn)
+        try:
+            await conn.serve()
+        finally:
+            self.connections.discard(conn)
+
+    # --- runs ------------------------------------------------------------------------------------
+    def _adopt(self, paths: RunPaths) -> RunWatcher:
+        """Create the watcher of an existing or new run and start it unless the run has ended."""
+        from agent.paths import read_json
+
+        spec = read_json(paths.spec)
+        watcher = RunWatcher(
+            paths,
+            Journal(paths.events),
+            spec if isinstance(spec, dict) else {},
+            self._agent_stop,
+            polling=self.inotify is None,
+        )
+        self.runs[paths.run] = watcher
+        watcher.start()
+        if watcher.task is not None and self.inotify is not None:
+            key = f"run:{paths.run}"
+            self.inotify.watch(key, paths.dir, watcher.wake)
+            watcher.task.add_done_callback(lambda _t: self._unwatch(key))
+        return watcher
+
+    def _unwatch(self, key: str) -> None:
+        if self.inotify is not None and self.inotify.fd >= 0:
+            self.inotify.unwatch(key)
+
+    def _agent_stop(self, run: str, reason: str) -> None:
+        """The agent's own stop (on_shape_failure = stop): runs in the background, final state failed."""
+        watcher = self.runs[run]
+        log.warning("stopping %s: %s", run, reason)
+        self.background(asyncio.to_thread(jobs.stop, watcher.paths, 10.0, "agent", reason))
+
+    def background(self, coro: Any) -> None:
+        """Run ``coro`` as a task the daemon keeps a reference to."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    def watcher(self, args: dict[str, Any]) -> RunWatcher:
+        """The watcher named by ``args["run"]`` or an OpError."""
+        run = args.get("run")
+        if not isinstance(run, str) or not valid_run_id(run):
+            raise OpError(ErrorCode.BAD_ARGS, "'run' must be a run id (letters, digits, '.', '_', '-')")
+        try:
+            return self.runs[run]
+        except KeyError:
+            raise OpError(ErrorCode.NOT_FOUND, f"no run {run!r} on this host") from None
+
+    async def launch(self, run: Any, spec: Any) -> dict[str, Any]:
+        """Write the run record, start the job detached, journal ``launched`` + state ``running``."""
+        if not isinstance(run, str) or not valid_run_id(run):
+            raise OpError(
+                ErrorCode.BAD_ARGS, f"run id {str(run)[:80]!r} must match ^[A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}$"
+            )
+        argv, env = launch_argv(run, spec, self.state_dir)
+        try:
+            load_rules(extra=list(spec.get("rules") or []))
+        except (RuleError, TypeError) as exc:
+            raise OpError(ErrorCode.BAD_ARGS, f"spec.rules: {exc}") from None
+        paths = run_paths(self.state_dir, run)
+        try:
+            paths.dir.mkdir(mode=0o700)
+        except FileExistsError:
+            raise OpError(ErrorCode.CONFLICT, f"run {run!r} already exists on this host") from None
+        atomic_write_json(paths.spec, spec)
+        journal = Journal(paths.events)
+        try:
+            record = await asyncio.to_thread(jobs.spawn, paths, argv, env)
+        except jobs.SpawnError as exc:
+            journal.close()
+            self._adopt(paths)  # sees exit.json (or nothing): journals failed / lost itself
+            raise OpError(ErrorCode.FAILED, f"cannot start run {run!r}: {exc}") from None
+        journal.append(
+            {
+                "type": "milestone",
+                "kind": "launched",
+                "line": 0,
+                "rank": None,
+                "fields": {"pid": record["pid"], "argv": argv, "host": self.hostname},
+                "text": f"launched pid {record['pid']}: {' '.join(argv)[:300]}",
+            }
+        )
+        journal.append({"type": "state", "state": "running"})
+        journal.close()
+        self._adopt(paths)
+        return {
+            "run": run,
+            "pid": record["pid"],
+            "start_time": record["start_time"],
+            "argv": argv,
+            "boot_id": boot_id(),
+        }
+
+
+def _dump_tasks() -> None:
+    """`kill -USR2 <daemon>` writes every asyncio task's stack to the log (diagnosing a stuck daemon)."""
+    for task in asyncio.all_tasks():
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
+
+
+def launch_argv(run: str, spec: Any, state_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """The job's argv and environment additions for ``spec``; OpError naming what is wrong."""
+    if not isinstance(spec, dict):
+        raise OpError(ErrorCode.BAD_ARGS, "'spec' must be a JSON object (a run spec)")
+    backend = spec.get("backend", "worker-extension")
+    if backend not in ("worker-extension", "vllm-native", "command"):
+        raise OpError(
+            ErrorCode.BAD_ARGS,
+            f"spec.backend {str(backend)[:40]!r} is not one of worker-extension, vllm-native, command",
+        )
+    env = spec.get("env") or {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and k.isidentifier() and isinstance(v, str) and "\0" not in v
+        for k, v in env.items()
+    ):
+        raise OpError(ErrorCode.BAD_ARGS, "spec.env must map variable names to strings")
+    if spec.get("on_shape_failure", "alert") not in ("alert", "stop"):
+        raise OpError(ErrorCode.BAD_ARGS, "spec.on_shape_failure must be 'alert' or 'stop'")
+    if backend == "command":
+        cmd = spec.get("command")
+        if not isinstance(cmd, list) or not cmd or not all(isinstance(a, str) and "\0" not in a for a in cmd):
+            raise OpError(
+                ErrorCode.BAD_ARGS, "backend 'command' needs spec.command: a non-empty list of strings"
+            )
+        return list(cmd), dict(env)
+    spec_file = run_paths(state_dir, run).spec
+    return [sys.executable, "-m", "agent", "extract", "--spec", str(spec_file)], dict(env)
+
+
+async def run_daemon(state_dir: Path, socket_path: Path) -> int:
+    """Start a daemon and serve until told to stop; exit status for the CLI."""
+    daemon = Daemon(state_dir, socket_path)
+    try:
+        await daemon.start()
+    except DaemonError as exc:
+        print(f"eaglewatch-agent daemon: {exc}", file=sys.stderr)
+        return 1
+    await daemon.serve_forever()
+    return 0

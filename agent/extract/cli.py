@@ -1,0 +1,107 @@
+"""Entry points `extract --spec RUN.json` and `tiny-model DIR --arch ...` (dispatched by agent/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+
+
+def run_extract(argv: list[str]) -> int:
+    """Run one extraction job; 0 done, 1 failed (a `failed` line says why), 2 cannot start (bad spec/paths)."""
+    p = argparse.ArgumentParser(prog="eaglewatch-agent extract", description="hidden-state extraction job")
+    p.add_argument("--spec", required=True, help="run spec JSON file")
+    args = p.parse_args(argv)
+
+    from agent.extract import signals
+    from agent.extract.preflight import SpecError, load_spec, preflight
+
+    try:
+        spec = load_spec(args.spec)
+        plan = preflight(spec)
+    except SpecError as e:
+        print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
+        signals.emit("failed", reason=str(e))
+        return 2
+    from agent.extract.dataset import DatasetError, load
+
+    try:
+        samples = load(plan.spec.dataset or "", plan.model_dir, spec.seq_len, spec.max_samples)
+    except DatasetError as e:
+        print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
+        signals.emit("failed", reason=str(e))
+        return 2
+    return _run(plan, samples)
+
+
+def _run(plan: object, samples: list) -> int:  # type: ignore[type-arg]
+    from agent.extract import engine, signals
+    from agent.extract.preflight import Plan
+    from agent.extract.writer import Manifest, existing_valid, previous_dtype, versions
+
+    assert isinstance(plan, Plan)
+    spec = plan.spec
+    out = spec.output_dir or "."
+    engine.apply_env(spec.env)
+    t0 = time.monotonic()
+    dtype_hint = previous_dtype(out)
+    manifest = Manifest(
+        model=str(plan.model_dir),
+        layer_ids=plan.layer_ids,
+        layer_convention=spec.layer_convention,
+        hidden_size=plan.hidden_size,
+        dtype=plan.dtype,
+        backend=spec.backend,
+        command=engine.command_line(),
+        samples_total=len(samples),
+        versions=versions(),
+    )
+    todo = []
+    for s in samples:
+        if existing_valid(out, s.idx, list(s.token_ids), len(plan.layer_ids), plan.hidden_size, dtype_hint):
+            manifest.sample_tokens[s.idx] = len(s.token_ids)
+        else:
+            todo.append(s)
+    if manifest.sample_tokens:
+        signals.say(
+            f"resuming: {len(manifest.sample_tokens)} of {len(samples)} samples already valid in {out}"
+        )
+    prog = engine.Progress(
+        total=len(samples), done=len(manifest.sample_tokens), files=len(manifest.sample_tokens)
+    )
+    manifest.save(out)
+    try:
+        if todo:
+            if spec.backend == "vllm-native":
+                from agent.extract.native import run_native
+
+                run_native(plan, todo, manifest, prog)
+            else:
+                engine.run_worker_extension(plan, todo, manifest, prog)
+    except engine.CaptureFailed as e:
+        signals.emit("failed", reason=str(e))
+        signals.say(f"FAILED: {e}")
+        return 1
+    except Exception as e:  # noqa: BLE001 - the job's last word must be a `failed` line
+        traceback.print_exc()
+        signals.emit("failed", reason=f"{type(e).__name__}: {e}")
+        return 1
+    secs = round(time.monotonic() - t0, 2)
+    tokens = sum(manifest.sample_tokens.values())
+    signals.emit(
+        "completed",
+        samples=len(manifest.sample_tokens),
+        files=len(manifest.sample_tokens),
+        tokens=tokens,
+        seconds=secs,
+    )
+    signals.say(f"completed: {len(manifest.sample_tokens)} samples, {tokens} tokens in {secs} s -> {out}")
+    return 0
+
+
+def run_tiny_model(argv: list[str]) -> int:
+    """Build a tiny random-weight model offline: `tiny-model DIR --arch llama|deepseek_v3`."""
+    from agent.extract.tinymodel import main
+
+    return main(argv)

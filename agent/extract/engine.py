@@ -1,0 +1,184 @@
+"""The extraction driver: start vLLM, feed batches, collect small per-sample results, signal progress."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.extract import signals
+from agent.extract.dataset import Sample
+from agent.extract.preflight import Plan
+from agent.extract.writer import Manifest
+
+#: Tests may point this at a subclass (env EAGLEWATCH_WORKER_EXTENSION) to compare against vLLM's own aux states.
+WORKER_EXTENSION = "agent.extract.worker_ext.EagleWatchCapture"
+
+
+class CaptureFailed(RuntimeError):
+    """The run must stop (policy stop on a bad sample, or a worker error); the message is the reason."""
+
+
+def engine_kwargs(model: str, vllm_args: list[str]) -> dict[str, Any]:
+    """Turn the spec's vllm_args (CLI-style argv) into LLM(...) keyword arguments that differ from defaults."""
+    if not vllm_args:
+        return {}
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    base = vars(parser.parse_args(["--model", model]))
+    got = vars(parser.parse_args(["--model", model, *vllm_args]))
+    return {k: v for k, v in got.items() if v != base.get(k) and k != "model"}
+
+
+def one_result(results: Any) -> Any:
+    """collective_rpc returns a list (one entry per worker) or one value (unique reply rank): rank 0's entry."""
+    if isinstance(results, list):
+        found = [r for r in results if r is not None]
+        if len(found) != 1:
+            raise CaptureFailed(f"expected one reply from TP rank 0, got {len(found)} of {len(results)}")
+        return found[0]
+    return results
+
+
+@dataclass
+class Progress:
+    """Counters for progress lines."""
+
+    total: int
+    done: int = 0
+    files: int = 0
+    bytes: int = 0
+    tokens: int = 0
+    failed_checks: int = 0
+    batches: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def restart_clock(self) -> None:
+        """Measure throughput from engine ready on, not from process start."""
+        self.started = time.monotonic()
+        self.tokens = 0
+
+    def emit(self) -> None:
+        """One `progress` milestone line plus a human line."""
+        secs = max(time.monotonic() - self.started, 1e-9)
+        tps = round(self.tokens / secs, 1)
+        signals.emit(
+            "progress",
+            samples_done=self.done,
+            samples_total=self.total,
+            tokens_per_s=tps,
+            files_written=self.files,
+            bytes_written=self.bytes,
+        )
+        signals.say(f"{self.done}/{self.total} samples, {tps} tok/s, {self.files} files, {self.bytes} bytes")
+
+
+def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest, prog: Progress) -> None:
+    """Emit check lines for finished samples, update counters and the manifest; raise on policy stop."""
+    stop_reason = None
+    for r in sorted(results, key=lambda r: r.get("idx", -1)):
+        if "error" in r:
+            raise CaptureFailed(f"capture writer failed: {r['error']}")
+        prog.done += 1
+        prog.tokens += r["tokens"]
+        if r["written"]:
+            prog.files += 1
+            prog.bytes += r["bytes"]
+            manifest.sample_tokens[r["idx"]] = r["tokens"]
+        if r["problems"]:
+            prog.failed_checks += 1
+            for p in r["problems"]:
+                signals.emit(
+                    "shape_check_failed", file=r["file"], index=r["idx"], code=p["code"], message=p["message"]
+                )
+            if plan.spec.on_shape_failure == "stop" and stop_reason is None:
+                stop_reason = f"{r['file']}: {r['problems'][0]['message']} (on_shape_failure=stop)"
+        else:
+            signals.emit("shape_check_passed", file=r["file"], index=r["idx"])
+    manifest.save(plan.spec.output_dir or ".")
+    if stop_reason:
+        raise CaptureFailed(stop_reason)
+
+
+def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, prog: Progress) -> None:
+    """Backend worker-extension: vLLM with our worker extension; the worker writes the files."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = plan.spec
+    kwargs = engine_kwargs(str(plan.model_dir), spec.vllm_args)
+    longest = max(len(s.token_ids) for s in todo)
+    kwargs.setdefault("max_model_len", longest + 1)
+    kwargs.update(enforce_eager=True, enable_prefix_caching=False)  # both needed for a complete capture
+    llm = LLM(
+        model=str(plan.model_dir),
+        worker_extension_cls=os.environ.get("EAGLEWATCH_WORKER_EXTENSION", WORKER_EXTENSION),
+        tensor_parallel_size=spec.tensor_parallel_size,
+        **kwargs,
+    )
+    cfg = {
+        "layer_ids": plan.layer_ids,
+        "convention": spec.layer_convention,
+        "output_dir": spec.output_dir,
+        "fault": spec.inject_fault,
+        "stop_on_failure": spec.on_shape_failure == "stop",
+    }
+    info = one_result(llm.collective_rpc("eaglewatch_setup", args=(cfg,)))
+    manifest.dtype = info["dtype"]
+    configured(plan, info["dtype"], info["layer_class"])
+    prog.restart_clock()
+    for start in range(0, len(todo), spec.batch_size):
+        batch = todo[start : start + spec.batch_size]
+        prompts = [TokensPrompt(prompt_token_ids=list(s.token_ids)) for s in batch]
+        params = [
+            SamplingParams(max_tokens=1, temperature=0.0, extra_args={"eaglewatch_idx": s.idx}) for s in batch
+        ]
+        llm.generate(prompts, params, use_tqdm=False)
+        drained = one_result(llm.collective_rpc("eaglewatch_drain"))
+        got = {r.get("idx") for r in drained["results"]}
+        missing = [s.idx for s in batch if s.idx not in got]
+        handle_results(drained["results"], plan, manifest, prog)
+        if missing:
+            raise CaptureFailed(f"no capture came back for samples {missing}")
+        batch_done(batch, prog)
+
+
+def configured(plan: Plan, dtype: str, layer_class: str) -> None:
+    """The capture_configured milestone."""
+    spec = plan.spec
+    signals.emit(
+        "capture_configured",
+        layers=plan.layer_ids,
+        convention=spec.layer_convention,
+        hidden_size=plan.hidden_size,
+        dtype=dtype,
+        backend=spec.backend,
+        layer_class=layer_class,
+    )
+    signals.say(
+        f"capturing layers {plan.layer_ids} ({spec.layer_convention} convention) of {layer_class}, "
+        f"hidden {plan.hidden_size}, {dtype}, backend {spec.backend}"
+    )
+
+
+def batch_done(batch: list[Sample], prog: Progress) -> None:
+    """batch_captured + progress lines after a batch is written."""
+    prog.batches += 1
+    signals.emit(
+        "batch_captured", batch=prog.batches, samples=len(batch), tokens=sum(len(s.token_ids) for s in batch)
+    )
+    prog.emit()
+
+
+def command_line() -> list[str]:
+    """How this job was started, for the manifest."""
+    return [sys.executable, *sys.argv]
+
+
+def apply_env(env: dict[str, str]) -> None:
+    """Spec env goes into os.environ before vLLM is imported (CUDA_VISIBLE_DEVICES and friends)."""
+    os.environ.update(env)

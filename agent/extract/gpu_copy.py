@@ -1,0 +1,53 @@
+"""CUDA device->host path: async copies into pinned buffers on a side stream, recycled through a small pool."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+import torch
+
+
+class PinnedCopier:
+    """Copy step tensors off the GPU without stalling the forward stream.
+
+    The copy is queued on a side stream after an event recorded on the compute stream, into a pinned
+    buffer from a pool of at most `max_buffers`; the consumer waits on the returned event, reads the host
+    view and calls release(). When every buffer is in use the producer blocks (backpressure), so host
+    memory stays bounded however slow the disk is.
+    """
+
+    def __init__(self, device: torch.device, max_buffers: int = 4, min_bytes: int = 1 << 20) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+        self.max_buffers = max_buffers
+        self.min_bytes = min_bytes
+        self._free: queue.Queue[torch.Tensor] = queue.Queue()
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            if self._free.empty() and self._count < self.max_buffers:
+                self._count += 1
+                return torch.empty(max(nbytes, self.min_bytes), dtype=torch.uint8, pin_memory=True)
+        buf = self._free.get()  # blocks until the writer hands one back
+        if buf.numel() < nbytes:  # grow: drop the small one, pin a bigger one
+            buf = torch.empty(max(nbytes, 2 * buf.numel()), dtype=torch.uint8, pin_memory=True)
+        return buf
+
+    def copy_async(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event, Callable[[], None]]:
+        """Start copying t (on the current stream's device) to host; returns (host view, done event, release)."""
+        nbytes = t.numel() * t.element_size()
+        buf = self._buffer(nbytes)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(ready)
+            host = buf[:nbytes].view(t.dtype).view(t.shape)
+            host.copy_(t, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        t.record_stream(self.stream)  # keep the allocator from reusing t before the copy ran
+        return host, done, lambda: self._free.put(buf)

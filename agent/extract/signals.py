@@ -1,0 +1,41 @@
+"""Machine-readable `EAGLEWATCH {json}` milestone lines and human-readable lines on stdout, flushed each."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+PREFIX = "EAGLEWATCH "
+KINDS = frozenset(
+    {
+        "capture_configured",
+        "batch_captured",
+        "shape_check_passed",
+        "shape_check_failed",
+        "progress",
+        "completed",
+        "failed",
+    }
+)
+
+
+def format_line(kind: str, **fields: Any) -> str:
+    """One machine-readable line: `EAGLEWATCH {"kind": kind, ...fields}` (no newline)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown milestone kind {kind!r}")
+    return PREFIX + json.dumps({"kind": kind, **fields}, separators=(", ", ": "), default=str)
+
+
+def emit(kind: str, stream: TextIO | None = None, **fields: Any) -> None:
+    """Print one milestone line and flush it (the agent follows the log live)."""
+    out = stream or sys.stdout
+    out.write(format_line(kind, **fields) + "\n")
+    out.flush()
+
+
+def say(message: str, stream: TextIO | None = None) -> None:
+    """Print one human-readable line, prefixed so it is easy to find in a mixed vLLM log."""
+    out = stream or sys.stdout
+    out.write(f"[eaglewatch] {message}\n")
+    out.flush()

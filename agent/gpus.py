@@ -1,0 +1,224 @@
+"""GPU discovery for the agent: run nvidia-smi's CSV queries and parse them (stdlib only).
+
+How it works
+------------
+``parse_gpu_csv`` and ``parse_process_csv`` are pure: text in, rows plus typed line errors out. A malformed
+line is skipped and reported (``CsvLineError`` names the line number, the text and what is wrong); it never
+raises, so one odd driver line cannot take the daemon down. ``query`` is the I/O wrapper: it runs the two
+``nvidia-smi --query-*`` commands (argv lists, a timeout) and returns the protocol's ``gpus`` result. Where
+nvidia-smi is absent or fails, the lists are empty; an ``errors`` list is added only when something went
+wrong, so a machine without a GPU answers exactly ``{"gpus": [], "processes": []}``.
+
+``EAGLEWATCH_NVIDIA_SMI`` overrides the nvidia-smi path (an operator with it outside PATH).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
+from typing import Any
+
+GPU_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used", "utilization.gpu", "temperature.gpu")
+PROCESS_FIELDS = ("pid", "gpu_uuid", "used_memory")
+GPU_QUERY = ("--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits")
+PROCESS_QUERY = ("--query-compute-apps=" + ",".join(PROCESS_FIELDS), "--format=csv,noheader,nounits")
+#: nvidia-smi can hang for many seconds on a wedged driver; the daemon must not.
+DEFAULT_TIMEOUT_S = 10.0
+ENV_NVIDIA_SMI = "EAGLEWATCH_NVIDIA_SMI"
+
+
+@dataclass(frozen=True)
+class CsvLineError:
+    """One line of nvidia-smi output that could not be parsed (it is skipped)."""
+
+    query: str  # "gpu" or "process"
+    line: int  # 1-based line number in the output
+    text: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form, as put in the ``errors`` list of ``query()``."""
+        return {"query": self.query, "line": self.line, "text": self.text[:200], "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """Rows parsed from one nvidia-smi CSV output, and the lines that were skipped."""
+
+    rows: list[dict[str, Any]]
+    errors: list[CsvLineError]
+
+
+class _BadField(ValueError):
+    """A field that is neither a number nor one of nvidia-smi's placeholders."""
+
+
+def _optional_int(raw: str, field: str) -> int | None:
+    """An integer field; nvidia-smi's ``[N/A]``, ``[Not Supported]``, ``N/A`` etc. become None."""
+    value = raw.strip()
+    if not value or value.startswith("[") or value.upper() in ("N/A", "NOT SUPPORTED", "UNKNOWN ERROR"):
+        return None
+    try:
+        # Some drivers print whole numbers as "27.0" or with units left on ("143771 MiB") in odd modes.
+        return int(float(value.split()[0]))
+    except ValueError:
+        raise _BadField(f"{field} is not a number: {value[:40]!r}") from None
+
+
+def _required_int(raw: str, field: str) -> int:
+    """An integer field that must be present."""
+    value = _optional_int(raw, field)
+    if value is None:
+        raise _BadField(f"{field} is missing ({raw.strip()[:40]!r})")
+    return value
+
+
+def _lines(text: str) -> list[tuple[int, str]]:
+    """Non-blank data lines with their 1-based numbers."""
+    out = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        lowered = stripped.lower()
+        # A CSV header (--format=csv without noheader) and "No running processes found" carry no row.
+        if stripped and not lowered.startswith(("no running", "index,", "pid,")):
+            out.append((number, stripped))
+    return out
+
+
+def parse_gpu_csv(text: str) -> Parsed:
+    """Parse ``--query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu,temperature.gpu``."""
+    rows: list[dict[str, Any]] = []
+    errors: list[CsvLineError] = []
+    for number, line in _lines(text):
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < len(GPU_FIELDS):
+            reason = f"expected {len(GPU_FIELDS)} comma-separated fields, got {len(parts)}"
+            errors.append(CsvLineError("gpu", number, line, reason))
+            continue
+        # nvidia-smi does not quote; a comma inside the product name shows up as extra fields.
+        tail = len(parts) - 4
+        name = ", ".join(parts[2:tail])
+        uuid = parts[1]
+        try:
+            if not uuid.startswith(("GPU-", "MIG-")):
+                raise _BadField(f"uuid does not look like a GPU uuid: {uuid[:40]!r}")
+            rows.append(
+                {
+                    "index": _required_int(parts[0], "index"),
+                    "uuid": uuid,
+                    "name": name,
+                    "memory_total_mib": _optional_int(parts[tail], "memory.total"),
+                    "memory_used_mib": _optional_int(parts[tail + 1], "memory.used"),
+                    "utilization_pct": _optional_int(parts[tail + 2], "utilization.gpu"),
+                    "temperature_c": _optional_int(parts[tail + 3], "temperature.gpu"),
+                }
+            )
+        except _BadField as exc:
+            errors.append(CsvLineError("gpu", number, line, str(exc)))
+    return Parsed(rows, errors)
+
+
+def parse_process_csv(text: str) -> Parsed:
+    """Parse ``--query-compute-apps=pid,gpu_uuid,used_memory`` (empty output: no processes)."""
+    rows: list[dict[str, Any]] = []
+    errors: list[CsvLineError] = []
+    for number, line in _lines(text):
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != len(PROCESS_FIELDS):
+            reason = f"expected {len(PROCESS_FIELDS)} comma-separated fields, got {len(parts)}"
+            errors.append(CsvLineError("process", number, line, reason))
+            continue
+        try:
+            rows.append(
+                {
+                    "pid": _required_int(parts[0], "pid"),
+                    "gpu_uuid": parts[1],
+                    # "[N/A]" under MIG or in some containers: the process is there, its size unknown.
+                    "used_memory_mib": _optional_int(parts[2], "used_memory"),
+                }
+            )
+        except _BadField as exc:
+            errors.append(CsvLineError("process", number, line, str(exc)))
+    return Parsed(rows, errors)
+
+
+def find_nvidia_smi() -> str | None:
+    """Path of the nvidia-smi to run, or None when there is none."""
+    override = os.environ.get(ENV_NVIDIA_SMI)
+    if override:
+        return override if os.access(override, os.X_OK) else None
+    return shutil.which("nvidia-smi")
+
+
+def _run(argv: list[str], timeout_s: float) -> tuple[str | None, str | None]:
+    """Run one nvidia-smi query: (stdout, None) on success, (None, reason) on failure."""
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a signal aimed at the daemon's group must not hit a hung query
+        )
+    except OSError as exc:
+        return None, f"cannot run {argv[0]}: {exc.strerror or exc}"
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        # The query runs in its own session: kill its whole group (a wrapper script's children too).
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        # Stuck in the driver (D state)? Leave it rather than block the daemon.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=1.0)
+        return None, f"{argv[0]} {argv[1].split('=')[0]} timed out after {timeout_s:g} s"
+    if proc.returncode != 0:
+        message = (err or out).decode("utf-8", "replace").strip().splitlines()
+        detail = message[0][:200] if message else "no output"
+        return None, f"{argv[0]} exited with {proc.returncode}: {detail}"
+    return out.decode("utf-8", "replace"), None
+
+
+def query(timeout_s: float = DEFAULT_TIMEOUT_S, nvidia_smi: str | None = None) -> dict[str, Any]:
+    """The ``gpus`` op's result: GPUs and compute processes from nvidia-smi; empty lists without one."""
+    exe = nvidia_smi or find_nvidia_smi()
+    result: dict[str, Any] = {"gpus": [], "processes": []}
+    if exe is None:
+        return result
+    errors: list[dict[str, Any]] = []
+    text, failure = _run([exe, *GPU_QUERY], timeout_s)
+    if failure is not None:
+        errors.append({"query": "gpu", "line": None, "text": "", "reason": failure})
+    else:
+        parsed = parse_gpu_csv(text or "")
+        result["gpus"] = parsed.rows
+        errors.extend(e.to_dict() for e in parsed.errors)
+    if result["gpus"]:
+        text, failure = _run([exe, *PROCESS_QUERY], timeout_s)
+        if failure is not None:
+            errors.append({"query": "process", "line": None, "text": "", "reason": failure})
+        else:
+            parsed = parse_process_csv(text or "")
+            result["processes"] = parsed.rows
+            errors.extend(e.to_dict() for e in parsed.errors)
+    if errors:
+        result["errors"] = errors
+    return result
+
+
+def gpu_pids(timeout_s: float = DEFAULT_TIMEOUT_S) -> set[int] | None:
+    """Pids holding GPU memory now, or None where that cannot be known (no GPU, nvidia-smi failed).
+
+    nvidia-smi reports pids of the host's pid namespace; inside a container with its own namespace they
+    do not match the job's pids, so run the agent in the host's namespace (as the systemd unit does).
+    """
+    result = query(timeout_s)
+    if not result["gpus"] or any(
+        e["query"] == "process" and e["line"] is None for e in result.get("errors", [])
+    ):
+        return None
+    return {p["pid"] for p in result["processes"]}

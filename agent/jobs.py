@@ -1,0 +1,183 @@
+"""Jobs on the host: spawn detached (through agent.supervise), tell alive/finished/lost, stop for real."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent import procfs
+from agent.paths import RUN_ID_ENV, RunPaths, atomic_write_json, read_json
+
+_PKG_ROOT = Path(__file__).resolve().parent.parent
+
+
+class SpawnError(Exception):
+    """The job could not be started; the message says why."""
+
+
+def spawn(paths: RunPaths, argv: list[str], env: dict[str, str], cwd: str | None = None) -> dict[str, Any]:
+    """Start ``argv`` detached under a supervisor; return the job record (pid, start_time, boot_id, argv)."""
+    atomic_write_json(paths.launch, {"argv": argv, "env": {**env, RUN_ID_ENV: paths.run}, "cwd": cwd})
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "agent.supervise", str(paths.dir)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            start_new_session=True,
+            cwd=_PKG_ROOT,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SpawnError(f"cannot run the supervisor: {exc}") from None
+    try:
+        record = json.loads(proc.stdout)
+    except ValueError:
+        tail = proc.stderr.decode("utf-8", "replace")[-500:]
+        raise SpawnError(f"supervisor exited {proc.returncode} without a job record: {tail}") from None
+    if not isinstance(record, dict) or "error" in record:
+        raise SpawnError(str(record.get("error") if isinstance(record, dict) else record))
+    return record
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What the run dir and /proc say about a job: ``alive``, ``finished`` or ``lost``."""
+
+    status: str
+    job: dict[str, Any] | None
+    exit: dict[str, Any] | None
+
+
+def job_alive(job: dict[str, Any] | None) -> bool:
+    """True when the recorded job (pid + start time + boot id) is still running."""
+    if not job or not isinstance(job.get("pid"), int):
+        return False
+    return procfs.is_same_process(job["pid"], job.get("start_time"), job.get("boot_id"))
+
+
+def classify(paths: RunPaths) -> JobStatus:
+    """Alive (pid + start time + boot id match), finished (exit status on disk), or lost (neither)."""
+    job = read_json(paths.job)
+    job = job if isinstance(job, dict) else None
+    exit_rec = read_json(paths.exit)
+    if isinstance(exit_rec, dict):
+        return JobStatus("finished", job, exit_rec)
+    if job_alive(job):
+        return JobStatus("alive", job, None)
+    return JobStatus("lost", job, None)
+
+
+def run_processes(run: str, job: dict[str, Any] | None, exclude: set[int]) -> list[int]:
+    """Live processes of the run: the job's process group and every process of ours carrying its run id."""
+    entry = f"{RUN_ID_ENV}={run}".encode()
+    uid = os.getuid()
+    group = job["pid"] if job_alive(job) and job else None
+    found = []
+    for pid in procfs.pids():
+        if pid in exclude:
+            continue
+        st = procfs.stat(pid)
+        if st is None or st.state in ("Z", "X"):
+            continue
+        if (group is not None and st.pgid == group) or (
+            procfs.owner(pid) == uid and procfs.environ_has(pid, entry)
+        ):
+            found.append(pid)
+    return found
+
+
+def request_stop(paths: RunPaths, by: str, reason: str) -> None:
+    """Record that the run is being stopped (first request wins), so the final state says why."""
+    if not paths.stop.exists():
+        atomic_write_json(paths.stop, {"requested_at": time.time(), "by": by, "reason": reason})
+
+
+def _signal(pid: int, sig: signal.Signals) -> bool:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def stop(
+    paths: RunPaths,
+    grace_s: float = 10.0,
+    by: str = "client",
+    reason: str = "stopped by request",
+    poll_s: float = 0.05,
+) -> dict[str, Any]:
+    """SIGTERM the run's processes, SIGKILL what is left after ``grace_s``, confirm none remains."""
+    request_stop(paths, by, reason)
+    job = read_json(paths.job)
+    job = job if isinstance(job, dict) else None
+    exclude = {os.getpid()}
+    if job and isinstance(job.get("supervisor_pid"), int):
+        exclude.add(job["supervisor_pid"])
+    killed: dict[int, dict[str, Any]] = {}
+
+    def hit(sig: signal.Signals) -> list[int]:
+        targets = run_processes(paths.run, job, exclude)
+        if job and job_alive(job):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(job["pid"], sig)
+        for pid in targets:
+            cmd = procfs.cmdline(pid)
+            if _signal(pid, sig) or pid in killed:
+                killed.setdefault(pid, {"pid": pid, "cmdline": cmd, "signal": sig.name})["signal"] = sig.name
+        return targets
+
+    hit(signal.SIGTERM)
+    deadline = time.monotonic() + max(0.0, grace_s)
+    while time.monotonic() < deadline:
+        left = run_processes(paths.run, job, exclude)
+        if not left:
+            break
+        # Children started after the first SIGTERM get theirs too.
+        for pid in left:
+            if pid not in killed:
+                killed[pid] = {"pid": pid, "cmdline": procfs.cmdline(pid), "signal": "SIGTERM"}
+                _signal(pid, signal.SIGTERM)
+        time.sleep(poll_s)
+    remaining = run_processes(paths.run, job, exclude)
+    if remaining:
+        hit(signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while remaining and time.monotonic() < deadline:
+            time.sleep(poll_s)
+            remaining = run_processes(paths.run, job, exclude)
+            for pid in remaining:
+                killed.setdefault(pid, {"pid": pid, "cmdline": procfs.cmdline(pid), "signal": "SIGKILL"})
+                _signal(pid, signal.SIGKILL)
+    return {
+        "run": paths.run,
+        "killed": sorted(killed.values(), key=lambda k: k["pid"]),
+        "remaining": remaining,
+        "confirmed": not remaining,
+        "gpu_released": gpu_released(set(killed)),
+    }
+
+
+def gpu_released(pids: set[int]) -> bool | None:
+    """False while nvidia-smi lists one of ``pids`` holding GPU memory; None on a host without GPUs."""
+    try:
+        from agent import gpus  # owner G; imported late so a host without it still stops jobs
+    except ImportError:
+        return None
+    try:
+        info = gpus.query()
+    except Exception:
+        return None
+    if not info.get("gpus"):
+        return None
+    holding = {p.get("pid") for p in info.get("processes", [])}
+    return not (holding & pids)

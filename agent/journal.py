@@ -1,0 +1,97 @@
+"""Per-run append-only journal ``events.jsonl``: one JSON event a line, ``seq`` 1, 2, 3…, fsynced."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_TAIL_CHUNK = 1 << 16
+
+
+class Journal:
+    """Appends events with consecutive ``seq``; recovers the last seq (and cuts a torn last line) on open."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.last_seq = 0
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self.last_seq = self._recover()
+
+    def _recover(self) -> int:
+        """Cut an unterminated last line (a write torn by a crash) and return the last complete seq."""
+        size = os.fstat(self._fd).st_size
+        end = size
+        tail = b""
+        # Walk back in chunks until the last newline (and the line before it) is in view.
+        while end > 0:
+            start = max(0, end - _TAIL_CHUNK)
+            tail = os.pread(self._fd, end - start, start) + tail
+            end = start
+            if tail.count(b"\n") >= 2 or (end == 0):
+                break
+        base = end
+        cut = tail.rfind(b"\n") + 1  # 0 when there is no newline at all
+        if base + cut < size:
+            os.ftruncate(self._fd, base + cut)
+        for raw in reversed(tail[:cut].splitlines()):
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and isinstance(obj.get("seq"), int):
+                return int(obj["seq"])
+        return 0
+
+    def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``listener(event)`` after each durable append."""
+        self._listeners.append(listener)
+
+    def append(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Give ``event`` the next seq and a timestamp, write it durably, then tell the listeners."""
+        full = {"seq": self.last_seq + 1, "ts": round(time.time(), 3), **event}
+        data = json.dumps(full, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        os.fsync(self._fd)
+        self.last_seq = full["seq"]
+        for listener in list(self._listeners):
+            listener(full)
+        return full
+
+    def close(self) -> None:
+        """Close the file descriptor."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_events(path: Path, byte_offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Complete events from ``byte_offset`` on, and the offset after the last complete line."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(byte_offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], byte_offset
+    cut = data.rfind(b"\n") + 1
+    events: list[dict[str, Any]] = []
+    for raw in data[:cut].splitlines():
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            events.append(obj)
+    return events, byte_offset + cut
+
+
+def scan(path: Path) -> list[dict[str, Any]]:
+    """Every complete event of a journal file (empty when the file is missing)."""
+    return read_events(path, 0)[0]

@@ -1,0 +1,185 @@
+"""Incremental, pure log-line splitter: bytes in, decoded lines with byte offsets out.
+
+How it works
+------------
+``LineSplitter.feed(chunk)`` splits on ``\\n``, ``\\r`` and ``\\r\\n`` (tqdm redraws its bar with ``\\r``),
+decodes each line as UTF-8 with replacement (it never raises), and strips ANSI escape sequences (vLLM
+colours its log when stderr is a terminal).  A line longer than ``max_line_bytes`` keeps only its first
+``max_line_bytes`` bytes: the rest is counted and dropped while it streams in (a 10 MB line never sits in
+memory whole); the emitted ``Line`` is ``truncated`` and its text ends with a marker naming how many bytes
+were dropped.
+
+Offsets: ``Line.offset`` is the byte offset of the line's first byte in the file.  ``pending_offset`` is
+the offset of the first byte not yet emitted as part of a line; persist it and start a new splitter there
+(``LineSplitter(start_offset=pending_offset)``) to resume with nothing lost and nothing twice.  A chunk
+that ends in ``\\r`` holds that line back until the next byte shows whether the terminator is ``\\r`` or
+``\\r\\n`` (``flush()`` releases it); otherwise a restart between the two bytes would invent an empty line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_MAX_LINE_BYTES = 65536
+
+# CSI (colours, cursor moves), OSC (titles, hyperlinks) and two-byte escapes.
+_ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_EOL_RE = re.compile(rb"\r\n|\r|\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One log line: byte offset of its start, decoded text, and whether it was cut at the cap."""
+
+    offset: int
+    text: str
+    truncated: bool = False
+
+
+def strip_ansi(text: str) -> str:
+    """Remove ANSI escape sequences from ``text``."""
+    if "\x1b" not in text:
+        return text
+    return _ANSI_RE.sub("", text)
+
+
+def _utf8_boundary(raw: bytes) -> int:
+    """Length of the longest prefix of ``raw`` that does not end inside a multi-byte UTF-8 character."""
+    n = len(raw)
+    back = 0
+    while back < 3 and back < n and (raw[n - 1 - back] & 0xC0) == 0x80:
+        back += 1
+    lead_at = n - 1 - back
+    if lead_at < 0:
+        return n
+    lead = raw[lead_at]
+    need = 2 if 0xC0 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if lead >= 0xF0 else 1
+    return lead_at if need > back + 1 else n
+
+
+def _decode(raw: bytes) -> str:
+    text = raw.decode("utf-8", "replace")
+    return _ANSI_RE.sub("", text) if "\x1b" in text else text
+
+
+class LineSplitter:
+    """Split a byte stream into ``Line`` objects incrementally; see the module docstring."""
+
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, start_offset: int = 0) -> None:
+        if max_line_bytes < 1:
+            raise ValueError(f"max_line_bytes must be >= 1, got {max_line_bytes}")
+        if start_offset < 0:
+            raise ValueError(f"start_offset must be >= 0, got {start_offset}")
+        self.max_line_bytes = max_line_bytes
+        self._buf = bytearray()  # kept bytes of the current, unterminated line (<= max_line_bytes)
+        self._dropped = 0  # bytes of the current line dropped past the cap
+        self._start = start_offset  # offset of the current line's first byte
+        self._pos = start_offset  # offset just past the last byte fed
+        self._cr = False  # the current line ended with a \r at the very end of the last chunk
+
+    @property
+    def pending_offset(self) -> int:
+        """Offset of the first byte not yet emitted as part of a line (persist this to resume)."""
+        return self._start
+
+    def _make(self, offset: int, raw: bytes, dropped: int) -> Line:
+        cap = self.max_line_bytes
+        if len(raw) > cap:
+            dropped += len(raw) - cap
+            raw = raw[:cap]
+        if not dropped:
+            return Line(offset, _decode(raw), False)
+        keep = _utf8_boundary(raw)
+        dropped += len(raw) - keep
+        text = _decode(raw[:keep]) + f" […line truncated: {dropped} bytes dropped]"
+        return Line(offset, text, True)
+
+    def _take_partial(self, tail: bytes) -> tuple[bytes, int]:
+        """The current partial line completed by ``tail``; resets the partial state."""
+        raw = bytes(self._buf) + tail if self._buf else tail
+        dropped = self._dropped
+        self._buf.clear()
+        self._dropped = 0
+        return raw, dropped
+
+    def _append_partial(self, piece: bytes) -> None:
+        room = self.max_line_bytes - len(self._buf)
+        if len(piece) <= room:
+            self._buf += piece
+        else:
+            if room > 0:
+                self._buf += piece[:room]
+            self._dropped += len(piece) - max(room, 0)
+
+    def feed(self, data: bytes) -> list[Line]:
+        """Consume a chunk; return the lines it completed, in order."""
+        out: list[Line] = []
+        if not data:
+            return out
+        base = self._pos
+        self._pos += len(data)
+        if self._cr:
+            self._cr = False
+            raw, dropped = self._take_partial(b"")
+            skip = 1 if data[0] == 0x0A else 0
+            out.append(self._make(self._start, raw, dropped))
+            if skip:
+                data = data[1:]
+                base += 1
+            self._start = base
+            if not data:
+                return out
+        cap = self.max_line_bytes
+        make = self._make
+        if b"\r" not in data:
+            parts = data.split(b"\n")
+            last = parts.pop()
+            if parts:
+                first = parts[0]
+                raw, dropped = self._take_partial(first)
+                out.append(make(self._start, raw, dropped))
+                cur = base + len(first) + 1
+                append = out.append
+                for p in parts[1:] if len(parts) > 1 else ():
+                    if len(p) > cap:
+                        append(make(cur, p, 0))
+                    else:
+                        t = p.decode("utf-8", "replace")
+                        if "\x1b" in t:
+                            t = _ANSI_RE.sub("", t)
+                        append(Line(cur, t, False))
+                    cur += len(p) + 1
+                self._start = cur
+            self._append_partial(last)
+            return out
+        cur = 0
+        n = len(data)
+        first = True
+        for m in _EOL_RE.finditer(data):
+            piece = data[cur : m.start()]
+            if m.end() == n and m.group() == b"\r":
+                # Hold the line back: the next chunk may start with the \n of a \r\n.
+                self._append_partial(piece)
+                self._cr = True
+                return out
+            if first:
+                raw, dropped = self._take_partial(piece)
+                out.append(make(self._start, raw, dropped))
+                first = False
+            else:
+                out.append(make(base + cur, piece, 0))
+            cur = m.end()
+            self._start = base + cur
+        self._append_partial(data[cur:])
+        return out
+
+    def flush(self) -> list[Line]:
+        """Emit the unterminated final line, if any (at job end)."""
+        if not self._cr and not self._buf and not self._dropped:
+            return []
+        raw, dropped = self._take_partial(b"")
+        line = self._make(self._start, raw, dropped)
+        self._cr = False
+        self._start = self._pos
+        return [line]

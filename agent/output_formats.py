@@ -1,0 +1,180 @@
+"""Pure rules for the torch-saved capture formats (old speculators .pt, SpecForge and EAGLE ge_data .ckpt)."""
+
+from __future__ import annotations
+
+from agent.output_shapes import (
+    Described,
+    Expectation,
+    Problem,
+    TensorMeta,
+    check_layer_list,
+    check_mask,
+    dims,
+    float_check,
+    missing_keys,
+    squeeze_batch,
+    token_count,
+)
+
+SPECULATORS_PT = "speculators-pt"
+SPECFORGE = "specforge-ckpt"
+EAGLE = "eagle-ckpt"
+SAFETENSORS = "safetensors"
+
+REQUIRED = {
+    SPECULATORS_PT: ("input_ids", "hidden_states", "loss_mask"),
+    SPECFORGE: ("input_ids", "loss_mask", "aux_hidden_state", "hidden_state"),
+    EAGLE: ("input_ids", "hidden_state", "loss_mask"),
+}
+
+
+def classify(name: str, keys: set[str]) -> str:
+    """Which torch format a loaded dict is: by its keys first, then by the file name's extension."""
+    if "hidden_states" in keys:
+        return SPECULATORS_PT
+    if "aux_hidden_state" in keys:
+        return SPECFORGE
+    if "hidden_state" in keys:
+        return EAGLE
+    return SPECULATORS_PT if name.endswith(".pt") else SPECFORGE
+
+
+def _tensor(file: str, key: str, value: Described) -> tuple[TensorMeta | None, list[Problem]]:
+    if isinstance(value, TensorMeta):
+        return value, []
+    got = f"a list of {len(value)}" if isinstance(value, list) else f"a {value}"
+    return None, [
+        Problem(
+            "hidden_dim_lost" if "hidden" in key else "missing_key",
+            file,
+            f"{key} is {got}, expected a tensor",
+        )
+    ]
+
+
+def check_sample(file: str, fmt: str, sample: dict[str, Described], expect: Expectation) -> list[Problem]:
+    """Check one loaded torch-format sample (its tensors described by shape and dtype) against expect."""
+    problems = missing_keys(file, sample, REQUIRED[fmt])
+    t: int | None = None
+    if "input_ids" in sample:
+        ids, p = _tensor(file, "input_ids", sample["input_ids"])
+        problems += p
+        if ids is not None:
+            t, p = token_count(file, "input_ids", ids.shape, ids.dtype)
+            problems += p
+    if "loss_mask" in sample:
+        mask, p = _tensor(file, "loss_mask", sample["loss_mask"])
+        problems += p if mask is None else check_mask(file, "loss_mask", mask, t, "input_ids")
+    if fmt == SPECULATORS_PT and "hidden_states" in sample:
+        hs = sample["hidden_states"]
+        if isinstance(hs, TensorMeta):
+            # a stacked [layers, T, hidden] tensor is the same data as the list the format specifies
+            items = [TensorMeta(hs.shape[1:], hs.dtype)] * hs.shape[0] if len(hs.shape) == 3 else [hs]
+        elif isinstance(hs, list):
+            items = hs
+        else:
+            return [
+                *problems,
+                Problem("hidden_dim_lost", file, f"hidden_states is a {hs}, expected a list of tensors"),
+            ]
+        problems += check_layer_list(file, "hidden_states", items, t, expect)
+    elif fmt in (SPECFORGE, EAGLE):
+        problems += _check_single_and_aux(file, fmt, sample, t, expect)
+    return problems
+
+
+def _last_layer(
+    file: str, meta: TensorMeta, t: int | None, expect: Expectation
+) -> tuple[int | None, list[Problem]]:
+    shape = squeeze_batch(meta.shape)
+    problems = float_check(file, "hidden_state", meta.dtype)
+    want = f"[{t if t is not None else 'T'}, {expect.hidden_size or 'hidden'}]"
+    if len(shape) < 2 or (len(shape) == 2 and t is not None and shape[-1] == t and shape[0] != t):
+        problems.append(
+            Problem(
+                "hidden_dim_lost",
+                file,
+                f"hidden dimension lost: hidden_state is {dims(meta.shape)}, expected {want}",
+            )
+        )
+        return None, problems
+    if len(shape) != 2:
+        problems.append(
+            Problem("layer_count_mismatch", file, f"hidden_state is {dims(meta.shape)}, expected {want}")
+        )
+        return None, problems
+    if t is not None and shape[0] != t:
+        problems.append(
+            Problem("seq_len_mismatch", file, f"hidden_state has {shape[0]} tokens but input_ids has {t}")
+        )
+    if expect.hidden_size is not None and shape[1] != expect.hidden_size:
+        problems.append(
+            Problem(
+                "hidden_size_mismatch",
+                file,
+                f"hidden size mismatch: hidden_state has {shape[1]}, expected {expect.hidden_size}",
+            )
+        )
+    return shape[1], problems
+
+
+def _check_single_and_aux(
+    file: str, fmt: str, sample: dict[str, Described], t: int | None, expect: Expectation
+) -> list[Problem]:
+    problems: list[Problem] = []
+    hidden = expect.hidden_size
+    if "hidden_state" in sample:
+        last, p = _tensor(file, "hidden_state", sample["hidden_state"])
+        problems += p
+        if last is not None:
+            got_h, p = _last_layer(file, last, t, expect)
+            problems += p
+            hidden = hidden or got_h
+    if fmt != SPECFORGE or "aux_hidden_state" not in sample:
+        return problems
+    aux, p = _tensor(file, "aux_hidden_state", sample["aux_hidden_state"])
+    if aux is None:
+        return problems + p
+    problems += float_check(file, "aux_hidden_state", aux.dtype)
+    shape = squeeze_batch(aux.shape)
+    want_aux = None if expect.layers is None else expect.layers - 1
+    want = f"[{t if t is not None else 'T'}, {want_aux or 'k'} × {hidden or 'hidden'}]"
+    if len(shape) < 2:
+        problems.append(
+            Problem(
+                "hidden_dim_lost",
+                file,
+                f"hidden dimension lost: aux_hidden_state is {dims(aux.shape)}, expected {want}",
+            )
+        )
+        return problems
+    if len(shape) != 2:
+        problems.append(
+            Problem("layer_count_mismatch", file, f"aux_hidden_state is {dims(aux.shape)}, expected {want}")
+        )
+        return problems
+    if t is not None and shape[0] != t:
+        problems.append(
+            Problem("seq_len_mismatch", file, f"aux_hidden_state has {shape[0]} tokens but input_ids has {t}")
+        )
+    if hidden:
+        if shape[1] % hidden:
+            problems.append(
+                Problem(
+                    "hidden_size_mismatch",
+                    file,
+                    f"hidden size mismatch: aux_hidden_state's last axis {shape[1]} "
+                    f"is not a multiple of {hidden}",
+                )
+            )
+        elif want_aux is not None and shape[1] // hidden != want_aux:
+            k = shape[1] // hidden
+            problems.append(
+                Problem(
+                    "layer_count_mismatch",
+                    file,
+                    f"layer count mismatch: aux_hidden_state has {k} layers ({shape[1]} = {k} × {hidden}), "
+                    f"expected {want_aux} (+ hidden_state as layer {want_aux + 1})",
+                )
+            )
+    return problems

@@ -1,0 +1,120 @@
+"""Where the agent keeps its state: the state dir, the daemon socket and one directory per run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Run ids name a directory: letters, digits, '.', '_', '-', starting with a letter or digit.
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: The variable every job process carries, so `stop` finds workers that left the process group.
+RUN_ID_ENV = "EAGLEWATCH_RUN_ID"
+
+
+def default_state_dir() -> Path:
+    """$EAGLEWATCH_AGENT_HOME, else ~/.local/state/eaglewatch-agent."""
+    env = os.environ.get("EAGLEWATCH_AGENT_HOME")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".local" / "state" / "eaglewatch-agent"
+
+
+def default_socket(state_dir: Path) -> Path:
+    """The daemon's Unix socket inside the state dir."""
+    return state_dir / "agent.sock"
+
+
+def valid_run_id(run: object) -> bool:
+    """True when ``run`` is a string usable as a run id (and so as a directory name)."""
+    return isinstance(run, str) and RUN_ID_RE.match(run) is not None and run not in (".", "..")
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The files of one run under ``<state>/runs/<id>/``."""
+
+    run: str
+    dir: Path
+
+    @property
+    def spec(self) -> Path:
+        """The run spec as received (written before anything starts)."""
+        return self.dir / "spec.json"
+
+    @property
+    def launch(self) -> Path:
+        """argv, env additions and cwd handed to the supervisor."""
+        return self.dir / "launch.json"
+
+    @property
+    def log(self) -> Path:
+        """The job's stdout+stderr."""
+        return self.dir / "output.log"
+
+    @property
+    def events(self) -> Path:
+        """The journal."""
+        return self.dir / "events.jsonl"
+
+    @property
+    def job(self) -> Path:
+        """pid, start time and boot id of the job, written by the supervisor."""
+        return self.dir / "job.json"
+
+    @property
+    def exit(self) -> Path:
+        """The job's exit code or signal, written by the supervisor when it ends."""
+        return self.dir / "exit.json"
+
+    @property
+    def stop(self) -> Path:
+        """Present once a stop was requested (by a client or by the agent's own shape-check policy)."""
+        return self.dir / "stop.json"
+
+    @property
+    def cursor(self) -> Path:
+        """The watcher's durable position: log offset, line number, engine snapshot, checked files."""
+        return self.dir / "cursor.json"
+
+    @property
+    def supervisor_log(self) -> Path:
+        """The supervisor's own stderr (start failures)."""
+        return self.dir / "supervisor.log"
+
+
+def runs_dir(state_dir: Path) -> Path:
+    """The directory holding one sub-directory per run."""
+    return state_dir / "runs"
+
+
+def run_paths(state_dir: Path, run: str) -> RunPaths:
+    """The paths of run ``run``; raises ValueError for an id that is not a safe name."""
+    if not valid_run_id(run):
+        raise ValueError(f"run id {run!r} must match {RUN_ID_RE.pattern}")
+    return RunPaths(run=run, dir=runs_dir(state_dir) / run)
+
+
+def atomic_write_json(path: Path, obj: Any, fsync: bool = True) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temporary file and a rename (readers never see half)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    data = json.dumps(obj, separators=(",", ":")).encode("utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    """The JSON content of ``path``, or None when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,311 @@
+"""Milestone rule data: the TOML schema, validation with typed errors, field conversions, loading.
+
+A rule file holds ``[[rule]]`` tables (a run spec's ``rules`` is a list of dicts of the same shape)::
+
+    [[rule]]
+    name = "kv_cache_size"            # required, unique; a later rule with the same name replaces it
+    kind = "kv_cache_ready"           # required: a stable milestone kind (KINDS)
+    contains = "KV cache size: "      # literal prefilter (string or list: any of them); the regex only
+                                      # runs on lines containing it.
+    words = ["Killed"]                # cheapest prefilter: whole whitespace-delimited words (any of them).
+                                      # With neither contains nor words the rule runs on every line (slow).
+    regex = '(?P<device>GPU|CPU) KV cache size: (?P<tokens>[\\d,]+) tokens'
+                                      # Python re, searched in the message (the text after the process
+                                      # prefix and the log header; the whole line when it has neither)
+    fields = { tokens = "int" }       # conversions of named groups: str (default), int ("262,144" -> 262144),
+                                      # float, gib ("7.5", "7.5 GiB", "512 MiB" -> GiB float), percent,
+                                      # seconds ("2 secs", "1.5s"), list (a Python/JSON literal list)
+    set = { device = "GPU" }          # constant fields added to the milestone
+    per_rank = true                   # printed once per TP rank: one milestone with fields.ranks
+    class = "oom"                     # error class (required with kind = "error", forbidden otherwise)
+    severity = "warning"              # info | warning | error | critical (default from the kind)
+    once = true                       # emit only the first match of this rule in a log (tqdm redraws)
+    marker = true                     # the regex's group "json" holds a JSON object whose "kind" (a
+                                      # stable kind) and other keys become the milestone (kind above is
+                                      # the fallback when the object names none); bad JSON -> a warning
+    enabled = false                   # switch off a built-in rule of this name
+
+Rules are tried in order (built-ins first, then ``--rules`` files, then the run spec's); the first rule
+whose regex matches a line wins.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KINDS = frozenset(
+    {
+        "launched", "engine_config", "extension_injected", "weights_loaded", "kv_cache_ready",
+        "cuda_graphs_captured", "engine_ready", "server_ready", "capture_configured", "batch_captured",
+        "shape_check_passed", "shape_check_failed", "progress", "throughput", "warning", "error",
+        "completed", "failed",
+    }
+)  # fmt: skip
+ERROR_CLASSES = frozenset(
+    {
+        "oom", "nccl", "import", "api_mismatch", "rpc_timeout", "worker_died", "engine_failed", "shm_stall",
+        "kv_cache", "killed", "segfault", "traceback",
+    }
+)  # fmt: skip
+SEVERITIES = ("info", "warning", "error", "critical")
+BUILTIN_DIR = Path(__file__).with_name("rules")
+BUILTIN_FILES = ("vllm.toml", "errors.toml", "eaglewatch.toml")
+
+
+class RuleError(ValueError):
+    """A rule that cannot be used; names the source, the rule index and the field."""
+
+    def __init__(self, source: str, index: int | None, field_name: str | None, message: str) -> None:
+        where = source
+        if index is not None:
+            where += f": rule #{index}"
+        if field_name:
+            where += f": field '{field_name}'"
+        super().__init__(f"{where}: {message}")
+        self.source = source
+        self.index = index
+        self.field = field_name
+        self.message = message
+
+
+_NUM_RE = re.compile(r"[-+]?(?:\d[\d,_ ]*)?\.?\d+(?:[eE][-+]?\d+)?")
+_UNIT_TO_GIB = {
+    "": 1.0, "gib": 1.0, "g": 1.0, "gb": 1e9 / 2**30, "mib": 1 / 1024, "mb": 1e6 / 2**30,
+    "kib": 1 / 2**20, "kb": 1e3 / 2**30, "tib": 1024.0, "tb": 1e12 / 2**30, "b": 1 / 2**30,
+}  # fmt: skip
+
+
+def _number(raw: str) -> str:
+    m = _NUM_RE.search(raw)
+    if not m:
+        raise ValueError(f"no number in {raw!r}")
+    return m.group().replace(",", "").replace("_", "").replace(" ", "")
+
+
+def _to_int(raw: str) -> int:
+    num = _number(raw)
+    return int(num) if re.fullmatch(r"[-+]?\d+", num) else int(float(num))
+
+
+def _to_gib(raw: str) -> float:
+    m = _NUM_RE.search(raw)
+    if not m:
+        raise ValueError(f"no number in {raw!r}")
+    unit = re.match(r"\s*([A-Za-z]*)", raw[m.end() :])
+    factor = _UNIT_TO_GIB.get(unit.group(1).lower() if unit else "", 1.0)
+    return float(m.group().replace(",", "").replace("_", "").replace(" ", "")) * factor
+
+
+def _to_list(raw: str) -> list[Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = ast.literal_eval(raw)  # vLLM prints Python reprs: ['a', 'b']
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"not a list: {raw[:80]!r}")
+    json.dumps(value)  # only JSON-representable items (bytes, sets... raise TypeError)
+    return list(value)
+
+
+CONVERTERS: dict[str, Callable[[str], Any]] = {
+    "str": str,
+    "int": _to_int,
+    "float": lambda raw: float(_number(raw)),
+    "gib": _to_gib,
+    "percent": lambda raw: float(_number(raw)),
+    "seconds": lambda raw: float(_number(raw)),
+    "list": _to_list,
+}
+
+
+def convert(kind: str, raw: str) -> Any:
+    """Convert a captured group; on failure keep the raw string (a log line never breaks ingestion)."""
+    try:
+        return CONVERTERS[kind](raw)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return raw
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validated milestone rule (see the module docstring for the schema)."""
+
+    name: str
+    kind: str
+    regex: re.Pattern[str]
+    contains: tuple[str, ...] = ()
+    words: tuple[str, ...] = ()
+    fields: Mapping[str, str] = field(default_factory=dict)
+    set: Mapping[str, Any] = field(default_factory=dict)
+    per_rank: bool = False
+    error_class: str | None = None
+    severity: str = "info"
+    once: bool = False
+    marker: bool = False
+    enabled: bool = True
+    source: str = "<builtin>"
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """An ordered collection of enabled rules."""
+
+    rules: tuple[Rule, ...]
+
+    def names(self) -> list[str]:
+        """Rule names in matching order."""
+        return [r.name for r in self.rules]
+
+
+_KEYS = {
+    "name", "kind", "contains", "words", "regex", "fields", "set", "per_rank", "class", "severity", "once", "marker",
+    "enabled",
+}  # fmt: skip
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
+
+
+def _default_severity(kind: str) -> str:
+    return {"error": "error", "failed": "error", "shape_check_failed": "error", "warning": "warning"}.get(
+        kind, "info"
+    )
+
+
+def validate_rule(raw: Any, source: str, index: int) -> Rule:
+    """Check one rule dict; raise RuleError naming the field that is wrong."""
+    if not isinstance(raw, dict):
+        raise RuleError(source, index, None, f"a rule must be a table/object, got {type(raw).__name__}")
+
+    def err(field_name: str | None, message: str) -> RuleError:
+        return RuleError(source, index, field_name, message)
+
+    unknown = sorted(set(raw) - _KEYS)
+    if unknown:
+        raise err(unknown[0], f"unknown key (allowed: {', '.join(sorted(_KEYS))})")
+    for key in ("name", "kind", "regex"):
+        if key not in raw:
+            raise err(key, "missing (required)")
+        if not isinstance(raw[key], str) or not raw[key]:
+            raise err(key, "must be a non-empty string")
+    name, kind = raw["name"], raw["kind"]
+    if not _NAME_RE.match(name):
+        raise err("name", f"{name!r} must be 1-80 of letters, digits, '_', '.', ':', '-'")
+    if kind not in KINDS:
+        raise err("kind", f"unknown milestone kind {kind!r} (known: {', '.join(sorted(KINDS))})")
+    try:
+        regex = re.compile(raw["regex"])
+    except re.error as exc:
+        raise err("regex", f"does not compile: {exc}") from None
+    contains_raw = raw.get("contains", [])
+    if isinstance(contains_raw, str):
+        contains_raw = [contains_raw]
+    if not isinstance(contains_raw, list) or not all(isinstance(c, str) and c for c in contains_raw):
+        raise err("contains", "must be a non-empty string or a list of non-empty strings")
+    words = raw.get("words", [])
+    if isinstance(words, str):
+        words = [words]
+    if not isinstance(words, list) or not all(isinstance(w, str) and w and w.split() == [w] for w in words):
+        raise err("words", "must be a word or a list of words (non-empty, no whitespace)")
+    fields = raw.get("fields", {})
+    if not isinstance(fields, dict):
+        raise err("fields", "must be a table mapping group names to conversions")
+    for group, conv in fields.items():
+        if conv not in CONVERTERS:
+            raise err("fields", f"group {group!r}: unknown conversion {conv!r} (known: {', '.join(CONVERTERS)})")
+        if group not in regex.groupindex:
+            raise err("fields", f"group {group!r} is not a named group of the regex")
+    consts = raw.get("set", {})
+    if not isinstance(consts, dict):
+        raise err("set", "must be a table of constant fields")
+    for key in ("per_rank", "once", "marker", "enabled"):
+        if not isinstance(raw.get(key, False), bool):
+            raise err(key, "must be true or false")
+    if raw.get("marker", False) and "json" not in regex.groupindex:
+        raise err("regex", "a marker rule needs a named group 'json' holding the JSON object")
+    error_class = raw.get("class")
+    if kind == "error":
+        if error_class not in ERROR_CLASSES:
+            raise err("class", f"kind 'error' needs a class, one of {', '.join(sorted(ERROR_CLASSES))}")
+    elif error_class is not None:
+        raise err("class", f"only rules of kind 'error' take a class (this one is {kind!r})")
+    severity = raw.get("severity", _default_severity(kind))
+    if severity not in SEVERITIES:
+        raise err("severity", f"must be one of {', '.join(SEVERITIES)}")
+    return Rule(
+        name=name,
+        kind=kind,
+        regex=regex,
+        contains=tuple(contains_raw),
+        words=tuple(words),
+        fields=dict(fields),
+        set=dict(consts),
+        per_rank=raw.get("per_rank", False),
+        error_class=error_class,
+        severity=severity,
+        once=raw.get("once", False),
+        marker=raw.get("marker", False),
+        enabled=raw.get("enabled", True),
+        source=source,
+    )
+
+
+def validate_rules(raw_rules: Any, source: str) -> list[Rule]:
+    """Validate a list of rule dicts (a parsed file's ``rule`` array or a run spec's ``rules``)."""
+    if not isinstance(raw_rules, list):
+        raise RuleError(source, None, "rule", f"expected a list of rules, got {type(raw_rules).__name__}")
+    rules = [validate_rule(r, source, i) for i, r in enumerate(raw_rules)]
+    seen: set[str] = set()
+    for i, r in enumerate(rules):
+        if r.name in seen:
+            raise RuleError(source, i, "name", f"duplicate rule name {r.name!r} in the same source")
+        seen.add(r.name)
+    return rules
+
+
+def read_rule_file(path: Path) -> list[Rule]:
+    """Parse and validate one TOML (or JSON, by suffix) rule file."""
+    source = str(path)
+    try:
+        data_bytes = path.read_bytes()
+    except OSError as exc:
+        raise RuleError(source, None, None, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(data_bytes)
+        else:
+            data = tomllib.loads(data_bytes.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:
+        raise RuleError(source, None, None, f"not valid {path.suffix.lstrip('.') or 'TOML'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise RuleError(source, None, None, "expected a table with a 'rule' array")
+    extra = sorted(set(data) - {"rule"})
+    if extra:
+        raise RuleError(source, None, extra[0], "unknown top-level key (expected only [[rule]] tables)")
+    return validate_rules(data.get("rule", []), source)
+
+
+def merge(layers: Iterable[list[Rule]]) -> RuleSet:
+    """Combine rule lists in order; a later rule replaces an earlier one of the same name in place."""
+    order: list[str] = []
+    by_name: dict[str, Rule] = {}
+    for layer in layers:
+        for rule in layer:
+            if rule.name not in by_name:
+                order.append(rule.name)
+            by_name[rule.name] = rule
+    return RuleSet(tuple(by_name[n] for n in order if by_name[n].enabled))
+
+
+def load_rules(extra: list[dict[str, Any]] | None = None, files: Sequence[Path] = ()) -> RuleSet:
+    """Built-in rules, then rule files, then ``extra`` (a run spec's rules); raises RuleError."""
+    layers = [read_rule_file(BUILTIN_DIR / name) for name in BUILTIN_FILES]
+    layers += [read_rule_file(Path(f)) for f in files]
+    if extra:
+        layers.append(validate_rules(extra, "spec.rules"))
+    return merge(layers)

@@ -1,0 +1,435 @@
+"""Pure milestone engine: already-split log lines in, milestones out (rule data in agent/rules/*.toml).
+
+How it works
+------------
+Each line goes through a cheap gate first (``_Gate``: a split into words and one set test, derived from
+every rule's literal ``contains`` prefilter and ``Traceback (most recent call last)``).  Most lines stop
+there.  A
+line that passes is parsed into process prefix (``(Worker_TP3 pid=7) ``, ``(VllmWorker rank=3 pid=7) ``,
+``(EngineCore_DP0 pid=7) ``…; the TP rank becomes ``Milestone.rank``), log header (new
+``INFO 02-21 22:48:03 [file.py:12] `` or old ``INFO 02-21 22:48:03 file.py:12] ``) and message; rules are
+tried in order on the message and the first match wins (agent/rulefile.py describes the schema).
+
+Rank dedupe: a ``per_rank`` rule's milestone opens a group keyed by the rule name.  The same rule matching
+in another process (another rank) joins the group; the group closes — one milestone, ``rank`` null,
+``fields.ranks`` the sorted known ranks, ``fields.processes`` the number of processes — when the same
+process prints it again, when it holds ``world_size`` processes (from the constructor, or learnt from the
+``world_size=`` line), when ``window`` lines have passed since its first line, or on ``flush()``.  The
+fields are those of the first line (per-rank numbers such as load seconds differ slightly).
+
+Tracebacks: from ``Traceback (most recent call last):`` every line of the same process (same prefix;
+other processes' lines interleave freely) belongs to that traceback until its exception line
+(``SomeError: msg``).  Chained exceptions ("During handling of the above exception…") continue the same
+traceback.  The ``error`` rules classify the exception lines (the first one that matches, root cause
+first), else the class is ``traceback``; fields carry ``exc_type``, ``message``, ``frames`` (last five) and
+``chain``.  Tracebacks of ranked processes are deduped across ranks like ``per_rank`` rules.
+
+Marker lines (rules with ``marker = true``; agent/rules/eaglewatch.toml ships ``EAGLEWATCH {"kind": ...}``)
+become the milestone the JSON object names, with its other keys as fields; a malformed marker becomes a
+``warning`` (``fields.rule`` = ``bad_marker``, ``fields.problem`` says what is wrong).
+
+Ordering: milestones are released in line order; one that follows an open group or traceback waits for
+it, so the daemon calls ``flush()`` when the log has been idle for a second and at job end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agent.rulefile import KINDS, Rule, RuleError, RuleSet, convert, load_rules, read_rule_file, validate_rules
+
+__all__ = [
+    "Milestone", "MilestoneEngine", "ParsedLine", "Rule", "RuleError", "RuleSet", "load_rules", "parse_line",
+    "read_rule_file", "validate_rules",
+]  # fmt: skip
+
+TRACEBACK_START = "Traceback (most recent call last)"
+DEFAULT_WINDOW = 500
+MAX_TRACEBACK_LINES = 1000
+
+_PREFIX_RE = re.compile(r"\((?P<proc>[A-Za-z][\w.-]*)(?: rank=(?P<rank>\d+))? pid=(?P<pid>\d+)\) ")
+_HEADER_RE = re.compile(
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
+    r"\[?(?P<src>[^\s\]]+:\d+)\] ?"
+)
+_TP_RE = re.compile(r"_TP(\d+)|-(\d+)$")
+_FRAME_RE = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<lineno>\d+)(?:, in (?P<func>.+))?')
+_EXC_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
+_CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+@dataclass(frozen=True)
+class Milestone:
+    """One milestone: stable kind, 1-based line number, TP rank (null when deduped or unknown)."""
+
+    kind: str
+    line: int
+    rank: int | None
+    fields: dict[str, Any]
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``eaglewatch-agent milestones --json`` shape."""
+        return {"kind": self.kind, "line": self.line, "rank": self.rank, "fields": self.fields, "text": self.text}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Milestone:
+        """Inverse of to_dict."""
+        return cls(d["kind"], d["line"], d["rank"], dict(d["fields"]), d["text"])
+
+
+@dataclass(frozen=True)
+class ParsedLine:
+    """A log line cut into process prefix, rank, level, source and message."""
+
+    proc: str  # "Worker_TP3 pid=7", "" without a prefix
+    rank: int | None
+    level: str | None
+    source: str | None
+    message: str
+
+
+def parse_line(text: str) -> ParsedLine:
+    """Split a (stripped) vLLM log line into prefix, header and message."""
+    proc, rank, pos = "", None, 0
+    m = _PREFIX_RE.match(text)
+    if m:
+        name = m.group("proc")
+        proc = f"{name} pid={m.group('pid')}"
+        if m.group("rank"):
+            rank = int(m.group("rank"))
+        else:
+            t = _TP_RE.search(name)
+            if t:
+                rank = int(t.group(1) or t.group(2))
+        pos = m.end()
+    h = _HEADER_RE.match(text, pos)
+    if h:
+        return ParsedLine(proc, rank, h.group("level"), h.group("src"), text[h.end() :])
+    return ParsedLine(proc, rank, None, None, text[pos:])
+
+
+@dataclass
+class _Group:
+    key: str
+    first: Milestone
+    procs: list[str]
+    ranks: list[int]
+
+
+@dataclass
+class _Trace:
+    line: int
+    rank: int | None
+    proc: str
+    last_line: int
+    frames: list[str] = field(default_factory=list)
+    excs: list[list[str]] = field(default_factory=list)  # [type, message, full line text]
+    n_lines: int = 1
+    state: str = "body"  # body | after_exc | chain
+
+
+def _anchor(literal: str) -> str | None:
+    """The longest whitespace-delimited word that every line containing ``literal`` must also contain."""
+    words = literal.split()
+    whole = [
+        w
+        for i, w in enumerate(words)
+        if (i > 0 or literal[:1].isspace()) and (i < len(words) - 1 or literal[-1:].isspace())
+    ]
+    return max(whole, key=len) if whole else None
+
+
+class _Gate:
+    """Cheap prefilter: one split into words and a set test per line, plus a few plain substring tests.
+
+    A rule's ``words`` are looked up directly; each ``contains`` literal is reduced to an anchor word (a
+    word of the literal bounded by whitespace inside it, so any line holding the literal holds that word
+    whole) and confirmed with ``in``; literals without one are tested with ``in`` on every line.
+    """
+
+    def __init__(self, rules: RuleSet) -> None:
+        self.by_word: dict[str, list[tuple[int, str | None]]] = {}
+        self.by_literal: dict[str, list[int]] = {}
+        self.always: list[int] = []
+        self.rules = rules.rules
+        for i, rule in enumerate(rules.rules):
+            if not rule.contains and not rule.words:
+                self.always.append(i)
+            for word in rule.words:
+                self.by_word.setdefault(word, []).append((i, None))
+            for lit in rule.contains:
+                anchor = _anchor(lit)
+                if anchor is None:
+                    self.by_literal.setdefault(lit, []).append(i)
+                else:
+                    self.by_word.setdefault(anchor, []).append((i, lit))
+        tb = _anchor(TRACEBACK_START)
+        assert tb is not None
+        self.by_word.setdefault(tb, [])
+        self.words = frozenset(self.by_word)
+        self.literals = tuple(self.by_literal)
+
+    def passes(self, text: str) -> bool:
+        """Whether ``text`` may match some rule (no false negatives)."""
+        if self.always or not self.words.isdisjoint(text.split()):
+            return True
+        for lit in self.literals:
+            if lit in text:
+                return True
+        return False
+
+    def candidates(self, text: str) -> list[Rule]:
+        """The rules whose prefilter ``text`` passes, in rule order."""
+        idx = set(self.always)
+        for word in self.words.intersection(text.split()):
+            for i, lit in self.by_word[word]:
+                if lit is None or lit in text:
+                    idx.add(i)
+        for lit, rules in self.by_literal.items():
+            if lit in text:
+                idx.update(rules)
+        return [self.rules[i] for i in sorted(idx)]
+
+
+class MilestoneEngine:
+    """Turns one already-split line at a time into milestones; see the module docstring."""
+
+    def __init__(self, rules: RuleSet, world_size: int | None = None, window: int = DEFAULT_WINDOW) -> None:
+        self.rules = rules
+        self.world_size = world_size
+        self.window = window
+        self._gate = _Gate(rules)
+        self._gate_words = self._gate.words
+        self._gate_literals = self._gate.literals
+        self._error_rules = [r for r in rules.rules if r.kind == "error"]
+        self._groups: dict[str, _Group] = {}
+        self._traces: dict[str, _Trace] = {}
+        self._held: list[Milestone] = []
+        self._fired: set[str] = set()  # names of ``once`` rules that already fired
+
+    # ---- public API -------------------------------------------------------------------------------
+    def feed(self, text: str, line: int) -> list[Milestone]:
+        """Process one line (1-based number ``line``); return the milestones released by it."""
+        if self._groups or self._traces:
+            self._expire(line)
+            if self._traces:
+                parsed = parse_line(text)
+                trace = self._traces.get(parsed.proc)
+                if trace is not None and self._trace_line(trace, parsed, text, line):
+                    return self._release()
+                return self._classify(text, line, parsed)
+        # The gate, inlined: this is the per-line hot path.
+        if self._gate_words.isdisjoint(text.split()) and not self._gate.always:
+            for lit in self._gate_literals:
+                if lit in text:
+                    break
+            else:
+                return self._release() if self._held else []
+        return self._classify(text, line, None)
+
+    def flush(self) -> list[Milestone]:
+        """Close every open group and traceback; release all held milestones."""
+        for proc in list(self._traces):
+            self._close_trace(proc)
+        for key in list(self._groups):
+            self._close_group(key)
+        return self._release()
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-serialisable state (open groups, tracebacks, held milestones) for a daemon restart."""
+        return {
+            "world_size": self.world_size,
+            "groups": [
+                {"key": g.key, "first": g.first.to_dict(), "procs": g.procs, "ranks": g.ranks}
+                for g in self._groups.values()
+            ],
+            "traces": [asdict(t) for t in self._traces.values()],
+            "held": [m.to_dict() for m in self._held],
+            "fired": sorted(self._fired),
+        }
+
+    @classmethod
+    def restore(cls, rules: RuleSet, snap: dict[str, Any]) -> MilestoneEngine:
+        """Rebuild an engine from ``snapshot()``'s output."""
+        eng = cls(rules, world_size=snap.get("world_size"))
+        for g in snap.get("groups", []):
+            eng._groups[g["key"]] = _Group(g["key"], Milestone.from_dict(g["first"]), g["procs"], g["ranks"])
+        for t in snap.get("traces", []):
+            eng._traces[t["proc"]] = _Trace(**t)
+        eng._held = [Milestone.from_dict(m) for m in snap.get("held", [])]
+        eng._fired = set(snap.get("fired", []))
+        return eng
+
+    # ---- classification -----------------------------------------------------------------------------
+    def _classify(self, text: str, line: int, parsed: ParsedLine | None) -> list[Milestone]:
+        if parsed is None:
+            parsed = parse_line(text)
+        msg = parsed.message
+        if msg.lstrip().startswith(TRACEBACK_START):
+            self._traces[parsed.proc] = _Trace(line=line, rank=parsed.rank, proc=parsed.proc, last_line=line)
+            return self._release()
+        for rule in self._gate.candidates(text):
+            m = rule.regex.search(msg)
+            if m is not None:
+                if rule.once:
+                    if rule.name in self._fired:
+                        break
+                    self._fired.add(rule.name)
+                if rule.marker:
+                    self._marker(rule, m, text, line, parsed)
+                else:
+                    self._emit_rule(rule, m, text, line, parsed)
+                break
+        return self._release()
+
+    def _fields(self, rule: Rule, m: re.Match[str]) -> dict[str, Any]:
+        fields: dict[str, Any] = {"rule": rule.name}
+        for name, value in m.groupdict().items():
+            if value is not None:
+                fields[name] = convert(rule.fields.get(name, "str"), value)
+        fields.update(rule.set)
+        if rule.error_class:
+            fields["class"] = rule.error_class
+        if rule.kind in ("error", "warning"):
+            fields["severity"] = rule.severity
+        return fields
+
+    def _emit_rule(self, rule: Rule, m: re.Match[str], text: str, line: int, parsed: ParsedLine) -> None:
+        fields = self._fields(rule, m)
+        ws = fields.get("world_size")
+        if self.world_size is None and isinstance(ws, int) and ws > 0:
+            self.world_size = ws
+        ms = Milestone(rule.kind, line, parsed.rank, fields, text)
+        if rule.per_rank:
+            self._join(rule.name, ms, parsed.proc, parsed.rank)
+        else:
+            self._held.append(ms)
+
+    def _marker(self, rule: Rule, m: re.Match[str], text: str, line: int, parsed: ParsedLine) -> None:
+        problem = None
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(m.group("json"))
+        except ValueError as exc:
+            obj, problem = None, f"marker is not JSON: {exc}"
+        if problem is None:
+            if not isinstance(obj, dict):
+                problem = "marker is not a JSON object"
+            elif obj.get("kind", rule.kind) not in KINDS:
+                problem = f"marker has unknown kind {str(obj.get('kind'))[:80]!r}"
+        if problem is not None or not isinstance(obj, dict):
+            fields = {"rule": "bad_marker", "severity": "warning", "problem": problem}
+            self._held.append(Milestone("warning", line, parsed.rank, fields, text))
+            return
+        kind = obj.pop("kind", rule.kind)
+        rank = obj.get("rank") if isinstance(obj.get("rank"), int) else parsed.rank
+        self._held.append(Milestone(kind, line, rank, obj, text))
+
+    # ---- rank groups ------------------------------------------------------------------------------
+    def _join(self, key: str, ms: Milestone, proc: str, rank: int | None) -> None:
+        group = self._groups.get(key)
+        if group is not None and proc in group.procs:
+            self._close_group(key)
+            group = None
+        if group is None:
+            group = self._groups[key] = _Group(key, ms, [], [])
+        group.procs.append(proc)
+        if rank is not None and rank not in group.ranks:
+            group.ranks.append(rank)
+        if self.world_size is not None and len(group.procs) >= self.world_size:
+            self._close_group(key)
+
+    def _close_group(self, key: str) -> None:
+        g = self._groups.pop(key)
+        fields = dict(g.first.fields)
+        fields["ranks"] = sorted(g.ranks)
+        fields["processes"] = len(g.procs)
+        self._held.append(Milestone(g.first.kind, g.first.line, None, fields, g.first.text))
+
+    # ---- tracebacks ---------------------------------------------------------------------------------
+    def _trace_line(self, tr: _Trace, parsed: ParsedLine, text: str, line: int) -> bool:
+        """Feed a line of the traceback's process; False when the traceback ended before this line."""
+        msg = parsed.message
+        stripped = msg.strip()
+        if tr.state == "after_exc":
+            if not stripped:
+                return True
+            if stripped.startswith(_CHAIN):
+                tr.state = "chain"
+                return True
+            self._close_trace(tr.proc)
+            return False
+        tr.last_line = line
+        tr.n_lines += 1
+        if stripped.startswith(TRACEBACK_START):
+            tr.state = "body"
+        elif not stripped or msg[:1] in (" ", "\t"):
+            f = _FRAME_RE.match(msg)
+            if f:
+                where = f"{f.group('file').rsplit('/', 1)[-1]}:{f.group('lineno')}"
+                tr.frames.append(f"{where} in {f.group('func')}" if f.group("func") else where)
+        elif tr.state == "chain":
+            return True
+        else:
+            em = _EXC_RE.match(stripped)
+            exc_type, exc_msg = (em.group("type"), em.group("msg") or "") if em else (stripped, "")
+            tr.excs.append([exc_type, exc_msg[:2000], text])
+            tr.state = "after_exc"
+        if tr.n_lines >= MAX_TRACEBACK_LINES:
+            self._close_trace(tr.proc)
+        return True
+
+    def _close_trace(self, proc: str) -> None:
+        tr = self._traces.pop(proc)
+        fields: dict[str, Any] = {"rule": "traceback", "class": "traceback", "severity": "error"}
+        decided = tr.excs[-1] if tr.excs else None
+        for exc in tr.excs:
+            for rule in self._error_rules:
+                exc_line = f"{exc[0]}: {exc[1]}" if exc[1] else exc[0]
+                m = rule.regex.search(exc_line)
+                if m is not None:
+                    fields = self._fields(rule, m)
+                    decided = exc
+                    break
+            else:
+                continue
+            break
+        if decided is not None:
+            fields["exc_type"], fields["message"] = decided[0], decided[1]
+        else:
+            fields["exc_type"], fields["message"] = None, "traceback ended without an exception line"
+        fields["frames"] = tr.frames[-5:]
+        fields["chain"] = [e[0] for e in tr.excs]
+        fields["lines"] = tr.n_lines
+        text = decided[2] if decided is not None else "Traceback (most recent call last):"
+        ms = Milestone("error", tr.line, tr.rank, fields, text)
+        if tr.rank is not None:
+            self._join(f"traceback:{fields['class']}:{fields['exc_type']}", ms, tr.proc, tr.rank)
+        else:
+            self._held.append(ms)
+
+    # ---- release in line order ----------------------------------------------------------------------
+    def _expire(self, line: int) -> None:
+        for key in [k for k, g in self._groups.items() if line - g.first.line > self.window]:
+            self._close_group(key)
+        for proc in [p for p, t in self._traces.items() if line - t.last_line > self.window]:
+            self._close_trace(proc)
+
+    def _release(self) -> list[Milestone]:
+        if not self._held:
+            return []
+        opens = [g.first.line for g in self._groups.values()] + [t.line for t in self._traces.values()]
+        if not opens:
+            out = sorted(self._held, key=lambda m: m.line)
+            self._held = []
+            return out
+        limit = min(opens)
+        self._held.sort(key=lambda m: m.line)
+        n = 0
+        while n < len(self._held) and self._held[n].line < limit:
+            n += 1
+        out, self._held = self._held[:n], self._held[n:]
+        return out

@@ -1,0 +1,86 @@
+"""Pure run bookkeeping: what a journal says so far (RunSummary) and the final state of an ended job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+TERMINAL = ("completed", "failed", "stopped", "lost")
+#: ``error`` classes after which exit code 0 still means the run failed.
+FATAL_CLASSES = frozenset(
+    {"oom", "nccl", "worker_died", "engine_failed", "rpc_timeout", "segfault", "killed"}
+)
+
+
+def _describe(ms: dict[str, Any]) -> str:
+    fields = ms.get("fields") or {}
+    text = str(ms.get("text") or "").strip()
+    return f"{fields.get('class', 'error')}: {text[:200]}"
+
+
+@dataclass
+class RunSummary:
+    """Facts gathered from a run's journal events, in order."""
+
+    terminal: str | None = None
+    reason: str | None = None
+    last_error: dict[str, Any] | None = None
+    fatal: dict[str, Any] | None = None
+    completed_seen: bool = False
+    failed_seen: bool = False
+
+    @classmethod
+    def from_events(cls, events: list[dict[str, Any]]) -> RunSummary:
+        """Replay journal events."""
+        summary = cls()
+        for ev in events:
+            summary.observe(ev)
+        return summary
+
+    def observe(self, ev: dict[str, Any]) -> None:
+        """Take one journal event into account."""
+        if ev.get("type") == "state":
+            if ev.get("state") in TERMINAL and self.terminal is None:
+                self.terminal = str(ev["state"])
+                self.reason = ev.get("reason")
+        elif ev.get("type") == "milestone":
+            kind = ev.get("kind")
+            if kind == "error":
+                self.last_error = ev
+                if (ev.get("fields") or {}).get("class") in FATAL_CLASSES:
+                    self.fatal = ev
+            elif kind == "completed":
+                self.completed_seen = True
+            elif kind == "failed":
+                self.failed_seen = True
+
+
+def final_state(
+    exit_rec: dict[str, Any] | None, stop_rec: dict[str, Any] | None, summary: RunSummary, backend: str
+) -> tuple[str, str]:
+    """(state, reason) of an ended job; ``exit_rec`` None means its exit status is unknown (lost)."""
+    if stop_rec is not None:
+        ended = (exit_rec or {}).get("ended_at")
+        requested = stop_rec.get("requested_at")
+        # A job that had already ended on its own when the stop came keeps its own outcome.
+        if not (
+            isinstance(ended, (int, float)) and isinstance(requested, (int, float)) and ended < requested
+        ):
+            reason = str(stop_rec.get("reason") or "stopped by request")
+            return ("failed", reason) if stop_rec.get("by") == "agent" else ("stopped", reason)
+    if exit_rec is None:
+        return "lost", "the job is gone and no exit status was recorded (host rebooted or supervisor killed)"
+    last = f"; last error: {_describe(summary.last_error)}" if summary.last_error else ""
+    if exit_rec.get("error"):
+        return "failed", f"could not start: {exit_rec['error']}"
+    if exit_rec.get("signal"):
+        name = exit_rec.get("signal_name") or f"signal {exit_rec['signal']}"
+        return "failed", f"killed by {name}{last}"
+    code = exit_rec.get("code")
+    if code != 0:
+        return "failed", f"exit code {code}{last}"
+    if summary.fatal is not None:
+        return "failed", f"exited 0 after a fatal error ({_describe(summary.fatal)})"
+    if backend != "command" and not summary.completed_seen:
+        return "failed", "exited 0 without a completion marker"
+    return "completed", "exit code 0"

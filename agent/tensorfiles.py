@@ -1,0 +1,271 @@
+"""Optional tensor I/O: torch loads .pt/.ckpt samples; numpy (or torch) scans values. Both imported lazily."""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import io
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from agent.output_shapes import Described, TensorMeta, ValueStats, canonical_dtype
+
+# Bytes per value-scan chunk: big enough to amortise per-call overhead, small enough to bound temporaries.
+CHUNK_BYTES = 16 << 20
+
+# dtype -> (unsigned view, exponent mask, magnitude mask): a value is NaN/Inf iff all exponent bits are set,
+# and zero iff every bit but the sign is clear — integer tests that work for bf16 without a bf16 type.
+_BITS = {
+    "BF16": ("<u2", 2, 0x7F80, 0x7FFF),
+    "F16": ("<u2", 2, 0x7C00, 0x7FFF),
+    "F32": ("<u4", 4, 0x7F800000, 0x7FFFFFFF),
+}
+
+
+class LoadError(Exception):
+    """A tensor file could not be loaded or read; the message says why in plain words."""
+
+
+_MISSING = object()
+_modules: dict[str, Any] = {}
+
+
+def optional_module(name: str) -> Any | None:
+    """Import name once and return it, or None when it is not importable (never raises ImportError)."""
+    mod = _modules.get(name, _MISSING)
+    if mod is _MISSING:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            mod = None
+        _modules[name] = mod
+    return mod
+
+
+def require_module(name: str) -> Any:
+    """The imported module, or LoadError naming what is missing."""
+    mod = optional_module(name)
+    if mod is None:
+        raise LoadError(f"{name} is not importable")
+    return mod
+
+
+def value_backend() -> str | None:
+    """Which library the value scans use: 'numpy', else 'torch', else None (scans skipped)."""
+    for name in ("numpy", "torch"):
+        if optional_module(name) is not None:
+            return name
+    return None
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+# torch.save writes a zip archive; the legacy format (and plain pickles) start with the PROTO opcode
+TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _expect_magic(head: bytes, magics: tuple[bytes, ...], what: str) -> None:
+    if not head.startswith(magics):
+        shown = repr(head[:4]) if head else "nothing (empty file)"
+        raise LoadError(f"not a {what} it starts with {shown}")
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    first = text[0] if text else type(e).__name__
+    # torch appends paragraphs of advice after the first sentence; the first sentence says what broke
+    first = first.split(". ", 1)[0]
+    return first[:300]
+
+
+def _gunzip(path: Path) -> bytes:
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise LoadError(f"gzip stream is broken (truncated or corrupt?): {_short(e)}") from None
+
+
+def load_torch_file(path: Path) -> Any:
+    """torch.load a sample safely (weights_only: no arbitrary pickles), gunzipping gzip files first."""
+    torch = require_module("torch")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    source: Path | io.BytesIO = path
+    if head.startswith(GZIP_MAGIC):
+        data = _gunzip(path)
+        _expect_magic(data[:4], TORCH_MAGIC, "torch (zip or pickle) file inside the gzip stream:")
+        source = io.BytesIO(data)
+    elif path.name.endswith(".gz"):
+        _expect_magic(head, (GZIP_MAGIC,), "gzip file:")
+    else:
+        _expect_magic(head, TORCH_MAGIC, "torch file (zip or pickle):")
+    try:
+        if isinstance(source, io.BytesIO):
+            return torch.load(source, map_location="cpu", weights_only=True)
+        try:
+            # mmap keeps a multi-GB sample off the heap: the shape check never touches the data
+            return torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):
+                raise
+            return torch.load(source, map_location="cpu", weights_only=True)
+    except (
+        OSError,
+        EOFError,
+        RuntimeError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        IndexError,
+        KeyError,
+    ) as e:
+        raise LoadError(f"torch.load failed (truncated or corrupt?): {_short(e)}") from None
+    except Exception as e:  # pickle.UnpicklingError (e.g. a global weights_only refuses) and the like
+        raise LoadError(f"torch.load failed: {type(e).__name__}: {_short(e)}") from None
+
+
+def _meta(torch: Any, value: Any) -> Described:
+    if isinstance(value, torch.Tensor):
+        return TensorMeta(tuple(int(d) for d in value.shape), canonical_dtype(str(value.dtype)))
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, torch.Tensor) for v in value):
+            return [TensorMeta(tuple(int(d) for d in v.shape), canonical_dtype(str(v.dtype))) for v in value]
+        return f"{type(value).__name__} of {len(value)} non-tensor items"
+    return type(value).__name__
+
+
+def describe(obj: Any) -> dict[str, Described]:
+    """Shapes and dtypes of a loaded sample dict; LoadError when it is not a dict at all."""
+    torch = optional_module("torch")
+    if not isinstance(obj, dict):
+        raise LoadError(f"content is a {type(obj).__name__}, expected a dict of tensors")
+    return {str(k): _meta(torch, v) for k, v in obj.items()}
+
+
+def _chunks(t: Any, rows_per_chunk: int) -> Iterator[tuple[int, Any]]:
+    for start in range(0, t.shape[0], rows_per_chunk):
+        yield start, t[start : start + rows_per_chunk]
+
+
+def torch_layer_stats(layers: list[Any]) -> ValueStats:
+    """Value stats of loaded tensors, one per layer, each [T, ...] (a leading batch axis of 1 is dropped)."""
+    torch = require_module("torch")
+    nonzero: list[bool] = []
+    bad = 0
+    first: tuple[int, int] | None = None
+    for li, t in enumerate(layers):
+        if t.dim() == 3 and t.shape[0] == 1:
+            t = t[0]
+        if t.dim() == 0:
+            t = t.reshape(1)
+        row = max(1, t[0].numel()) if t.shape[0] else 1
+        any_nz = False
+        for start, chunk in _chunks(t, max(1, CHUNK_BYTES // (row * t.element_size()))):
+            finite = torch.isfinite(chunk)
+            n_bad = int(finite.numel() - finite.sum().item())
+            if n_bad:
+                bad += n_bad
+                if first is None:
+                    idx = int(torch.argmax((~finite).reshape(-1).to(torch.uint8)).item())
+                    first = (start + idx // row, li)
+            any_nz = any_nz or bool(chunk.count_nonzero().item())
+        nonzero.append(any_nz)
+    return ValueStats(layer_nonzero=tuple(nonzero), non_finite=bad, first_bad=first)
+
+
+class _NumpyOps:
+    """Chunk operations on numpy views of the raw bits (no float conversion, one scratch buffer)."""
+
+    def __init__(self, np: Any, dtype: str, elems: int) -> None:
+        self.np = np
+        self.view = np.dtype(_BITS[dtype][0])
+        self.scratch = np.empty(elems, dtype=self.view)
+
+    def magnitude(self, buf: bytearray, count: int, mask: int) -> Any:
+        a = self.np.frombuffer(buf, dtype=self.view, count=count)
+        return self.np.bitwise_and(a, mask, out=self.scratch[:count])
+
+    def max(self, mag: Any) -> int:
+        return int(mag.max())
+
+    def layer_max(self, mag: Any, rows: int, layers: int) -> list[int]:
+        return [int(x) for x in mag.reshape(rows, layers, -1).max(axis=0).max(axis=1)]
+
+    def at_least(self, mag: Any, threshold: int) -> tuple[int, int]:
+        hit = mag >= threshold
+        return int(self.np.count_nonzero(hit)), int(self.np.argmax(hit))
+
+
+class _TorchOps:
+    """The same operations on torch tensors (signed views are fine: the sign bit is masked off first)."""
+
+    def __init__(self, torch: Any, dtype: str, elems: int) -> None:
+        self.torch = torch
+        self.view = torch.int16 if _BITS[dtype][1] == 2 else torch.int32
+        self.scratch = torch.empty(elems, dtype=self.view)
+
+    def magnitude(self, buf: bytearray, count: int, mask: int) -> Any:
+        a = self.torch.frombuffer(buf, dtype=self.view, count=count)
+        return self.torch.bitwise_and(a, mask, out=self.scratch[:count])
+
+    def max(self, mag: Any) -> int:
+        return int(mag.max().item())
+
+    def layer_max(self, mag: Any, rows: int, layers: int) -> list[int]:
+        return [int(x) for x in mag.reshape(rows, layers, -1).amax(dim=0).amax(dim=1).tolist()]
+
+    def at_least(self, mag: Any, threshold: int) -> tuple[int, int]:
+        hit = mag >= threshold
+        return int(hit.sum().item()), int(self.torch.argmax(hit.to(self.torch.uint8)).item())
+
+
+def scan_safetensors(path: Path, offset: int, nbytes: int, shape: tuple[int, ...], dtype: str) -> ValueStats:
+    """Scan one tensor's bytes (at absolute offset) for NaN/Inf and all-zero layers, chunk by chunk.
+
+    Works on the magnitude bits (sign masked off): NaN/Inf iff they reach the all-ones exponent, zero iff
+    they are 0 — one AND and one max per chunk. Reads with readinto rather than np.memmap: a file truncated
+    under us gives a short read (reported), not a SIGBUS that would kill the process hosting this check.
+    """
+    backend = value_backend()
+    if backend is None:
+        raise LoadError("neither numpy nor torch is importable")
+    _, itemsize, exp_mask, mag_mask = _BITS[dtype]
+    rows = shape[0] if len(shape) >= 2 else 1
+    layers = shape[1] if len(shape) == 3 else 1
+    row_elems = nbytes // itemsize // max(rows, 1)
+    per_layer = row_elems // layers
+    row_bytes = row_elems * itemsize
+    chunk_rows = max(1, min(rows, CHUNK_BYTES // max(row_bytes, 1)))
+    buf = bytearray(chunk_rows * row_bytes)
+    ops: _NumpyOps | _TorchOps = (
+        _NumpyOps(require_module("numpy"), dtype, chunk_rows * row_elems)
+        if backend == "numpy"
+        else _TorchOps(require_module("torch"), dtype, chunk_rows * row_elems)
+    )
+    nonzero = [False] * layers
+    bad, first = 0, None
+    with open(path, "rb") as f:
+        f.seek(offset)
+        done = 0
+        while done < rows:
+            n = min(chunk_rows, rows - done)
+            got = f.readinto(memoryview(buf)[: n * row_bytes])
+            if got != n * row_bytes:
+                missing = nbytes - done * row_bytes - (got or 0)
+                raise LoadError(f"file ended {missing} bytes early while reading values (truncated?)")
+            mag = ops.magnitude(buf, n * row_elems, mag_mask)
+            if all(nonzero):
+                top = ops.max(mag)
+            else:  # only until every layer has shown a non-zero value: usually the first chunk
+                maxes = ops.layer_max(mag, n, layers)
+                nonzero = [seen or m > 0 for seen, m in zip(nonzero, maxes, strict=True)]
+                top = max(maxes)
+            if top >= exp_mask:
+                count, idx = ops.at_least(mag, exp_mask)
+                bad += count
+                if first is None:
+                    first = (done + idx // row_elems, (idx // per_layer) % layers)
+            done += n
+    return ValueStats(layer_nonzero=tuple(nonzero), non_finite=bad, first_bad=first)

@@ -1,0 +1,401 @@
+"""Per-run watcher: log tail → LineSplitter → MilestoneEngine → journal, output checks, final state.
+
+Exactly-once across a daemon SIGKILL: the cursor (log offset = splitter.pending_offset, line number, engine
+snapshot, journal seq) is written after the journal append is fsynced.  A restarted watcher resumes from
+the cursor; events it regenerates that the journal already holds past the cursor's seq are recognised
+and skipped, so no line is lost and no milestone or seq is written twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from agent import jobs
+from agent.journal import Journal, scan
+from agent.lines import LineSplitter
+from agent.paths import RunPaths, atomic_write_json, read_json
+from agent.rules import Milestone, MilestoneEngine, RuleError, load_rules
+from agent.runstate import RunSummary, final_state
+from agent.tail import Broadcast, Pulse, read_from
+
+READ_CHUNK = 1 << 20
+IDLE_FLUSH_S = 1.0
+OUTPUT_SCAN_S = 2.0
+LIVENESS_S = 2.0
+CURSOR_EVERY_S = 0.5
+
+
+def _milestone_key(ev: dict[str, Any]) -> tuple[Any, ...]:
+    return (ev.get("kind"), ev.get("line"), ev.get("rank"), ev.get("text"))
+
+
+class RunWatcher:
+    """Everything the daemon knows about one run, and the task that watches it while it is active."""
+
+    def __init__(
+        self,
+        paths: RunPaths,
+        journal: Journal,
+        spec: dict[str, Any],
+        stopper: Callable[[str, str], None],
+        polling: bool,
+    ) -> None:
+        self.paths = paths
+        self.journal = journal
+        self.spec = spec
+        self.stopper = stopper
+        self.polling = polling
+        self.events_changed = Broadcast()
+        self.log_changed = Broadcast()
+        self.pulse = Pulse()
+        journal.subscribe(lambda _ev: self.events_changed.notify())
+        self.summary = RunSummary.from_events(scan(journal.path))
+        self.task: asyncio.Task[None] | None = None
+        self._skip: Counter[tuple[Any, ...]] = Counter()
+        self._recovered_checks: set[str] = set()
+        try:
+            self._rules = load_rules(extra=list(spec.get("rules") or []))
+        except (RuleError, TypeError):  # checked at launch; a spec edited on disk falls back to built-ins
+            self._rules = load_rules()
+        self._restore_cursor()
+        self._last_data = time.monotonic()
+        self._flushed = True
+        self._cursor_at = 0.0
+        self._pending_files: dict[str, tuple[int, int]] = {}
+        self._checking = False
+
+    # --- state -----------------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """``running`` until a terminal state is journaled."""
+        return self.summary.terminal or "running"
+
+    def status(self) -> dict[str, Any]:
+        """The ``status`` reply of this run."""
+        job = read_json(self.paths.job)
+        job = job if isinstance(job, dict) else {}
+        exit_rec = read_json(self.paths.exit)
+        try:
+            size = self.paths.log.stat().st_size
+        except OSError:
+            size = 0
+        return {
+            "run": self.paths.run,
+            "state": self.state,
+            "pid": job.get("pid"),
+            "start_time": job.get("start_time"),
+            "exit": {"code": exit_rec.get("code"), "signal": exit_rec.get("signal")}
+            if isinstance(exit_rec, dict)
+            else None,
+            "last_seq": self.journal.last_seq,
+            "log_size": size,
+            "reason": self.summary.reason,
+            "name": self.spec.get("name"),
+            "backend": self.spec.get("backend", "worker-extension"),
+        }
+
+    def _restore_cursor(self) -> None:
+        cur = read_json(self.paths.cursor)
+        cur = cur if isinstance(cur, dict) else {}
+        self.offset = int(cur.get("offset", 0))
+        self.line = int(cur.get("line", 0))
+        self.checked: dict[str, list[int]] = dict(cur.get("checked", {}))
+        snap = cur.get("engine")
+        self.engine = MilestoneEngine.restore(self._rules, snap) if snap else MilestoneEngine(self._rules)
+        self.splitter = LineSplitter(start_offset=self.offset)
+        self.fed = self.offset
+        # Events journaled after the cursor was saved will be regenerated: remember them to skip them once.
+        for ev in scan(self.journal.path):
+            if int(ev.get("seq", 0)) <= int(cur.get("seq", 0)):
+                continue
+            if ev.get("type") == "milestone":
+                self._skip[_milestone_key(ev)] += 1
+            elif ev.get("type") == "check":
+                self._recovered_checks.add(str(ev.get("file")))
+
+    def _save_cursor(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._cursor_at < CURSOR_EVERY_S:
+            return
+        self._cursor_at = now
+        atomic_write_json(
+            self.paths.cursor,
+            {
+                "offset": self.splitter.pending_offset,
+                "line": self.line,
+                "seq": self.journal.last_seq,
+                "engine": self.engine.snapshot(),
+                "checked": self.checked,
+            },
+            fsync=False,
+        )
+
+    # --- journaling ------------------------------------------------------------------------------
+    def _journal_milestones(self, milestones: list[Milestone]) -> None:
+        for m in milestones:
+            ev = {"type": "milestone", **m.to_dict()}
+            self._append(ev)
+
+    def _append(self, ev: dict[str, Any]) -> None:
+        if ev.get("type") == "milestone":
+            key = _milestone_key(ev)
+            if self._skip[key] > 0:
+                self._skip[key] -= 1
+                self.summary.observe(ev)
+                return
+        self.summary.observe(self.journal.append(ev))
+
+    # --- the loop --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start watching (a no-op for a run already in a terminal state)."""
+        if self.summary.terminal is None and self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run(), name=f"watch-{self.paths.run}")
+
+    def wake(self) -> None:
+        """Something changed in the run dir (inotify)."""
+        self.pulse.notify()
+        self.log_changed.notify()
+
+    async def _run(self) -> None:
+        last_scan = last_live = 0.0
+        suspect_lost = False
+        try:
+            while True:
+                got_data = await self._pump()
+                now = time.monotonic()
+                if got_data:
+                    self._last_data, self._flushed = now, False
+                    if self.polling:
+                        self.log_changed.notify()
+                elif not self._flushed and now - self._last_data >= IDLE_FLUSH_S:
+                    self._journal_milestones(self.engine.flush())
+                    self._flushed = True
+                    self._save_cursor(force=True)
+                if now - last_scan >= OUTPUT_SCAN_S:
+                    last_scan = now
+                    await self._scan_outputs(final=False)
+                if self.paths.exit.exists():
+                    await self._finish()
+                    return
+                if now - last_live >= LIVENESS_S:
+                    last_live = now
+                    st = jobs.classify(self.paths)
+                    if st.status == "lost":
+                        if suspect_lost:  # twice in a row: not the window before exit.json is written
+                            await self._finish(lost=True)
+                            return
+                        suspect_lost = True
+                    else:
+                        suspect_lost = False
+                timeout = 0.2 if self.polling else (IDLE_FLUSH_S if not self._flushed else LIVENESS_S)
+                await self.pulse.wait(timeout)
+        finally:
+            with contextlib.suppress(OSError):
+                self._save_cursor(force=True)
+
+    async def _pump(self) -> bool:
+        """Feed what the log gained to the splitter and the engine; True when bytes were read."""
+        got = False
+        while True:
+            res = read_from(self.paths.log, self.fed, READ_CHUNK)
+            if res.reset:  # truncated or replaced: start again at its beginning
+                self.splitter = LineSplitter(start_offset=0)
+                self.fed = 0
+            if not res.data:
+                break
+            got = True
+            self.fed += len(res.data)
+            for ln in self.splitter.feed(res.data):
+                self.line += 1
+                self._journal_milestones(self.engine.feed(ln.text, self.line))
+            self._save_cursor()
+            if len(res.data) < READ_CHUNK:
+                break
+            await asyncio.sleep(0)  # a long backlog must not starve the other runs and clients
+        return got
+
+    # --- outputs ---------------------------------------------------------------------------------
+    async def _scan_outputs(self, final: bool) -> None:
+        """Check each capture file once it is complete: same size on two looks and no ``.lock`` beside it."""
+        out = self.spec.get("output_dir")
+        if not out or self._checking or not os.path.isdir(out):
+            return
+        try:
+            from agent.outputs import is_capture_file
+        except ImportError:
+            return
+        try:
+            names = sorted(os.listdir(out))
+        except OSError:
+            return
+        present = set(names)
+        ready = []
+        for name in names:
+            if not is_capture_file(name) or f"{name}.lock" in present:
+                continue
+            try:
+                st = os.stat(os.path.join(out, name))
+            except OSError:
+                continue
+            sig = (st.st_size, st.st_mtime_ns)
+            if self.checked.get(name) == list(sig):
+                continue
+            if name in self._recovered_checks:
+                self._recovered_checks.discard(name)
+                self.checked[name] = list(sig)
+                continue
+            if final or self._pending_files.get(name) == sig:
+                ready.append((name, sig))
+            else:
+                self._pending_files[name] = sig
+        if not ready:
+            return
+        self._checking = True
+        try:
+            for name, sig in ready:
+                self._pending_files.pop(name, None)
+                report = await check_file(os.path.join(out, name), self.spec)
+                self.checked[name] = list(sig)
+                self._record_check(name, report)
+        finally:
+            self._checking = False
+        self._save_cursor(force=True)
+
+    def _record_check(self, name: str, report: dict[str, Any]) -> None:
+        problems = list(report.get("problems") or [])
+        unchecked = bool(report.get("unchecked"))
+        ev: dict[str, Any] = {
+            "type": "check",
+            "file": name,
+            "ok": bool(report.get("ok")) and not problems,
+            "format": report.get("format"),
+            "problems": problems,
+        }
+        if unchecked:
+            ev["unchecked"] = report.get("unchecked")
+        self._append(ev)
+        base = {"line": self.line, "rank": None}
+        for p in problems:
+            self._append(
+                {
+                    "type": "milestone",
+                    "kind": "shape_check_failed",
+                    **base,
+                    "fields": {
+                        "file": p.get("file", name),
+                        "code": p.get("code"),
+                        "message": p.get("message"),
+                        "source": "agent",
+                    },
+                    "text": f"{p.get('code')}: {p.get('file', name)}: {p.get('message')}",
+                }
+            )
+        if not problems and not unchecked:
+            self._append(
+                {
+                    "type": "milestone",
+                    "kind": "shape_check_passed",
+                    **base,
+                    "fields": {"file": name, "format": report.get("format"), "source": "agent"},
+                    "text": f"{name}: shapes ok",
+                }
+            )
+        if problems and self.spec.get("on_shape_failure") == "stop" and self.summary.terminal is None:
+            p = problems[0]
+            self.stopper(self.paths.run, f"shape check failed: {p.get('code')} in {p.get('file', name)}")
+
+    # --- the end ---------------------------------------------------------------------------------
+    async def _finish(self, lost: bool = False) -> None:
+        """Process the rest of the log, check the last files, journal the final state once."""
+        await self._pump()
+        for ln in self.splitter.flush():
+            self.line += 1
+            self._journal_milestones(self.engine.feed(ln.text, self.line))
+        self._journal_milestones(self.engine.flush())
+        self._flushed = True
+        self.log_changed.notify()
+        await self._scan_outputs(final=True)
+        if self.summary.terminal is None:
+            stop_rec = read_json(self.paths.stop)
+            exit_rec = None if lost else read_json(self.paths.exit)
+            state, reason = final_state(
+                exit_rec if isinstance(exit_rec, dict) else None,
+                stop_rec if isinstance(stop_rec, dict) else None,
+                self.summary,
+                self.spec.get("backend", "worker-extension"),
+            )
+            if state == "failed" and not self.summary.failed_seen:
+                self._append(
+                    {
+                        "type": "milestone",
+                        "kind": "failed",
+                        "line": self.line,
+                        "rank": None,
+                        "fields": {"reason": reason},
+                        "text": reason,
+                    }
+                )
+            ev: dict[str, Any] = {"type": "state", "state": state, "reason": reason}
+            if isinstance(exit_rec, dict):
+                ev["exit"] = {"code": exit_rec.get("code"), "signal": exit_rec.get("signal")}
+            self._append(ev)
+        self._save_cursor(force=True)
+        self.log_changed.notify()  # log followers flush the job's unterminated last line now
+
+
+async def check_file(path: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run the output checker on one file in a child process (keeps torch/numpy out of the daemon)."""
+    import json
+
+    expect = dict(spec.get("expect") or {})
+    arg = json.dumps(
+        {
+            "path": path,
+            "layers": expect.get("layers"),
+            "hidden_size": expect.get("hidden_size"),
+            "model": spec.get("model"),
+            "layer_ids": spec.get("layers"),
+        }
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agent.checkrun",
+        arg,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(300):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return _unchecked(path, "the check took longer than 300 s")
+    try:
+        report = json.loads(out)
+        if isinstance(report, dict):
+            return report
+    except ValueError:
+        pass
+    return _unchecked(path, f"checker failed: {err.decode('utf-8', 'replace')[-300:]}")
+
+
+def _unchecked(path: str, message: str) -> dict[str, Any]:
+    """A report for a file the checker could not judge (not a problem of the file, not a pass either)."""
+    return {
+        "ok": False,
+        "files": 0,
+        "format": None,
+        "problems": [],
+        "unchecked": [os.path.basename(path)],
+        "error": message,
+    }

@@ -1,0 +1,164 @@
+"""Open a link to a host's agent: SSH connect (verified host keys), upload the agent over SFTP, run connect.
+
+The agent core is stdlib-only, so it runs under the host's own Python straight from the uploaded package:
+``<home>/.local/share/eaglewatch/agent-<version>-<digest>/agent``; the command is built with ``shlex.join``
+over an argv list only.  A daemon reporting another version in its hello is sent ``shutdown`` (its jobs are
+detached and keep running) and the connect is retried, which starts the new daemon.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shlex
+import uuid
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import agent
+from controller.errors import HostKeyRejected, Unreachable
+from controller.link import Link, LocalTransport, SSHTransport, StreamHandler
+from controller.settings import Settings
+
+log = logging.getLogger(__name__)
+AGENT_DIR = Path(agent.__file__).resolve().parent
+LOCAL_DEST = "local"
+
+
+@cache
+def agent_files() -> tuple[tuple[str, bytes], ...]:
+    """(relative path, content) of every file of the agent package that is shipped to hosts."""
+    out = []
+    for path in sorted(AGENT_DIR.rglob("*")):
+        rel = path.relative_to(AGENT_DIR)
+        if path.is_file() and "__pycache__" not in rel.parts and path.suffix in (".py", ".toml", ".json"):
+            out.append((rel.as_posix(), path.read_bytes()))
+    return tuple(out)
+
+
+def agent_digest() -> str:
+    """Short digest of the shipped files: a changed agent gets a new directory on the host."""
+    h = hashlib.sha256()
+    for rel, data in agent_files():
+        h.update(rel.encode() + b"\0" + data + b"\0")
+    return h.hexdigest()[:10]
+
+
+def remote_dir_name() -> str:
+    """Directory (under ~/.local/share/eaglewatch) holding this controller's agent copy."""
+    return f"agent-{agent.__version__}-{agent_digest()}"
+
+
+def connect_argv(python: str, pythonpath: str | None, state_dir: str | None) -> list[str]:
+    """argv of the bridge command run on the host."""
+    argv = ["env", f"PYTHONPATH={pythonpath}"] if pythonpath else []
+    argv += [python, "-m", "agent", "connect"]
+    if state_dir:
+        argv += ["--state-dir", state_dir]
+    return argv
+
+
+def fingerprint(key: Any) -> str:
+    """SHA256 fingerprint of an asyncssh public key."""
+    return str(key.get_fingerprint("sha256"))
+
+
+async def fetch_host_key(dest: str, settings: Settings) -> str:
+    """The fingerprint the host presents, fetched without trusting it (for ``hosts add``)."""
+    import asyncssh
+
+    host, port = dest, ()
+    opts = settings.ssh_options()
+    try:
+        key = await asyncssh.get_server_host_key(host, port, config=opts.get("config", ()))
+    except (OSError, asyncssh.Error) as exc:
+        raise Unreachable(f"cannot reach {dest}: {exc}") from None
+    if key is None:
+        raise Unreachable(f"{dest} presented no host key")
+    return fingerprint(key)
+
+
+async def ssh_connect(name: str, dest: str, settings: Settings) -> Any:
+    """An asyncssh connection with verified host key; HostKeyRejected when known_hosts does not trust it."""
+    import asyncssh
+
+    try:
+        return await asyncssh.connect(dest, **settings.ssh_options())
+    except asyncssh.HostKeyNotVerifiable as exc:
+        try:
+            fp: str | None = await fetch_host_key(dest, settings)
+        except Exception:
+            fp = None
+        hint = (
+            f" (it presents {fp}; if that is expected, add it with: ssh-keyscan to known_hosts)" if fp else ""
+        )
+        raise HostKeyRejected(name, f"host {name}: {exc}{hint}", fp) from None
+    except (OSError, asyncssh.Error, TimeoutError) as exc:
+        raise Unreachable(f"host {name}: cannot connect to {dest}: {type(exc).__name__}: {exc}") from None
+
+
+async def ensure_agent(conn: Any, remote_base: str = ".local/share/eaglewatch") -> str:
+    """Upload the agent package unless this version is already there; returns the remote PYTHONPATH."""
+    async with conn.start_sftp_client() as sftp:
+        home = await sftp.realpath(".")
+        base = remote_base if remote_base.startswith("/") else f"{home}/{remote_base}"
+        target = f"{base}/{remote_dir_name()}"
+        if await sftp.exists(f"{target}/.complete"):
+            return target
+        tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
+        await sftp.makedirs(f"{tmp}/agent", exist_ok=True)
+        for rel, data in agent_files():
+            parent = f"{tmp}/agent/{rel}".rsplit("/", 1)[0]
+            await sftp.makedirs(parent, exist_ok=True)
+            async with sftp.open(f"{tmp}/agent/{rel}", "wb") as f:
+                await f.write(data)
+        async with sftp.open(f"{tmp}/.complete", "wb") as f:
+            await f.write(b"ok\n")
+        try:
+            await sftp.posix_rename(tmp, target)
+        except Exception:
+            # Another controller uploaded the same version concurrently; theirs is as good as ours.
+            if not await sftp.exists(f"{target}/.complete"):
+                raise
+            await sftp.rmtree(tmp, ignore_errors=True)
+        log.info("uploaded agent to %s", target)
+        return target
+
+
+async def open_link(
+    host: dict[str, Any], settings: Settings, on_stream: StreamHandler | None
+) -> tuple[Link, str | None]:
+    """Connect to ``host`` (a hosts row), bootstrap the agent, return (started Link, host key fingerprint)."""
+    for attempt in range(2):
+        if host["ssh"] == LOCAL_DEST:
+            link = Link(await LocalTransport.start(host.get("state_dir")), on_stream)
+            fp = None
+        else:
+            conn = await ssh_connect(host["name"], host["ssh"], settings)
+            fp = fingerprint(conn.get_server_host_key())
+            try:
+                pythonpath = await ensure_agent(conn, settings.remote_base)
+                command = shlex.join(connect_argv(host["python"], pythonpath, host.get("state_dir")))
+                process = await conn.create_process(command, encoding=None)
+            except Exception as exc:
+                conn.close()
+                raise Unreachable(
+                    f"host {host['name']}: bootstrap failed: {type(exc).__name__}: {exc}"
+                ) from None
+            link = Link(SSHTransport(conn, process, command), on_stream)
+        hello = await link.start()
+        if hello.get("agent_version") == agent.__version__ or attempt == 1:
+            return link, fp
+        # An older (or newer) daemon: ask it to exit, leaving its jobs running, and start ours.
+        log.info(
+            "host %s runs agent %s, upgrading to %s",
+            host["name"],
+            hello.get("agent_version"),
+            agent.__version__,
+        )
+        try:
+            await link.request("shutdown", timeout=10)
+        finally:
+            await link.close()
+    raise AssertionError("unreachable")

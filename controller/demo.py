@@ -1,0 +1,291 @@
+"""`eaglewatch demo`: controller + web UI on 127.0.0.1, a local agent (no SSH), a tiny model, a real CPU run.
+
+How it works
+------------
+Everything lives under a demo home (``~/.local/share/eaglewatch-demo`` unless ``--home``): the controller's
+SQLite file, the agent's state dir (``agent/``), the tiny model, a small dataset and the captured outputs.
+The agent host ``local`` is reached through the controller's local transport (``python -m agent connect``
+over pipes: the same protocol as over SSH). The web UI needs a login token, freshly made and printed at
+each start. The first run extracts hidden states of the tiny Llama on CPU through vLLM (backend
+worker-extension); the page's New-run form offers two saved templates, one good and one broken (the
+capture drops a layer, so shape checks fail and an alert opens). ``--no-extract`` replaces the vLLM run
+with a small backend-``command`` job printing milestone lines (fast; used by the tests). Ctrl-C stops the
+demo's runs and its agent daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEMO_HOST = "local"
+#: A fast stand-in job for --no-extract: milestone lines in the extraction job's own format, then success.
+FAKE_JOB = """
+import json, sys, time
+total = int(sys.argv[1])
+def emit(kind, **fields):
+    print("EAGLEWATCH " + json.dumps({"kind": kind, **fields}), flush=True)
+emit("capture_configured", layers=[2, 4, 5, 8], hidden_size=128, dtype="float32", backend="command")
+for done in range(1, total + 1):
+    time.sleep(0.5)
+    emit("progress", samples_done=done, samples_total=total, tokens_per_s=100.0 * done)
+emit("completed", samples=total)
+"""
+#: vLLM on CPU: a small KV cache, no hub access (shared/domain/vllm-on-cpu.md).
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+@dataclass(frozen=True)
+class DemoPaths:
+    """Where the demo keeps its pieces."""
+
+    home: Path
+
+    @property
+    def agent_state(self) -> Path:
+        """The local agent daemon's state dir."""
+        return self.home / "agent"
+
+    @property
+    def model(self) -> Path:
+        """The tiny random-weight Llama."""
+        return self.home / "tiny-llama"
+
+    @property
+    def dataset(self) -> Path:
+        """A small JSONL dataset of prompts."""
+        return self.home / "data" / "prompts.jsonl"
+
+    def output(self, name: str) -> Path:
+        """Capture output directory of one run."""
+        return self.home / "outputs" / name
+
+
+def default_home() -> Path:
+    """$EAGLEWATCH_DEMO_HOME, else ~/.local/share/eaglewatch-demo (never the real controller's home)."""
+    env = os.environ.get("EAGLEWATCH_DEMO_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".local" / "share" / "eaglewatch-demo"
+
+
+def write_dataset(path: Path, samples: int = 24) -> None:
+    """Prompts in the tiny tokenizer's vocabulary ('w0'..'w495'), 16-48 words each; deterministic."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(samples):
+        words = [f"w{(i * 37 + j * 11) % 496}" for j in range(16 + (i * 7) % 33)]
+        lines.append(json.dumps({"text": " ".join(words)}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def extraction_spec(paths: DemoPaths, name: str, fault: str | None = None) -> dict[str, Any]:
+    """A worker-extension run of the tiny model over the demo dataset (optionally with a fault injected)."""
+    spec: dict[str, Any] = {
+        "name": name,
+        "host": DEMO_HOST,
+        "backend": "worker-extension",
+        "model": str(paths.model),
+        "dataset": str(paths.dataset),
+        "output_dir": str(paths.output(name)),
+        "max_samples": 24,
+        "seq_len": 64,
+        "batch_size": 4,
+        "env": dict(CPU_ENV),
+    }
+    if fault:
+        spec["inject_fault"] = fault
+    return spec
+
+
+def command_spec(name: str, samples: int = 6) -> dict[str, Any]:
+    """The --no-extract run: a backend-command job printing milestones (no vLLM, a few seconds)."""
+    return {
+        "name": name,
+        "host": DEMO_HOST,
+        "backend": "command",
+        "command": [sys.executable, "-c", FAKE_JOB, str(samples)],
+    }
+
+
+def build_model(paths: DemoPaths) -> None:
+    """Build the tiny model once (``eaglewatch-agent tiny-model``) in a subprocess: torch stays out of here."""
+    if (paths.model / "config.json").exists():
+        return
+    print(f"building the tiny model in {paths.model} ...", flush=True)
+    argv = [sys.executable, "-m", "agent", "tiny-model", str(paths.model), "--arch", "llama"]
+    subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, timeout=600)
+
+
+def save_templates(home: Path, paths: DemoPaths, extract: bool) -> None:
+    """Two saved New-run templates: the good run and the broken one (drop a layer)."""
+    from web.forms import spec_to_form
+    from web.run_templates import TemplateStore
+
+    store = TemplateStore(home)
+    if extract:
+        good, broken = extraction_spec(paths, "demo-2"), extraction_spec(paths, "demo-broken", "drop_layer")
+        store.save("demo tiny llama", spec_to_form(good))
+        # The form carries inject_fault only if web/forms.py knows the field; otherwise this template is
+        # the good run under another name, and the broken run is started with `--broken` instead.
+        store.save("demo broken (drops a layer)", {**spec_to_form(broken), "inject_fault": "drop_layer"})
+    else:
+        store.save("demo command job", spec_to_form(command_spec("demo-2")))
+
+
+def fresh_token(home: Path) -> str:
+    """A new login token for this demo start (the old one is forgotten)."""
+    from web import security
+
+    (home / security.TOKEN_FILE).unlink(missing_ok=True)
+    token = security.ensure_token(home)
+    assert token is not None
+    return token
+
+
+def agent_request(
+    sock_path: Path, requests: list[dict[str, Any]], timeout: float = 30.0
+) -> list[dict[str, Any]]:
+    """Send requests to the local agent daemon over its socket; their replies in order (stdlib client)."""
+    replies = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(sock_path))
+        with sock.makefile("rwb") as f:
+            f.readline()  # hello
+            for i, req in enumerate(requests, 1):
+                f.write(json.dumps({"id": i, **req}).encode() + b"\n")
+                f.flush()
+                while True:
+                    msg = json.loads(f.readline())
+                    if msg.get("id") == i and msg.get("type") in ("reply", "error"):
+                        replies.append(msg)
+                        break
+    return replies
+
+
+def stop_agent(paths: DemoPaths) -> None:
+    """Stop every running run of the demo's agent, then the daemon itself."""
+    sock = paths.agent_state / "agent.sock"
+    if not sock.exists():
+        return
+    try:
+        [listing] = agent_request(sock, [{"op": "list"}])
+        running = [r["run"] for r in listing.get("result", {}).get("runs", []) if r.get("state") == "running"]
+        agent_request(sock, [*({"op": "stop", "run": r, "grace_s": 5} for r in running), {"op": "shutdown"}])
+        for run in running:
+            print(f"stopped run {run}", flush=True)
+    except (OSError, ValueError) as exc:
+        print(f"could not stop the demo agent cleanly: {exc}", file=sys.stderr, flush=True)
+
+
+async def _echo_milestones(ctl: Any) -> None:
+    """Print each milestone and alert on the terminal as it arrives (the page shows the same)."""
+    async for event in ctl.bus.subscribe():
+        if event.kind == "milestone":
+            print(
+                f"  run {event.run_id}: {event.data.get('kind')}  {event.data.get('text', '')[:100]}",
+                flush=True,
+            )
+        elif event.kind == "alert":
+            print(f"  ALERT run {event.run_id}: {event.data.get('message', event.data)}", flush=True)
+
+
+async def _start_server(app: Any, bind: str, port: int) -> tuple[Any, asyncio.Task[None], int]:
+    """Start uvicorn in this loop; return the server, its task and the port it listens on."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=bind, port=port, log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # raises what stopped it (port in use...)
+            raise RuntimeError("the web server stopped before it started")
+        await asyncio.sleep(0.05)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    return server, task, int(bound)
+
+
+async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool) -> int:
+    from controller.errors import NotFound
+    from controller.models import HostCreate
+    from controller.service import Controller
+    from controller.settings import Settings
+    from web.app import create_app
+
+    paths = DemoPaths(home)
+    home.mkdir(parents=True, exist_ok=True)
+    token = fresh_token(home)
+    settings = Settings(home=home, bind=bind, port=port)
+    ctl = Controller(settings)
+    app = create_app(ctl, bind=bind, require_auth=True, manage_controller=True)
+    server, serve_task, bound = await _start_server(app, bind, port)
+    echo = asyncio.create_task(_echo_milestones(ctl))
+    try:
+        try:
+            await ctl.get_host(DEMO_HOST)
+        except NotFound:
+            await ctl.add_host(HostCreate(name=DEMO_HOST, ssh="local", state_dir=str(paths.agent_state)))
+        write_dataset(paths.dataset)
+        if extract:
+            await asyncio.to_thread(build_model, paths)
+        save_templates(home, paths, extract)
+        url = f"http://{bind}:{bound}/"
+        print(f"\neaglewatch demo is running (home {home})\n  URL:   {url}\n  token: {token}\n", flush=True)
+        if extract:
+            first = await ctl.create_run(extraction_spec(paths, "demo-1"))
+            if broken:
+                await ctl.create_run(extraction_spec(paths, "demo-broken", "drop_layer"))
+        else:
+            first = await ctl.create_run(command_spec("demo-1"))
+        print(f"  first run: {url}runs/{first}\n  Ctrl-C stops the demo and its runs.\n", flush=True)
+        await serve_task
+    finally:
+        echo.cancel()
+        server.should_exit = True
+        with contextlib.suppress(BaseException):
+            await serve_task
+        await asyncio.to_thread(stop_agent, paths)
+    return 0
+
+
+def run_demo(
+    *,
+    home: Path | None = None,
+    bind: str = "127.0.0.1",
+    port: int = 8765,
+    extract: bool = True,
+    broken: bool = False,
+) -> int:
+    """Run the embedded demo until Ctrl-C; returns the exit status."""
+    home = (home or default_home()).expanduser().resolve()
+    os.environ["EAGLEWATCH_HOME"] = str(home)  # anything reading Settings() in this process sees the demo
+    try:
+        return asyncio.run(_demo(home, bind, port, extract, broken))
+    except KeyboardInterrupt:
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m controller.demo [--home DIR] [--port N] [--no-extract] [--broken]`."""
+    parser = argparse.ArgumentParser(prog="eaglewatch demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--home", type=Path, help="demo state (default ~/.local/share/eaglewatch-demo)")
+    parser.add_argument("--bind", default="127.0.0.1", help="address of the web UI (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8765, help="port of the web UI (0: any free port)")
+    parser.add_argument("--no-extract", action="store_true", help="a fast command job instead of vLLM")
+    parser.add_argument("--broken", action="store_true", help="also start a run that drops a layer")
+    args = parser.parse_args(argv)
+    return run_demo(
+        home=args.home, bind=args.bind, port=args.port, extract=not args.no_extract, broken=args.broken
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

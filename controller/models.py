@@ -1,0 +1,255 @@
+"""SQLModel tables (the SQLite schema) and the public shapes the facade returns.
+
+Layering as in the FastAPI template: ``HostCreate`` (input) → ``Host`` (table) → ``HostPublic`` (output).
+JSON columns are stored as TEXT and decoded into the public models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import Field as PField
+from sqlalchemy import Index, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+SCHEMA_VERSION = 1
+
+RUN_STATES = ("pending", "starting", "running", "completed", "failed", "stopped", "lost", "unknown")
+
+
+class SchemaVersion(SQLModel, table=True):
+    """One row: the schema version this database was created or migrated to."""
+
+    __tablename__ = "schema_version"
+    version: int = Field(primary_key=True)
+
+
+class Host(SQLModel, table=True):
+    """A GPU host reached over SSH."""
+
+    __tablename__ = "hosts"
+    name: str = Field(primary_key=True)
+    ssh: str
+    python: str = "python3"
+    state_dir: str | None = None
+    created_at: float
+    reachable: bool | None = None
+    last_seen: float | None = None
+    unreachable_since: float | None = None
+    agent_version: str | None = None
+    fingerprint: str | None = None
+    gpus_json: str = "[]"
+    last_error: str | None = None
+
+
+class Run(SQLModel, table=True):
+    """One launched (or launching) job and where the controller is in its journal."""
+
+    __tablename__ = "runs"
+    id: str = Field(primary_key=True)
+    name: str
+    host: str = Field(index=True)
+    backend: str
+    model: str | None = None
+    spec_json: str
+    state: str = Field(default="pending", index=True)
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_json: str | None = None
+    failure_reason: str | None = None
+    pid: int | None = None
+    last_seq: int = 0
+    log_offset: int = 0
+    progress_json: str | None = None
+    last_milestone: str | None = None
+    last_progress_at: float | None = None
+    progress_interval_s: float | None = None
+
+
+class Event(SQLModel, table=True):
+    """Every committed item the web streams (journal events with ``seq``, controller events without)."""
+
+    __tablename__ = "events"
+    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_events_run_seq"),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str | None = Field(default=None, index=True)
+    seq: int | None = None
+    kind: str
+    at: float
+    data_json: str
+    #: log_lines.id of the last log line committed before this event (orders the merged feed).
+    log_mark: int = 0
+
+
+class Milestone(SQLModel, table=True):
+    """A milestone from a run's journal."""
+
+    __tablename__ = "milestones"
+    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_milestones_run_seq"),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True)
+    seq: int
+    kind: str
+    at: float
+    line: int | None = None
+    rank: int | None = None
+    fields_json: str = "{}"
+    text: str = ""
+
+
+class Problem(SQLModel, table=True):
+    """An output problem found by a shape check."""
+
+    __tablename__ = "problems"
+    __table_args__ = (UniqueConstraint("run_id", "seq", "idx", name="uq_problems_run_seq_idx"),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True)
+    seq: int
+    idx: int = 0
+    code: str
+    file: str
+    message: str
+    at: float
+
+
+class Alert(SQLModel, table=True):
+    """A raised alert; delivery goes through the outbox."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_key", "dedupe_key", "created_at"),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str | None = None
+    host: str | None = None
+    rule: str
+    severity: str
+    message: str
+    created_at: float
+    dedupe_key: str
+    acked: bool = False
+    muted: bool = False
+    delivered: bool = False
+
+
+class Outbox(SQLModel, table=True):
+    """A pending notification: retried with backoff until apprise accepts it; survives restarts."""
+
+    __tablename__ = "outbox"
+    id: int | None = Field(default=None, primary_key=True)
+    alert_id: int = Field(index=True)
+    attempts: int = 0
+    next_attempt_at: float
+    last_error: str | None = None
+    done: bool = Field(default=False, index=True)
+
+
+class LogLine(SQLModel, table=True):
+    """One line of a job's output.log, keyed by its byte offset so re-sent lines are ignored."""
+
+    __tablename__ = "log_lines"
+    __table_args__ = (UniqueConstraint("run_id", "offset", name="uq_log_run_offset"),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str
+    offset: int
+    text: str
+
+
+# ---------------------------------------------------------------- public shapes (facade / API output)
+
+
+class HostCreate(BaseModel):
+    """Input for adding a host."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    name: str = PField(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    ssh: str = PField(
+        min_length=1, max_length=512, description="ssh destination: alias, host, user@host[:port]"
+    )
+    python: str = PField(default="python3", min_length=1, max_length=1024)
+    state_dir: str | None = PField(default=None, description="agent state directory (default: agent's)")
+
+    @field_validator("ssh")
+    @classmethod
+    def _ssh(cls, v: str) -> str:
+        if v.startswith("-") or any(c.isspace() or c == "\x00" for c in v):
+            raise ValueError("ssh destination must not start with '-' or contain spaces")
+        return v
+
+
+class HostPublic(BaseModel):
+    """A host as shown to users."""
+
+    name: str
+    ssh: str
+    python: str
+    reachable: bool | None
+    last_seen: float | None
+    agent_version: str | None
+    fingerprint: str | None
+    gpus: list[dict[str, Any]]
+    last_error: str | None = None
+
+
+class AlertPublic(BaseModel):
+    """An alert as shown to users."""
+
+    id: int
+    run_id: str | None
+    host: str | None
+    rule: str
+    severity: str
+    message: str
+    created_at: float
+    acked: bool
+    muted: bool
+    delivered: bool
+
+
+class RunPublic(BaseModel):
+    """A run as listed."""
+
+    id: str
+    name: str
+    host: str
+    backend: str
+    model: str | None
+    state: str
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    exit: dict[str, Any] | None
+    failure_reason: str | None
+    progress: dict[str, Any] | None
+    last_milestone: str | None
+    open_alerts: int
+
+
+class MilestonePublic(BaseModel):
+    """A milestone as shown to users."""
+
+    seq: int
+    kind: str
+    at: float
+    line: int | None
+    rank: int | None
+    fields: dict[str, Any]
+    text: str
+
+
+class ProblemPublic(BaseModel):
+    """An output problem as shown to users."""
+
+    code: str
+    file: str
+    message: str
+    at: float
+
+
+class RunDetail(RunPublic):
+    """A run with its spec, milestones, alerts and problems (``GET /api/runs/{id}``)."""
+
+    spec: dict[str, Any]
+    milestones: list[MilestonePublic]
+    alerts: list[AlertPublic]
+    problems: list[ProblemPublic]

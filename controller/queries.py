@@ -1,0 +1,238 @@
+"""Read-side queries: ``fn(conn, *args)`` → public models; run on reader connections (or inside a write)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from typing import Any
+
+from controller.bus import BusEvent, make_cursor, parse_cursor
+from controller.errors import NotFound, SpecInvalid
+from controller.models import (
+    AlertPublic,
+    HostPublic,
+    MilestonePublic,
+    ProblemPublic,
+    RunDetail,
+    RunPublic,
+)
+
+TERMINAL_SQL = "('completed','failed','stopped','lost')"
+_ERROR_RE = re.compile(r"error|traceback|exception|fatal|killed|out of memory", re.IGNORECASE)
+
+
+def _host(row: sqlite3.Row) -> HostPublic:
+    reachable = row["reachable"]
+    return HostPublic(
+        name=row["name"],
+        ssh=row["ssh"],
+        python=row["python"],
+        reachable=None if reachable is None else bool(reachable),
+        last_seen=row["last_seen"],
+        agent_version=row["agent_version"],
+        fingerprint=row["fingerprint"],
+        gpus=json.loads(row["gpus_json"] or "[]"),
+        last_error=row["last_error"],
+    )
+
+
+def list_hosts(conn: sqlite3.Connection) -> list[HostPublic]:
+    """Every host by name."""
+    return [_host(r) for r in conn.execute("SELECT * FROM hosts ORDER BY name")]
+
+
+def get_host(conn: sqlite3.Connection, name: str) -> HostPublic:
+    """One host; NotFound names it."""
+    row = conn.execute("SELECT * FROM hosts WHERE name=?", (name,)).fetchone()
+    if row is None:
+        raise NotFound(f"no host named {name!r}")
+    return _host(row)
+
+
+def host_row(conn: sqlite3.Connection, name: str) -> dict[str, Any]:
+    """The raw host row (internal fields included)."""
+    row = conn.execute("SELECT * FROM hosts WHERE name=?", (name,)).fetchone()
+    if row is None:
+        raise NotFound(f"no host named {name!r}")
+    return dict(row)
+
+
+def _run(conn: sqlite3.Connection, row: sqlite3.Row) -> RunPublic:
+    open_alerts = conn.execute(
+        "SELECT count(*) FROM alerts WHERE run_id=? AND acked=0 AND muted=0", (row["id"],)
+    ).fetchone()[0]
+    return RunPublic(
+        id=row["id"],
+        name=row["name"],
+        host=row["host"],
+        backend=row["backend"],
+        model=row["model"],
+        state=row["state"],
+        created_at=row["created_at"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        exit=json.loads(row["exit_json"]) if row["exit_json"] else None,
+        failure_reason=row["failure_reason"],
+        progress=json.loads(row["progress_json"]) if row["progress_json"] else None,
+        last_milestone=row["last_milestone"],
+        open_alerts=open_alerts,
+    )
+
+
+def run_row(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
+    """The raw run row; NotFound names the id."""
+    row = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no run {run_id!r}")
+    return dict(row)
+
+
+def get_run_public(conn: sqlite3.Connection, run_id: str) -> RunPublic:
+    """One run as listed."""
+    row = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no run {run_id!r}")
+    return _run(conn, row)
+
+
+def list_runs(conn: sqlite3.Connection) -> list[RunPublic]:
+    """All runs, newest first."""
+    return [_run(conn, r) for r in conn.execute("SELECT * FROM runs ORDER BY created_at DESC, id DESC")]
+
+
+def nonterminal_runs(conn: sqlite3.Connection, host: str) -> list[dict[str, Any]]:
+    """Runs of ``host`` that may still change (to follow after (re)connecting)."""
+    rows = conn.execute(
+        f"SELECT * FROM runs WHERE host=? AND state NOT IN {TERMINAL_SQL} ORDER BY created_at", (host,)
+    )
+    return [dict(r) for r in rows]
+
+
+def _alert(row: sqlite3.Row) -> AlertPublic:
+    return AlertPublic(
+        id=row["id"],
+        run_id=row["run_id"],
+        host=row["host"],
+        rule=row["rule"],
+        severity=row["severity"],
+        message=row["message"],
+        created_at=row["created_at"],
+        acked=bool(row["acked"]),
+        muted=bool(row["muted"]),
+        delivered=bool(row["delivered"]),
+    )
+
+
+def get_alert(conn: sqlite3.Connection, alert_id: int) -> AlertPublic:
+    """One alert; NotFound names the id."""
+    row = conn.execute("SELECT * FROM alerts WHERE id=?", (alert_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no alert {alert_id}")
+    return _alert(row)
+
+
+def list_alerts(conn: sqlite3.Connection) -> list[AlertPublic]:
+    """All alerts, newest first."""
+    return [_alert(r) for r in conn.execute("SELECT * FROM alerts ORDER BY id DESC")]
+
+
+def get_run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
+    """A run with spec, milestones, alerts and problems."""
+    row = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no run {run_id!r}")
+    base = _run(conn, row)
+    milestones = [
+        MilestonePublic(
+            seq=m["seq"],
+            kind=m["kind"],
+            at=m["at"],
+            line=m["line"],
+            rank=m["rank"],
+            fields=json.loads(m["fields_json"] or "{}"),
+            text=m["text"],
+        )
+        for m in conn.execute("SELECT * FROM milestones WHERE run_id=? ORDER BY seq", (run_id,))
+    ]
+    alerts = [_alert(a) for a in conn.execute("SELECT * FROM alerts WHERE run_id=? ORDER BY id", (run_id,))]
+    problems = [
+        ProblemPublic(code=p["code"], file=p["file"], message=p["message"], at=p["at"])
+        for p in conn.execute("SELECT * FROM problems WHERE run_id=? ORDER BY seq, idx", (run_id,))
+    ]
+    return RunDetail(
+        **base.model_dump(),
+        spec=json.loads(row["spec_json"]),
+        milestones=milestones,
+        alerts=alerts,
+        problems=problems,
+    )
+
+
+def read_log(
+    conn: sqlite3.Connection, run_id: str, after_offset: int, limit: int, query: str | None, errors_only: bool
+) -> list[dict[str, Any]]:
+    """Log lines after a byte offset, ascending; substring ``query`` and error-looking filters."""
+    get_run_public(conn, run_id)
+    limit = max(1, min(int(limit), 100000))
+    sql, args = "SELECT offset, text FROM log_lines WHERE run_id=? AND offset > ?", [run_id, after_offset]
+    if query:
+        sql += " AND instr(lower(text), lower(?)) > 0"
+        args.append(query)
+    out: list[dict[str, Any]] = []
+    cur = conn.execute(sql + " ORDER BY offset", args)
+    for r in cur:
+        if errors_only and not _ERROR_RE.search(r[1]):
+            continue
+        out.append({"offset": r[0], "text": r[1]})
+        if len(out) >= limit:
+            break
+    return out
+
+
+def feed_since(
+    conn: sqlite3.Connection, run_id: str | None, cursor: str | None, limit: int
+) -> list[BusEvent]:
+    """Everything committed after ``cursor``, merged in commit order (see bus.make_cursor)."""
+    try:
+        after_event, after_log = parse_cursor(cursor)
+    except ValueError as exc:
+        raise SpecInvalid([{"field": "cursor", "message": str(exc)}]) from None
+    limit = max(1, min(int(limit), 10000))
+    where_run = " AND run_id = ?" if run_id is not None else ""
+    run_args: list[Any] = [run_id] if run_id is not None else []
+    events = conn.execute(
+        f"SELECT * FROM events WHERE id > ?{where_run} ORDER BY id LIMIT ?", [after_event, *run_args, limit]
+    ).fetchall()
+    logs = conn.execute(
+        f"SELECT id, run_id, offset, text FROM log_lines WHERE id > ?{where_run} ORDER BY id LIMIT ?",
+        [after_log, *run_args, limit * 10],
+    ).fetchall()
+    logs_complete = len(logs) < limit * 10
+    max_log = logs[-1][0] if logs else after_log
+    out: list[BusEvent] = []
+    li, last_event = 0, after_event
+
+    def flush_logs(upto: int) -> None:
+        nonlocal li
+        while li < len(logs) and logs[li][0] <= upto:
+            run, chunk = logs[li][1], []
+            while li < len(logs) and logs[li][0] <= upto and logs[li][1] == run and len(chunk) < 1000:
+                chunk.append(logs[li])
+                li += 1
+            data = {"lines": [{"offset": r[2], "text": r[3]} for r in chunk]}
+            out.append(BusEvent("log", run, data, make_cursor(last_event, chunk[-1][0])))
+
+    for ev in events:
+        if ev["log_mark"] > max_log and not logs_complete:
+            return out  # lines this event follows were not fetched yet: resume from here next time
+        flush_logs(ev["log_mark"])
+        last_event = ev["id"]
+        out.append(
+            BusEvent(
+                ev["kind"], ev["run_id"], json.loads(ev["data_json"]), make_cursor(ev["id"], ev["log_mark"])
+            )
+        )
+    if len(events) < limit:
+        flush_logs(max_log)
+    return out

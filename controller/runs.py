@@ -1,0 +1,171 @@
+"""Run operations: validate a spec, write the run (pending) first, launch and stop through the agent."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from agent.spec import RunSpec
+from controller import ingest, queries
+from controller.errors import AgentError, Conflict, NotFound, SpecInvalid, Unreachable
+from controller.lifecycle import RunEvent, event_for_agent_state, is_terminal
+from controller.settings import Settings
+from controller.store import Store, Tx
+from controller.supervisor import Supervisors
+
+
+def new_run_id(now: float | None = None) -> str:
+    """A sortable, unique run id: r-YYYYMMDD-HHMMSS-xxxx (UTC)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now or time.time()))
+    return f"r-{stamp}-{secrets.token_hex(2)}"
+
+
+def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
+    """pydantic errors as [{field, message}] naming each bad field."""
+    out = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err.get("loc", ())) or "spec"
+        out.append({"field": field, "message": str(err.get("msg", "invalid"))})
+    return out
+
+
+def validate_spec(spec: dict[str, Any] | RunSpec, host: dict[str, Any] | None) -> RunSpec:
+    """Validate a spec against the model and what is known about its host; raises SpecInvalid."""
+    if isinstance(spec, RunSpec):
+        parsed = spec
+    else:
+        if not isinstance(spec, dict):
+            raise SpecInvalid([{"field": "spec", "message": "a run spec must be a JSON object"}])
+        try:
+            parsed = RunSpec.model_validate(spec)
+        except ValidationError as exc:
+            errs = validation_errors(exc)
+            if host is None and isinstance(spec.get("host"), str) and spec["host"]:
+                errs.append({"field": "host", "message": f"no host named {spec['host']!r}"})
+            raise SpecInvalid(errs) from None
+    errors: list[dict[str, str]] = []
+    if host is None:
+        errors.append({"field": "host", "message": f"no host named {parsed.host!r} (add it with: hosts add)"})
+    else:
+        gpus = json.loads(host.get("gpus_json") or "[]")
+        if gpus and parsed.tensor_parallel_size > len(gpus):
+            errors.append(
+                {
+                    "field": "tensor_parallel_size",
+                    "message": f"{parsed.tensor_parallel_size} > {len(gpus)} GPUs on host {host['name']}",
+                }
+            )
+    if (
+        parsed.layers is not None
+        and parsed.expect.layers is not None
+        and len(parsed.layers) != parsed.expect.layers
+    ):
+        errors.append(
+            {
+                "field": "layers",
+                "message": f"{len(parsed.layers)} layer ids but expect.layers is {parsed.expect.layers}",
+            }
+        )
+    if errors:
+        raise SpecInvalid(errors)
+    return parsed
+
+
+class RunOps:
+    """Create and stop runs; launches go through the supervised link or a one-shot link."""
+
+    def __init__(self, settings: Settings, store: Store, supervisors: Supervisors) -> None:
+        self.settings = settings
+        self.store = store
+        self.supervisors = supervisors
+
+    @property
+    def _deliver(self) -> bool:
+        return bool(self.settings.apprise_urls)
+
+    async def create(self, spec: dict[str, Any] | RunSpec) -> str:
+        """Validate, write pending, launch; a failed launch leaves a failed run with the reason."""
+        host_name = (
+            spec.host if isinstance(spec, RunSpec) else (spec.get("host") if isinstance(spec, dict) else None)
+        )
+        host = None
+        if isinstance(host_name, str):
+            try:
+                host = await self.store.read(queries.host_row, host_name)
+            except NotFound:
+                host = None
+        parsed = validate_spec(spec, host)
+        run_id = new_run_id()
+        spec_dict = parsed.model_dump(mode="json")
+
+        def insert(tx: Tx) -> None:
+            tx.conn.execute(
+                "INSERT INTO runs(id, name, host, backend, model, spec_json, state, created_at, last_seq, log_offset)"
+                " VALUES (?,?,?,?,?,?,'pending',?,0,0)",
+                (
+                    run_id,
+                    parsed.name,
+                    parsed.host,
+                    parsed.backend,
+                    parsed.model,
+                    json.dumps(spec_dict),
+                    tx.now,
+                ),
+            )
+            tx.run_changed(run_id)
+            ingest.transition(tx, run_id, RunEvent.LAUNCH)
+
+        await self.store.write(insert)
+        try:
+            async with self.supervisors.link_for(parsed.host) as link:
+                result = await link.request("launch", run=run_id, spec=spec_dict, timeout=120)
+        except (AgentError, Unreachable) as exc:
+            reason = f"launch failed: {exc.message}"
+            await self.store.write(
+                lambda tx: ingest.transition(
+                    tx,
+                    run_id,
+                    RunEvent.LAUNCH_FAILED,
+                    reason=reason,
+                    cooldown_s=self.settings.cooldown_s,
+                    deliver=self._deliver,
+                )
+            )
+            return run_id
+
+        def launched(tx: Tx) -> None:
+            tx.conn.execute("UPDATE runs SET pid=? WHERE id=?", (result.get("pid"), run_id))
+            ingest.transition(tx, run_id, RunEvent.LAUNCHED, at=tx.now)
+
+        await self.store.write(launched)
+        self.supervisors.poke(parsed.host)
+        return run_id
+
+    async def stop(self, run_id: str) -> dict[str, Any]:
+        """Stop through the agent, then record the agent's status; Conflict when already finished."""
+        run = await self.store.read(queries.run_row, run_id)
+        if is_terminal(run["state"]):
+            raise Conflict(f"run {run_id} is already {run['state']}")
+        if run["state"] == "pending":
+            raise Conflict(f"run {run_id} is pending (not launched yet)")
+        async with self.supervisors.link_for(run["host"]) as link:
+            result = await link.request("stop", run=run_id, timeout=120)
+            status = await link.request("status", run=run_id)
+        state = status.get("state")
+        if state in ("completed", "failed", "stopped", "lost"):
+            ev = event_for_agent_state(str(state))
+            await self.store.write(
+                lambda tx: ingest.transition(
+                    tx,
+                    run_id,
+                    ev,
+                    exit=status.get("exit"),
+                    cooldown_s=self.settings.cooldown_s,
+                    deliver=self._deliver,
+                )
+            )
+        return result

@@ -1,0 +1,227 @@
+"""The controller facade: one ``Controller`` per process; the web and the CLI use only this.
+
+Interface (stable; the web builds on it)::
+
+    ctl = Controller(settings, supervise=True)   # supervise=False: short-lived CLI, links opened on demand;
+                                                  # only_hosts=[...] limits supervision; deliver_alerts=bool
+    await ctl.start() / await ctl.stop()          # or: async with Controller(settings) as ctl
+    ctl.settings: Settings ; ctl.bus: Bus         # ctl.bus.subscribe() -> async iterator of BusEvent
+
+    await ctl.add_host(HostCreate) -> HostPublic   (Conflict if the name exists; SpecInvalid for bad input)
+    await ctl.list_hosts() -> list[HostPublic] ; await ctl.get_host(name) -> HostPublic (NotFound)
+    await ctl.remove_host(name) -> None (Conflict while it has non-terminal runs)
+    await ctl.check_host(name) -> HostPublic      (connects now; Unreachable / HostKeyRejected on failure)
+    await ctl.host_key(name) -> str               (SHA256 fingerprint the host presents; no trust implied)
+
+    await ctl.create_run(spec: dict | RunSpec) -> str        (run id; SpecInvalid(errors=[{field, message}]),
+                                                               NotFound for an unknown host)
+    await ctl.stop_run(run_id) -> RunPublic ; await ctl.list_runs() -> list[RunPublic] (newest first)
+    await ctl.get_run(run_id) -> RunDetail
+    await ctl.read_log(run_id, *, after_offset=-1, limit=1000, query=None, errors_only=False)
+        -> list[{"offset": int, "text": str}]   (lines with offset > after_offset, ascending)
+    await ctl.list_alerts() -> list[AlertPublic] (newest first) ; await ctl.ack_alert(id) / mute_alert(id)
+        -> AlertPublic
+    await ctl.feed_since(run_id | None, cursor | None, limit=1000) -> list[BusEvent]
+
+BusEvent kinds and ``data``:
+    "run"       RunPublic as a dict (after every state/progress change the controller commits)
+    "milestone" {"seq", "kind", "at", "line", "rank", "fields", "text"}
+    "check"     {"seq", "at", "file", "ok", "format", "problems": [{code, file, message}]}
+    "alert"     AlertPublic as a dict
+    "log"       {"lines": [{"offset", "text"}, ...]}  (a batch of one run's lines)
+    "host"      HostPublic as a dict (run_id None)
+``cursor`` is an opaque string, ordered (string comparison) in commit order; ``feed_since(run, cursor)``
+returns everything committed after it (for SSE ``Last-Event-ID`` resume).  Errors are the typed
+``controller.errors`` classes, each with an HTTP ``status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import TracebackType
+from typing import Any
+
+from agent.spec import RunSpec
+from controller import queries
+from controller.alerts import OutboxWorker
+from controller.bus import Bus, BusEvent
+from controller.errors import Conflict, NotFound
+from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic
+from controller.runs import RunOps
+from controller.settings import Settings
+from controller.store import Store
+from controller.supervisor import Supervisors
+
+
+class Controller:
+    """One per process: the store, one supervisor per host, the alert outbox worker."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        supervise: bool = True,
+        only_hosts: list[str] | None = None,
+        deliver_alerts: bool | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.bus = Bus()
+        self.supervise = supervise
+        self.deliver_alerts = supervise if deliver_alerts is None else deliver_alerts
+        self.store = Store(self.settings.database, self.bus)
+        self.supervisors = Supervisors(self.settings, self.store, supervise=supervise, only_hosts=only_hosts)
+        self.runs = RunOps(self.settings, self.store, self.supervisors)
+        self.outbox = OutboxWorker(self.settings, self.store)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.started = False
+
+    async def start(self) -> None:
+        """Open the store; with ``supervise`` start a supervisor per host and the outbox worker."""
+        self.settings.home.mkdir(parents=True, exist_ok=True)
+        await self.store.open()
+        if self.supervise:
+            await self.supervisors.start()
+        if self.deliver_alerts:
+            self._tasks.append(asyncio.create_task(self.outbox.run_forever(), name="outbox"))
+        self.started = True
+
+    async def stop(self) -> None:
+        """Stop supervisors and workers, close links and the store."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        await self.supervisors.stop()
+        await self.store.close()
+        self.bus.close()
+        self.started = False
+
+    async def __aenter__(self) -> Controller:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ hosts
+
+    async def add_host(self, host: HostCreate) -> HostPublic:
+        """Store a new host (and start supervising it when this controller supervises)."""
+        now = time.time()
+
+        def op(tx: Any) -> None:
+            if tx.conn.execute("SELECT 1 FROM hosts WHERE name=?", (host.name,)).fetchone():
+                raise Conflict(f"host {host.name!r} already exists")
+            tx.conn.execute(
+                "INSERT INTO hosts(name, ssh, python, state_dir, created_at, gpus_json) VALUES (?,?,?,?,?,?)",
+                (host.name, host.ssh, host.python, host.state_dir, now, "[]"),
+            )
+            tx.host_changed(host.name)
+
+        await self.store.write(op)
+        if self.supervise:
+            await self.supervisors.ensure(host.name)
+        return await self.get_host(host.name)
+
+    async def list_hosts(self) -> list[HostPublic]:
+        """Every host, by name."""
+        return await self.store.read(queries.list_hosts)
+
+    async def get_host(self, name: str) -> HostPublic:
+        """One host; NotFound if unknown."""
+        return await self.store.read(queries.get_host, name)
+
+    async def remove_host(self, name: str) -> None:
+        """Forget a host; Conflict while it has runs that are not finished."""
+        await self.get_host(name)
+
+        def op(tx: Any) -> None:
+            busy = tx.conn.execute(
+                "SELECT id FROM runs WHERE host=? AND state NOT IN ('completed','failed','stopped','lost')",
+                (name,),
+            ).fetchall()
+            if busy:
+                raise Conflict(f"host {name!r} has unfinished runs: {', '.join(r[0] for r in busy)}")
+            tx.conn.execute("DELETE FROM hosts WHERE name=?", (name,))
+
+        await self.store.write(op)
+        await self.supervisors.drop(name)
+
+    async def check_host(self, name: str) -> HostPublic:
+        """Connect now (bootstrapping the agent if needed), refresh version and GPUs."""
+        await self.get_host(name)
+        await self.supervisors.check(name)
+        return await self.get_host(name)
+
+    async def host_key(self, name: str) -> str:
+        """The SHA256 fingerprint the host's sshd presents (fetched without trusting it)."""
+        host = await self.get_host(name)
+        return await self.supervisors.fetch_fingerprint(host.ssh)
+
+    # ------------------------------------------------------------------ runs
+
+    async def create_run(self, spec: dict[str, Any] | RunSpec) -> str:
+        """Validate, write the run (pending), launch it through the agent; returns the run id."""
+        return await self.runs.create(spec)
+
+    async def stop_run(self, run_id: str) -> RunPublic:
+        """Ask the agent to stop the job; returns the run as stored afterwards."""
+        await self.runs.stop(run_id)
+        return await self.store.read(queries.get_run_public, run_id)
+
+    async def list_runs(self) -> list[RunPublic]:
+        """All runs, newest first."""
+        return await self.store.read(queries.list_runs)
+
+    async def get_run(self, run_id: str) -> RunDetail:
+        """One run with spec, milestones, alerts and problems; NotFound if unknown."""
+        return await self.store.read(queries.get_run_detail, run_id)
+
+    async def read_log(
+        self,
+        run_id: str,
+        *,
+        after_offset: int = -1,
+        limit: int = 1000,
+        query: str | None = None,
+        errors_only: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Stored log lines after ``after_offset`` (ascending), optionally filtered."""
+        return await self.store.read(queries.read_log, run_id, after_offset, limit, query, errors_only)
+
+    # ------------------------------------------------------------------ alerts and feed
+
+    async def list_alerts(self) -> list[AlertPublic]:
+        """All alerts, newest first."""
+        return await self.store.read(queries.list_alerts)
+
+    async def ack_alert(self, alert_id: int) -> AlertPublic:
+        """Mark an alert acknowledged."""
+        return await self._flag_alert(alert_id, "acked")
+
+    async def mute_alert(self, alert_id: int) -> AlertPublic:
+        """Mute an alert: its pending delivery is dropped."""
+        return await self._flag_alert(alert_id, "muted")
+
+    async def _flag_alert(self, alert_id: int, column: str) -> AlertPublic:
+        def op(tx: Any) -> None:
+            cur = tx.conn.execute(f"UPDATE alerts SET {column}=1 WHERE id=?", (alert_id,))
+            if cur.rowcount == 0:
+                raise NotFound(f"no alert {alert_id}")
+            if column == "muted":
+                tx.conn.execute("UPDATE outbox SET done=1 WHERE alert_id=? AND done=0", (alert_id,))
+            tx.alert_changed(alert_id)
+
+        await self.store.write(op)
+        return await self.store.read(queries.get_alert, alert_id)
+
+    async def feed_since(self, run_id: str | None, cursor: str | None, limit: int = 1000) -> list[BusEvent]:
+        """Everything committed after ``cursor`` (all runs when ``run_id`` is None), in commit order."""
+        return await self.store.read(queries.feed_since, run_id, cursor, limit)

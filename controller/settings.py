@@ -1,0 +1,83 @@
+"""Controller settings: $EAGLEWATCH_HOME/config.toml plus EAGLEWATCH_* environment variables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+def default_home() -> Path:
+    """$EAGLEWATCH_HOME or ~/.local/share/eaglewatch."""
+    env = os.environ.get("EAGLEWATCH_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".local" / "share" / "eaglewatch"
+
+
+class Settings(BaseSettings):
+    """Everything the controller needs to know; precedence: init args > env > config.toml > defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="EAGLEWATCH_", extra="ignore")
+
+    home: Path = Field(default_factory=default_home)
+    bind: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    db_path: Path | None = Field(default=None, description="default: <home>/eaglewatch.db")
+    #: apprise notification URLs (slack://, ntfy://, json://…): secrets, never rendered.
+    apprise_urls: list[SecretStr] = Field(default_factory=list)
+    unreachable_minutes: float = Field(default=5.0, ge=0)
+    stall_factor: float = Field(default=5.0, gt=0)
+    stall_min_s: float = Field(default=60.0, ge=0, description="never call a run stalled sooner than this")
+    cooldown_s: float = Field(default=600.0, ge=0)
+    known_hosts: Path | None = Field(default=None, description="default: ~/.ssh/known_hosts")
+    ssh_config: Path | None = Field(default=None, description="default: ~/.ssh/config")
+    keepalive_interval: float = Field(default=15.0, gt=0)
+    keepalive_count_max: int = Field(default=3, ge=1)
+    connect_timeout: float = Field(default=15.0, gt=0)
+    reconnect_initial_s: float = Field(default=0.5, gt=0)
+    reconnect_max_s: float = Field(default=30.0, gt=0)
+    remote_base: str = Field(
+        default=".local/share/eaglewatch",
+        description="where the agent is uploaded on hosts (relative to the remote home, or absolute)",
+    )
+    outbox_max_backoff_s: float = Field(default=300.0, gt=0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Read config.toml from the home directory between env vars and defaults."""
+        home = init_settings.init_kwargs.get("home") if hasattr(init_settings, "init_kwargs") else None
+        toml_path = Path(home or default_home()) / "config.toml"
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+
+    @property
+    def database(self) -> Path:
+        """Path of the SQLite database file."""
+        return self.db_path or self.home / "eaglewatch.db"
+
+    def ssh_options(self) -> dict[str, Any]:
+        """Keyword arguments for asyncssh.connect shared by every link."""
+        opts: dict[str, Any] = {
+            "agent_forwarding": False,
+            "keepalive_interval": self.keepalive_interval,
+            "keepalive_count_max": self.keepalive_count_max,
+            "connect_timeout": self.connect_timeout,
+        }
+        if self.known_hosts is not None:
+            opts["known_hosts"] = str(self.known_hosts)
+        if self.ssh_config is not None:
+            opts["config"] = [str(self.ssh_config)]
+        return opts

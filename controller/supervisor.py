@@ -1,0 +1,378 @@
+"""One supervisor task per host: keep the link up (backoff + jitter), follow every unfinished run.
+
+On connect: record reachability, agent version and GPUs; reconcile each unfinished run with the agent's
+``status``; ``follow`` it from the last stored ``seq`` and log offset.  Stream messages are queued to the
+store's writer in arrival order (exactly once: see ingest.py).  A dropped link marks the host unreachable and
+its starting/running runs ``unknown``.  A periodic sweep raises host-unreachable and stall alerts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from controller import alerts, ingest, queries
+from controller.bootstrap import fetch_host_key, open_link
+from controller.errors import AgentError, HostKeyRejected, NotFound, Unreachable
+from controller.lifecycle import RunEvent, event_for_agent_state
+from controller.link import Link
+from controller.settings import Settings
+from controller.store import Store, Tx
+
+log = logging.getLogger(__name__)
+#: Queue this many writes before the link reader waits for the writer (backpressure).
+MAX_PENDING_WRITES = 2000
+
+
+class HostSupervisor:
+    """Keeps one host's link up and its runs followed."""
+
+    def __init__(self, name: str, settings: Settings, store: Store) -> None:
+        self.name = name
+        self.settings = settings
+        self.store = store
+        self.link: Link | None = None
+        self.connected = asyncio.Event()
+        self.following: set[str] = set()
+        self._stopping: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    @property
+    def deliver(self) -> bool:
+        """Whether alerts raised here go to the outbox."""
+        return bool(self.settings.apprise_urls)
+
+    def start(self) -> None:
+        """Start the supervising task."""
+        self._task = asyncio.create_task(self.run_forever(), name=f"supervisor-{self.name}")
+
+    async def stop(self) -> None:
+        """Stop supervising (a clean stop leaves run states as they are)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self.link is not None:
+            await self.link.close()
+            self.link = None
+
+    def poke(self) -> None:
+        """Look for new runs to follow now."""
+        self._wake.set()
+
+    async def run_forever(self) -> None:
+        """Connect, serve, and on failure retry with exponential backoff plus jitter."""
+        delay = self.settings.reconnect_initial_s
+        while True:
+            was_up = False
+            try:
+                host = await self.store.read(queries.host_row, self.name)
+                link, fp = await open_link(host, self.settings, self._on_stream)
+                self.link, was_up = link, True
+                delay = self.settings.reconnect_initial_s
+                await self._connected(link, fp)
+                await self._serve(link)
+                reason = link.close_reason or "link closed"
+            except asyncio.CancelledError:
+                raise
+            except NotFound:
+                return  # host removed
+            except HostKeyRejected as exc:
+                reason = exc.message
+                await self._key_rejected(exc)
+                delay = max(delay, self.settings.reconnect_max_s / 2)
+            except Exception as exc:
+                reason = exc.message if isinstance(exc, Unreachable) else f"{type(exc).__name__}: {exc}"
+                if not isinstance(exc, Unreachable):
+                    log.exception("supervisor %s: unexpected error", self.name)
+            finally:
+                if self.link is not None:
+                    with contextlib.suppress(Exception):
+                        await self.link.close()
+                    self.link = None
+                self.connected.clear()
+                self.following.clear()
+            await self._down(reason, was_up)
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, self.settings.reconnect_max_s)
+
+    async def _connected(self, link: Link, fp: str | None) -> None:
+        try:
+            gpus = (await link.request("gpus", timeout=30)).get("gpus", [])
+        except (AgentError, Unreachable) as exc:
+            log.warning("host %s: gpus failed: %s", self.name, exc)
+            gpus = None
+        version = link.hello.get("agent_version")
+
+        def op(tx: Tx) -> None:
+            import json
+
+            sets = "reachable=1, last_seen=?, unreachable_since=NULL, agent_version=?, last_error=NULL"
+            args: list[Any] = [tx.now, version]
+            if fp:
+                sets += ", fingerprint=?"
+                args.append(fp)
+            if gpus is not None:
+                sets += ", gpus_json=?"
+                args.append(json.dumps(gpus))
+            tx.conn.execute(f"UPDATE hosts SET {sets} WHERE name=?", (*args, self.name))
+            tx.host_changed(self.name)
+
+        await self.store.write(op)
+        self.connected.set()
+
+    async def _serve(self, link: Link) -> None:
+        while not link.closed.is_set():
+            for run in await self.store.read(queries.nonterminal_runs, self.name):
+                if run["id"] in self.following or run["state"] == "pending":
+                    continue
+                # A run still 'starting' is being launched by some controller; follow it once launched
+                # (or, if that controller died mid-launch, after a grace period).
+                if run["state"] != "starting" or time.time() - run["created_at"] > 30:
+                    await self._follow(link, run)
+            with contextlib.suppress(TimeoutError):
+                self._wake.clear()
+                await asyncio.wait_for(self._race(link.closed.wait(), self._wake.wait()), 1.0)
+            await self.store.write(
+                lambda tx: tx.conn.execute("UPDATE hosts SET last_seen=? WHERE name=?", (tx.now, self.name))
+            )
+
+    @staticmethod
+    async def _race(*aws: Any) -> None:
+        tasks = [asyncio.ensure_future(a) for a in aws]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _follow(self, link: Link, run: dict[str, Any]) -> None:
+        run_id = run["id"]
+        try:
+            status = await link.request("status", run=run_id)
+        except AgentError as exc:
+            if exc.agent_code == "not_found" and run["state"] in ("unknown", "running"):
+                await self.store.write(
+                    lambda tx: ingest.transition(
+                        tx,
+                        run_id,
+                        RunEvent.JOB_LOST,
+                        reason="the agent has no record of this job",
+                        cooldown_s=self.settings.cooldown_s,
+                        deliver=self.deliver,
+                    )
+                )
+                return
+            log.warning("run %s: status failed: %s", run_id, exc)
+            return
+        self.following.add(run_id)
+        await link.request("follow", run=run_id, after_seq=run["last_seq"], log_offset=run["log_offset"])
+        if status.get("state") == "running" and run["state"] in ("unknown", "starting"):
+            await self.store.write(lambda tx: ingest.transition(tx, run_id, RunEvent.JOB_RUNNING))
+        elif status.get("state") in ("lost",) and run["state"] in ("unknown", "running", "starting"):
+            # A lost job never writes a final journal state of its own.
+            ev = event_for_agent_state("lost")
+            await self.store.write(
+                lambda tx: ingest.transition(
+                    tx,
+                    run_id,
+                    ev,
+                    exit=status.get("exit"),
+                    reason="the agent lost the job",
+                    cooldown_s=self.settings.cooldown_s,
+                    deliver=self.deliver,
+                )
+            )
+
+    async def _on_stream(self, msg: dict[str, Any]) -> None:
+        mtype, run_id = msg.get("type"), msg.get("run")
+        if not isinstance(run_id, str):
+            return
+        if mtype == "event" and isinstance(msg.get("event"), dict):
+            ev = msg["event"]
+            fut = self.store.submit(
+                lambda tx: ingest.apply_events(
+                    tx, run_id, [ev], cooldown_s=self.settings.cooldown_s, deliver=self.deliver
+                )
+            )
+            fut.add_done_callback(lambda f: self._after_events(run_id, f))
+        elif mtype == "log" and isinstance(msg.get("lines"), list):
+            lines, nxt = msg["lines"], msg.get("next_offset")
+            fut2 = self.store.submit(lambda tx: tx.add_log_lines(run_id, lines, nxt))
+            fut2.add_done_callback(_log_failure)
+        if self.store.pending > MAX_PENDING_WRITES:
+            await self._drain_writes()
+
+    async def _drain_writes(self) -> None:
+        fut = self.store.submit(lambda tx: None)
+        await fut
+
+    def _after_events(self, run_id: str, fut: asyncio.Future[list[str]]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            _log_failure(fut)
+            return
+        if "stop" in fut.result() and run_id not in self._stopping and self.link is not None:
+            self._stopping.add(run_id)
+            asyncio.ensure_future(self._stop_on_shape_failure(self.link, run_id))
+
+    async def _stop_on_shape_failure(self, link: Link, run_id: str) -> None:
+        try:
+            await link.request("stop", run=run_id, timeout=120)
+        except Exception as exc:
+            log.warning("run %s: stop after shape failure: %s", run_id, exc)
+
+    async def _down(self, reason: str, was_up: bool) -> None:
+        def op(tx: Tx) -> None:
+            row = tx.conn.execute("SELECT reachable FROM hosts WHERE name=?", (self.name,)).fetchone()
+            if row is None:
+                return
+            tx.conn.execute(
+                "UPDATE hosts SET reachable=0, last_error=?, unreachable_since=coalesce(unreachable_since, ?)"
+                " WHERE name=?",
+                (reason, tx.now, self.name),
+            )
+            if row[0] != 0:
+                tx.host_changed(self.name)
+            for r in tx.conn.execute(
+                "SELECT id FROM runs WHERE host=? AND state IN ('starting','running')", (self.name,)
+            ).fetchall():
+                ingest.transition(tx, r[0], RunEvent.LINK_DOWN)
+
+        await self.store.write(op)
+
+    async def _key_rejected(self, exc: HostKeyRejected) -> None:
+        def op(tx: Tx) -> None:
+            alerts.raise_alert(
+                tx,
+                alerts.host_key_changed(self.name, exc.message),
+                cooldown_s=self.settings.cooldown_s,
+                deliver=self.deliver,
+            )
+
+        await self.store.write(op)
+
+
+def _log_failure(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("store write from link failed: %s", fut.exception())
+
+
+class Supervisors:
+    """All host supervisors of this process, plus one-shot links for processes that do not supervise."""
+
+    def __init__(
+        self, settings: Settings, store: Store, *, supervise: bool = True, only_hosts: list[str] | None = None
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.supervise = supervise
+        self.only_hosts = only_hosts
+        self.hosts: dict[str, HostSupervisor] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start a supervisor per host (or per host in ``only_hosts``) and the alert sweep."""
+        for host in await self.store.read(queries.list_hosts):
+            if self.only_hosts is None or host.name in self.only_hosts:
+                await self.ensure(host.name)
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="alert-sweep")
+
+    async def ensure(self, name: str) -> None:
+        """Supervise ``name`` if not already."""
+        if self.supervise and name not in self.hosts:
+            sup = HostSupervisor(name, self.settings, self.store)
+            self.hosts[name] = sup
+            sup.start()
+
+    async def drop(self, name: str) -> None:
+        """Stop supervising a removed host."""
+        sup = self.hosts.pop(name, None)
+        if sup is not None:
+            await sup.stop()
+
+    async def stop(self) -> None:
+        """Stop every supervisor and the sweep."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sweeper
+        for name in list(self.hosts):
+            await self.drop(name)
+
+    def poke(self, name: str) -> None:
+        """Tell a host's supervisor to pick up new runs now."""
+        sup = self.hosts.get(name)
+        if sup is not None:
+            sup.poke()
+
+    @contextlib.asynccontextmanager
+    async def link_for(self, name: str) -> AsyncIterator[Link]:
+        """The supervised live link when up, else a one-shot link closed afterwards (Unreachable if down)."""
+        sup = self.hosts.get(name)
+        if sup is not None and sup.link is not None and not sup.link.closed.is_set():
+            yield sup.link
+            return
+        host = await self.store.read(queries.host_row, name)
+        link, _ = await open_link(host, self.settings, None)
+        try:
+            yield link
+        finally:
+            await link.close()
+
+    async def check(self, name: str) -> None:
+        """Connect now and refresh the host's version and GPUs (raises Unreachable/HostKeyRejected)."""
+        tmp = HostSupervisor(name, self.settings, self.store)
+        host = await self.store.read(queries.host_row, name)
+        try:
+            link, fp = await open_link(host, self.settings, None)
+        except HostKeyRejected as exc:
+            await tmp._key_rejected(exc)
+            await self.store.write(lambda tx: _set_error(tx, name, exc.message))
+            raise
+        except Unreachable:
+            await self.store.write(lambda tx: _set_error(tx, name, exc.message))
+            raise
+        try:
+            await tmp._connected(link, fp)
+        finally:
+            await link.close()
+
+    async def fetch_fingerprint(self, dest: str) -> str:
+        """Host key fingerprint presented at ``dest``."""
+        return await fetch_host_key(dest, self.settings)
+
+    async def _sweep_forever(self, every_s: float = 5.0) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.store.write(self._sweep)
+            except Exception:
+                log.exception("alert sweep failed")
+
+    def _sweep(self, tx: Tx) -> None:
+        s, now = self.settings, time.time()
+        deliver = bool(s.apprise_urls)
+        for h in tx.conn.execute("SELECT name, unreachable_since FROM hosts WHERE reachable=0").fetchall():
+            if self.only_hosts is not None and h[0] not in self.only_hosts:
+                continue
+            d = alerts.host_unreachable(h[0], h[1], now, s.unreachable_minutes)
+            if d:
+                alerts.raise_alert(tx, d, cooldown_s=s.cooldown_s, deliver=deliver)
+        for r in tx.conn.execute("SELECT * FROM runs WHERE state='running'").fetchall():
+            d = alerts.stall(dict(r), now, s.stall_factor, s.stall_min_s)
+            if d:
+                alerts.raise_alert(tx, d, cooldown_s=s.cooldown_s, deliver=deliver)
+
+
+def _set_error(tx: Tx, name: str, message: str) -> None:
+    tx.conn.execute(
+        "UPDATE hosts SET reachable=0, last_error=?, unreachable_since=coalesce(unreachable_since, ?) WHERE name=?",
+        (message, tx.now, name),
+    )
+    tx.host_changed(name)

@@ -1,0 +1,246 @@
+"""The daemon end to end over its Unix socket: launch, follow (events + log lines), status, stop, checks."""
+
+from __future__ import annotations
+
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.paths import read_json, run_paths
+from tests.helpers.agentjobs import OOM_TRACEBACK, VLLM_LINES, forker, marker, printer, sleeper, write_script
+from tests.helpers.agentproc import AgentClient, AgentError, AgentProc, agent_daemon, terminal_event
+
+__all__ = ["agent_daemon"]
+
+
+def _cmd(argv: list[str], **extra: Any) -> dict[str, Any]:
+    return {"name": "t", "host": "local", "backend": "command", "command": argv, **extra}
+
+
+def _events(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m["event"] for m in msgs if m.get("type") == "event"]
+
+
+def _log_lines(msgs: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    return [(o, t) for m in msgs if m.get("type") == "log" for o, t in m["lines"]]
+
+
+def test_launch_follow_to_completion(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    lines = [*VLLM_LINES, marker("progress", samples_done=4, samples_total=8), "tqdm 50%\rtqdm 100%"]
+    with AgentClient(agent_daemon.socket) as c:
+        assert c.hello["type"] == "hello" and c.hello["protocol"] == 1
+        res = c.result("launch", run="ok-1", spec=_cmd(printer(tmp_path, lines, delay=0.02)))
+        assert res["run"] == "ok-1" and isinstance(res["pid"], int) and isinstance(res["start_time"], int)
+        follow = c.result("follow", run="ok-1", after_seq=0, log_offset=0)
+        assert follow["run"] == "ok-1"
+        msgs = c.wait_for(terminal_event)
+        events = _events(msgs)
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        assert events[0]["kind"] == "launched" and events[1] == {**events[1], "type": "state", "state": "running"}
+        assert events[-1]["state"] == "completed" and events[-1]["exit"] == {"code": 0, "signal": None}
+        kinds = [e.get("kind") for e in events if e["type"] == "milestone"]
+        assert {"engine_config", "weights_loaded", "progress"} <= set(kinds)
+        progress = next(e for e in events if e.get("kind") == "progress")
+        assert progress["fields"]["samples_done"] == 4
+        # Every log line arrives (tqdm's \r splits lines), with its byte offset in output.log.
+        if not any(t == "tqdm 100%" for _, t in _log_lines(msgs)):
+            msgs += c.wait_for(lambda m: m.get("type") == "log" and m["lines"][-1][1] == "tqdm 100%", 10)
+        got = _log_lines(msgs)
+        assert [t for _, t in got] == [*lines[:-1], "tqdm 50%", "tqdm 100%"]
+        raw = run_paths(agent_daemon.state_dir, "ok-1").log.read_bytes()
+        for offset, text in got:
+            assert raw[offset:].startswith(text.encode())
+        status = c.result("status", run="ok-1")
+        assert status["state"] == "completed" and status["last_seq"] == events[-1]["seq"]
+        assert status["log_size"] == len(raw)
+        listed = c.result("list")["runs"]
+        assert [r["run"] for r in listed] == ["ok-1"]
+        page = c.result("read_log", run="ok-1", offset=0, limit=10)
+        assert page["data"] == raw[:10].decode() and page["next_offset"] == 10 and page["size"] == len(raw)
+
+
+def test_launch_rejects_bad_requests(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    with AgentClient(agent_daemon.socket) as c:
+        argv = sleeper(tmp_path, seconds=30)
+        c.result("launch", run="dup", spec=_cmd(argv))
+        cases = [
+            ({"run": "dup", "spec": _cmd(argv)}, "conflict", "already exists"),
+            ({"run": "../x", "spec": _cmd(argv)}, "bad_args", "run id"),
+            ({"run": "a" * 65, "spec": _cmd(argv)}, "bad_args", "run id"),
+            ({"run": "x1", "spec": "nope"}, "bad_args", "JSON object"),
+            ({"run": "x2", "spec": {"backend": "command", "command": []}}, "bad_args", "spec.command"),
+            ({"run": "x3", "spec": {"backend": "shell"}}, "bad_args", "spec.backend"),
+            ({"run": "x4", "spec": _cmd(argv, env={"BAD NAME": "1"})}, "bad_args", "spec.env"),
+            ({"run": "x5", "spec": _cmd(argv, rules=[{"nonsense": 1}])}, "bad_args", "spec.rules"),
+        ]
+        for args, code, words in cases:
+            msg = c.request("launch", **args)
+            assert msg["type"] == "error" and msg["code"] == code, (args, msg)
+            assert words in msg["message"], msg
+        assert not run_paths(agent_daemon.state_dir, "x5").dir.exists()  # nothing left behind
+        missing = c.request("status", run="nope")
+        assert missing["code"] == "not_found"
+        assert c.request("stop", run="dup", grace_s=-1)["code"] == "bad_args"
+        assert c.request("follow", run="dup", after_seq="x")["code"] == "bad_args"
+
+
+def test_launch_of_missing_program_is_a_failed_run(agent_daemon: AgentProc) -> None:
+    with AgentClient(agent_daemon.socket) as c:
+        msg = c.request("launch", run="nope", spec=_cmd(["/no/such/binary"]))
+        assert msg["type"] == "error" and msg["code"] == "failed" and "/no/such/binary" in msg["message"]
+        c.result("follow", run="nope", after_seq=0)
+        last = c.wait_for(terminal_event)[-1]["event"]
+        assert last["state"] == "failed" and "could not start" in last["reason"]
+
+
+def test_crash_with_oom_traceback_fails_naming_code_and_error(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="oom", spec=_cmd(printer(tmp_path, [VLLM_LINES[0], *OOM_TRACEBACK], exit_code=3)))
+        c.result("follow", run="oom", after_seq=0)
+        events = _events(c.wait_for(terminal_event))
+        errors = [e for e in events if e.get("kind") == "error"]
+        assert errors and errors[0]["fields"]["class"] == "oom"
+        failed = [e for e in events if e.get("kind") == "failed"]
+        assert len(failed) == 1 and "exit code 3" in failed[0]["fields"]["reason"]
+        assert events[-1]["state"] == "failed" and "oom" in events[-1]["reason"]
+        assert events[-1]["exit"] == {"code": 3, "signal": None}
+
+
+def test_exit_zero_after_fatal_error_is_failed(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="z", spec=_cmd(printer(tmp_path, OOM_TRACEBACK, exit_code=0)))
+        c.result("follow", run="z", after_seq=0)
+        last = c.wait_for(terminal_event)[-1]["event"]
+        assert last["state"] == "failed" and "exited 0 after a fatal error" in last["reason"]
+
+
+def test_stop_kills_job_and_escaped_worker(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    pidfile = tmp_path / "w.pid"
+    with AgentClient(agent_daemon.socket) as c:
+        launched = c.result("launch", run="st", spec=_cmd(forker(tmp_path, pidfile)))
+        c.result("follow", run="st", after_seq=0, log_offset=0)
+        c.wait_for(lambda m: m.get("type") == "log" and "lives on" in m["lines"][-1][1])
+        res = c.result("stop", run="st", grace_s=0.5)
+        assert res["confirmed"] is True and res["remaining"] == [] and res["gpu_released"] is None
+        pids = {k["pid"] for k in res["killed"]}
+        assert {launched["pid"], int(pidfile.read_text())} <= pids
+        assert res["state"] == "stopped"
+        last = c.wait_for(terminal_event)[-1]["event"]
+        assert last["state"] == "stopped"
+        assert c.result("status", run="st")["state"] == "stopped"
+
+
+def test_followers_get_backlog_then_live_in_order(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    lines = [marker("progress", samples_done=i, samples_total=40) for i in range(40)]
+    with AgentClient(agent_daemon.socket) as a:
+        a.result("launch", run="ord", spec=_cmd(printer(tmp_path, lines, delay=0.05)))
+        a.result("follow", run="ord", after_seq=0)
+        first = _events(a.wait_for(lambda m: m.get("type") == "event" and m["event"]["seq"] >= 8))
+        with AgentClient(agent_daemon.socket) as b, AgentClient(agent_daemon.socket) as d:
+            b.result("follow", run="ord", after_seq=0)
+            d.result("follow", run="ord", after_seq=5)
+            rest_a = _events(a.wait_for(terminal_event))
+            got_b = _events(b.wait_for(terminal_event))
+            got_d = _events(d.wait_for(terminal_event))
+    seqs_a = [e["seq"] for e in first + rest_a]
+    assert seqs_a == list(range(1, len(seqs_a) + 1))
+    assert [e["seq"] for e in got_b] == seqs_a
+    assert [e["seq"] for e in got_d] == seqs_a[5:]
+    assert sum(1 for e in rest_a + first if e.get("kind") == "progress") == 40
+
+
+def test_unfollow_and_refollow_from_a_seq(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="uf", spec=_cmd(printer(tmp_path, ["a", "b"])))
+        c.result("follow", run="uf", after_seq=0)
+        c.wait_for(terminal_event)
+        assert c.result("unfollow", run="uf")["was_following"] is True
+        c.result("follow", run="uf", after_seq=1)
+        again = _events(c.wait_for(terminal_event))
+        assert again[0]["seq"] == 2
+
+
+def test_shape_failure_with_stop_policy_stops_the_run(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = write_script(tmp_path, "badcap", f"""
+        import time
+        open({str(out / 'hs_0.safetensors')!r}, 'wb').write(b'x')
+        print('wrote a broken file', flush=True)
+        time.sleep(120)
+    """)
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="shape", spec=_cmd(argv, output_dir=str(out), on_shape_failure="stop"))
+        c.result("follow", run="shape", after_seq=0)
+        events = _events(c.wait_for(terminal_event, timeout=40))
+    checks = [e for e in events if e["type"] == "check"]
+    assert checks and checks[0]["file"] == "hs_0.safetensors" and checks[0]["ok"] is False
+    failed = [e for e in events if e.get("kind") == "shape_check_failed"]
+    assert failed and failed[0]["fields"]["code"] == "unreadable"
+    assert events[-1]["state"] == "failed"
+    assert "unreadable" in events[-1]["reason"] and "hs_0.safetensors" in events[-1]["reason"]
+
+
+def test_good_capture_file_passes_and_check_op(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    out = tmp_path / "cap"
+    out.mkdir()
+    good = out / "hs_0.safetensors"
+    _write_safetensors(good, {"token_ids": ("I64", [5]), "hidden_states": ("BF16", [5, 4, 16])})
+    with AgentClient(agent_daemon.socket) as c:
+        report = c.result("check", path=str(good), layers=4, hidden_size=16)
+        assert report["ok"] is True and report["problems"] == []
+        bad = c.result("check", path=str(good), layers=3, hidden_size=16)
+        assert bad["ok"] is False and bad["problems"][0]["code"] == "layer_count_mismatch"
+        assert c.request("check", path=str(tmp_path / "missing"))["code"] == "not_found"
+        argv = printer(tmp_path, ["working"], end_sleep=5)
+        c.result("launch", run="cap", spec=_cmd(argv, output_dir=str(out), expect={"layers": 4, "hidden_size": 16}))
+        c.result("follow", run="cap", after_seq=0)
+        events = _events(c.wait_for(terminal_event, timeout=40))
+    passed = [e for e in events if e.get("kind") == "shape_check_passed"]
+    assert [p["fields"]["file"] for p in passed] == ["hs_0.safetensors"]
+    assert events[-1]["state"] == "completed"
+
+
+def test_shutdown_leaves_jobs_running(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    with AgentClient(agent_daemon.socket) as c:
+        res = c.result("launch", run="keep", spec=_cmd(sleeper(tmp_path, seconds=60)))
+        assert c.result("shutdown") == {"stopping": True}
+    assert agent_daemon.proc.wait(10) == 0
+    from agent import procfs
+
+    assert procfs.is_running(res["pid"])
+    assert not agent_daemon.socket.exists()
+    assert read_json(run_paths(agent_daemon.state_dir, "keep").exit) is None
+
+
+def test_version_and_gpus(agent_daemon: AgentProc) -> None:
+    with AgentClient(agent_daemon.socket) as c:
+        v = c.result("version")
+        assert v["agent_version"] == "0.1.0" and v["protocol"] == 1 and v["python"] == sys.version.split()[0]
+        g = c.result("gpus")
+        assert g["gpus"] == [] and g["processes"] == []  # no GPU here
+    with AgentClient(agent_daemon.socket) as c, pytest.raises(AgentError, match="not_found"):
+        c.result("status", run="x")
+
+
+def _write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
+    import json
+
+    size = {"I64": 8, "BF16": 2, "F32": 4}
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, (dtype, shape) in tensors.items():
+        n = size[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    data = bytearray(offset)
+    for i in range(0, offset, 2):
+        data[i] = 0x3F  # non-zero, finite values
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(data))

@@ -1,0 +1,176 @@
+"""Directory checks: every capture file, index gaps, .lock files, report semantics, model expectations."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from agent.outputs import Expectation, check_path, expectation_from_model, index_gaps, is_capture_file
+
+T, L, H = 8, 4, 32
+EXPECT = Expectation(layers=L, hidden_size=H)
+
+
+def hs_file(path: Path, layers: int = L) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {"token_ids": torch.arange(T), "hidden_states": torch.randn(T, layers, H).bfloat16()}, str(path)
+    )
+
+
+def sf_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(
+        {
+            "input_ids": torch.arange(T),
+            "loss_mask": torch.ones(T),
+            "aux_hidden_state": torch.randn(1, T, 3 * H),
+            "hidden_state": torch.randn(1, T, H),
+        },
+        buf,
+    )
+    path.write_bytes(buf.getvalue())
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("hs_0.safetensors", True),
+        ("hs_12.safetensors", True),
+        ("cmpl-3f2a-0.safetensors", True),
+        ("data_7.pt", True),
+        ("data_7.ckpt", True),
+        ("data_7.ckpt.gz", True),
+        ("/some/dir/hs_1.safetensors", True),
+        ("hs_1.safetensors.lock", False),
+        ("hs_1.safetensors.tmp", False),
+        (".hs_1.safetensors", False),
+        ("data_x.pt", False),
+        ("sample_lengths.json", False),
+        ("data_config.json", False),
+        ("output.log", False),
+    ],
+)
+def test_is_capture_file(name: str, expected: bool) -> None:
+    assert is_capture_file(name) is expected
+
+
+def test_directory_with_gaps_names_the_missing_indices_compactly(tmp_path: Path) -> None:
+    for i in (0, 1, 4, 5, 6, 9):
+        hs_file(tmp_path / f"hs_{i}.safetensors")
+    report = check_path(tmp_path, EXPECT)
+    assert report.files == 6 and report.format == "safetensors"
+    (gap,) = report.problems
+    assert gap.code == "index_gap" and gap.file == str(tmp_path)
+    assert gap.message == (
+        "index gap: 4 files missing in hs_0.safetensors … hs_9.safetensors: hs_2–hs_3, hs_7–hs_8"
+    )
+    assert not report.ok
+
+
+def test_index_gaps_pure_single_and_families() -> None:
+    names = [
+        "hs_0.safetensors",
+        "hs_2.safetensors",
+        "data_0.pt",
+        "data_1.pt",
+        "data_5.ckpt",
+        "data_7.ckpt.gz",
+    ]
+    msgs = sorted(p.message for p in index_gaps("/out", names))
+    assert msgs == [
+        "index gap: 1 file missing in data_5.ckpt … data_7.ckpt: data_6",
+        "index gap: 1 file missing in hs_0.safetensors … hs_2.safetensors: hs_1",
+    ]
+    many = [f"hs_{i}.safetensors" for i in range(0, 60, 2)]
+    (p,) = index_gaps("/out", many)
+    assert p.message.endswith(", … (19 more ranges)") and "29 files missing" in p.message
+
+
+def test_specforge_row_directories_count_as_one_sequence(tmp_path: Path) -> None:
+    for i in range(0, 3):
+        sf_file(tmp_path / "rows_0-3" / f"data_{i}.ckpt")
+    for i in range(3, 5):
+        sf_file(tmp_path / "rows_3-6" / f"data_{i}.ckpt")
+    (tmp_path / "rows_3-6" / "notes.txt").write_text("not a capture file")
+    report = check_path(tmp_path, EXPECT)
+    assert report.ok and report.files == 5 and report.format == "specforge-ckpt", report
+
+
+def test_locked_file_is_unchecked_not_a_problem(tmp_path: Path) -> None:
+    hs_file(tmp_path / "hs_0.safetensors")
+    (tmp_path / "hs_1.safetensors").write_bytes(b"\x01\x02")  # half-written: broken on purpose
+    (tmp_path / "hs_1.safetensors.lock").touch()
+    hs_file(tmp_path / "hs_2.safetensors")
+    report = check_path(tmp_path, EXPECT)
+    assert report.ok and report.files == 2 and report.problems == []
+    assert report.unchecked == [str(tmp_path / "hs_1.safetensors")]
+    assert any("still being written" in n for n in report.notes)
+    single = check_path(tmp_path / "hs_1.safetensors", EXPECT)
+    assert not single.ok and single.files == 0 and single.unchecked == [str(tmp_path / "hs_1.safetensors")]
+
+
+def test_lock_named_after_the_stem_also_counts(tmp_path: Path) -> None:
+    (tmp_path / "cmpl-9.safetensors").write_bytes(b"\x00")
+    (tmp_path / "cmpl-9.lock").touch()
+    assert check_path(tmp_path).unchecked == [str(tmp_path / "cmpl-9.safetensors")]
+
+
+def test_empty_directory_is_not_ok(tmp_path: Path) -> None:
+    (tmp_path / "README").write_text("nothing here")
+    report = check_path(tmp_path)
+    assert not report.ok and report.files == 0 and report.format is None
+    assert report.notes == [f"{tmp_path}: no capture files found"]
+
+
+def test_missing_path_is_not_ok_and_does_not_raise(tmp_path: Path) -> None:
+    report = check_path(tmp_path / "nope")
+    assert not report.ok and report.files == 0 and report.unchecked == [str(tmp_path / "nope")]
+    assert "no such file or directory" in report.notes[0]
+
+
+def test_mixed_formats_and_problem_per_file(tmp_path: Path) -> None:
+    hs_file(tmp_path / "hs_0.safetensors")
+    hs_file(tmp_path / "hs_1.safetensors", layers=3)
+    sf_file(tmp_path / "data_0.ckpt")
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / ".cache" / "hs_5.safetensors").write_bytes(b"x")  # hidden directories are not looked into
+    report = check_path(tmp_path, EXPECT)
+    assert report.format == "mixed" and report.files == 3
+    assert [(p.code, Path(p.file).name) for p in report.problems] == [
+        ("layer_count_mismatch", "hs_1.safetensors")
+    ]
+    d = report.to_dict()
+    assert set(d) == {"ok", "files", "format", "problems", "unchecked", "notes"}
+    assert d["problems"] == [report.problems[0].to_dict()]
+    json.dumps(d)
+
+
+def write_config(d: Path, cfg: dict[str, object]) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_expectation_from_model(tmp_path: Path) -> None:
+    llama = write_config(tmp_path / "llama", {"hidden_size": 4096, "num_hidden_layers": 32})
+    assert expectation_from_model(llama, [2, 16, 29, 32]) == Expectation(layers=4, hidden_size=4096)
+    assert expectation_from_model(llama, None) == Expectation(layers=4, hidden_size=4096)
+    assert expectation_from_model(str(llama), [2, 16, 29]) == Expectation(layers=3, hidden_size=4096)
+    vl = write_config(
+        tmp_path / "vl", {"vision_config": {"hidden_size": 1152}, "text_config": {"hidden_size": 7168}}
+    )
+    assert expectation_from_model(vl, []) == Expectation(layers=4, hidden_size=7168)
+    lang = write_config(tmp_path / "lang", {"hidden_size": 1024, "language_config": {"hidden_size": 2048}})
+    assert expectation_from_model(lang, None).hidden_size == 2048
+    assert expectation_from_model(tmp_path / "absent", None) == Expectation(layers=4, hidden_size=None)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    assert expectation_from_model(broken, [1]) == Expectation(layers=1, hidden_size=None)

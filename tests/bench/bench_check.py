@@ -1,0 +1,153 @@
+"""Benchmark the output checker: header-only check of a 2 GB safetensors file (goal <= 5 ms), deep GB/s.
+
+Run: .venv/bin/python tests/bench/bench_check.py [--reps 200] [--deep-mb 256]
+The 2 GB file is sparse (a valid header, then the file extended to its full size), so it is still a valid
+safetensors file but costs no disk. Baselines in the same run: the `safetensors` package's safe_open (header
+only) and, for the value scan, loading the tensor with safetensors + torch.isfinite/count_nonzero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from agent import tensorfiles
+from agent.outputs import Expectation, check_path
+
+L, H = 4, 7168
+GOAL_MS = 5.0
+
+
+def sparse_safetensors(path: Path, total_bytes: int) -> int:
+    """Write a valid [T] + [T, 4, 7168] BF16 safetensors file of about total_bytes, sparse; return T."""
+    t = total_bytes // (L * H * 2 + 8)
+    ids_bytes, hs_bytes = t * 8, t * L * H * 2
+    header = {
+        "token_ids": {"dtype": "I64", "shape": [t], "data_offsets": [0, ids_bytes]},
+        "hidden_states": {
+            "dtype": "BF16",
+            "shape": [t, L, H],
+            "data_offsets": [ids_bytes, ids_bytes + hs_bytes],
+        },
+    }
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        f.truncate(8 + len(head) + ids_bytes + hs_bytes)
+    return t
+
+
+def timings(fn: Callable[[], object], reps: int) -> list[float]:
+    fn()  # warm the page cache and imports
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def summary(ms: list[float]) -> tuple[float, float]:
+    ordered = sorted(ms)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def bench_header(tmp: Path, reps: int) -> None:
+    path = tmp / "hs_0.safetensors"
+    t = sparse_safetensors(path, 2 << 30)
+    expect = Expectation(layers=L, hidden_size=H)
+    assert check_path(path, expect, deep=False).ok
+    med, p99 = summary(timings(lambda: check_path(path, expect, deep=False), reps))
+    print(
+        f"header-only check, {path.stat().st_size / 2**30:.2f} GiB file ([{t}, {L}, {H}] BF16), {reps} reps:"
+    )
+    print(f"  check_path(deep=False): median {med:.3f} ms, p99 {p99:.3f} ms (goal <= {GOAL_MS} ms)")
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return
+
+    def baseline() -> None:
+        with safe_open(str(path), "numpy") as f:
+            for k in f.keys():  # noqa: SIM118 (safe_open handles are not mappings)
+                f.get_slice(k).get_shape()
+
+    bmed, bp99 = summary(timings(baseline, reps))
+    print(f"  baseline safetensors.safe_open + shapes: median {bmed:.3f} ms, p99 {bp99:.3f} ms")
+    print(f"  ratio (ours / baseline, median): {med / bmed:.2f}")
+    print(f"  verdict: {'PASS' if p99 <= GOAL_MS else 'FAIL'} (p99 vs goal)")
+
+
+def real_file(tmp: Path, mb: int) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    t = mb * 2**20 // (L * H * 2)
+    path = tmp / "hs_1.safetensors"
+    save_file({"token_ids": torch.arange(t), "hidden_states": torch.randn(t, L, H).bfloat16()}, str(path))
+    return path
+
+
+def bench_deep(tmp: Path, mb: int, reps: int) -> None:
+    path = real_file(tmp, mb)
+    size_gb = path.stat().st_size / 1e9
+    expect = Expectation(layers=L, hidden_size=H)
+    print(
+        f"deep check (NaN/Inf + all-zero layers), {size_gb * 1000:.0f} MB BF16 file, page cache warm, "
+        f"{reps} reps:"
+    )
+    results = {}
+    for backend in ("numpy", "torch"):
+        saved = dict(tensorfiles._modules)
+        if backend == "torch":
+            tensorfiles._modules["numpy"] = None  # force the torch path
+        try:
+            assert tensorfiles.value_backend() == backend
+            assert check_path(path, expect, deep=True).ok
+            med, _ = summary(timings(lambda: check_path(path, expect, deep=True), reps))
+        finally:
+            tensorfiles._modules.clear()
+            tensorfiles._modules.update(saved)
+        results[backend] = med
+        print(f"  {backend:5} backend: median {med:.0f} ms = {size_gb / (med / 1000):.2f} GB/s")
+
+    import torch
+    from safetensors.torch import load_file
+
+    def baseline() -> None:
+        hs = load_file(str(path))["hidden_states"]
+        bool(torch.isfinite(hs).all())
+        [bool(hs[:, i].count_nonzero()) for i in range(L)]
+
+    bmed, _ = summary(timings(baseline, reps))
+    print(
+        f"  baseline safetensors load_file + torch.isfinite/count_nonzero: median {bmed:.0f} ms "
+        f"= {size_gb / (bmed / 1000):.2f} GB/s"
+    )
+    print(f"  ratio (numpy backend / baseline, time): {results['numpy'] / bmed:.2f}")
+
+
+def main() -> None:
+    """Run both benchmarks and print the numbers."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--deep-mb", type=int, default=256)
+    ap.add_argument("--deep-reps", type=int, default=5)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        bench_header(Path(d), args.reps)
+        bench_deep(Path(d), args.deep_mb, args.deep_reps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Ingestion rate of the daemon's tail+rules path (LineSplitter + MilestoneEngine) on a synthetic vLLM log.
+
+Writes a synthetic log (default 1 GB; ``--size-mb`` for a quicker run) to a temporary directory, reads it
+in 1 MiB chunks through LineSplitter + MilestoneEngine and prints lines/s against the goal (>= 200k
+lines/s on one core), next to a baseline over the same file (plain ``bytes.splitlines``) and the ratio.
+The file is deleted afterwards.  Run: ``python tests/bench/bench_ingest.py --size-mb 100``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from agent.lines import LineSplitter  # noqa: E402
+from agent.rules import MilestoneEngine, load_rules  # noqa: E402
+from tests.helpers.vllm_log import make_log, steady_lines  # noqa: E402
+
+GOAL_LINES_PER_S = 200_000
+CHUNK = 1 << 20
+
+
+def write_log(path: Path, size: int) -> None:
+    """A start-up sequence, then steady-state lines (with throughput and markers) repeated to ``size``."""
+    block = ("\n".join(steady_lines(20_000)) + "\n").encode()
+    with path.open("wb") as f:
+        f.write(make_log(tp=8, colours=True))
+        written = f.tell()
+        while written < size:
+            f.write(block)
+            written += len(block)
+        f.write(make_log(tp=8, failure="oom"))
+
+
+def bench_baseline(path: Path) -> tuple[int, float]:
+    """Lines and seconds for reading the file in chunks and splitting with bytes.splitlines."""
+    t0 = time.perf_counter()
+    n = 0
+    rest = b""
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            parts = (rest + chunk).splitlines()
+            rest = parts.pop() if parts else b""
+            n += len(parts)
+    return n + (1 if rest else 0), time.perf_counter() - t0
+
+
+def bench_engine(path: Path) -> tuple[int, int, float]:
+    """Lines, milestones and seconds for LineSplitter + MilestoneEngine over the file."""
+    rules = load_rules()
+    t0 = time.perf_counter()
+    splitter = LineSplitter()
+    engine = MilestoneEngine(rules)
+    feed = engine.feed
+    n = 0
+    milestones = 0
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            for line in splitter.feed(chunk):
+                n += 1
+                out = feed(line.text, n)
+                if out:
+                    milestones += len(out)
+    for line in splitter.flush():
+        n += 1
+        milestones += len(feed(line.text, n))
+    milestones += len(engine.flush())
+    return n, milestones, time.perf_counter() - t0
+
+
+def main() -> int:
+    """Run the benchmark and print the numbers."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--size-mb", type=int, default=1000, help="log size in MB (default 1000 = 1 GB)")
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="eaglewatch-bench-") as tmp:
+        path = Path(tmp) / "output.log"
+        t0 = time.perf_counter()
+        write_log(path, a.size_mb * 1_000_000)
+        size = path.stat().st_size
+        print(f"synthetic log: {size / 1e6:.0f} MB written in {time.perf_counter() - t0:.1f} s")
+        base_n, base_s = bench_baseline(path)
+        n, ms, secs = bench_engine(path)
+    rate, base_rate = n / secs, base_n / base_s
+    print(f"baseline bytes.splitlines: {base_n:,} lines in {base_s:.2f} s = {base_rate:,.0f} lines/s")
+    print(f"LineSplitter+MilestoneEngine: {n:,} lines, {ms:,} milestones in {secs:.2f} s = {rate:,.0f} lines/s "
+          f"({size / secs / 1e6:.1f} MB/s)")
+    print(f"ratio engine/baseline: {rate / base_rate:.3f} (baseline is {base_rate / rate:.1f}x faster)")
+    verdict = "MEETS" if rate >= GOAL_LINES_PER_S else "MISSES"
+    print(f"goal >= {GOAL_LINES_PER_S:,} lines/s on one core: {verdict} ({rate / GOAL_LINES_PER_S:.2f}x goal)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

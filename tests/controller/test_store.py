@@ -1,0 +1,156 @@
+"""Store, ingest and feed on a real SQLite file: exactly-once, ordering, cursors, failure isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller import ingest, queries
+from controller.bus import Bus, BusEvent, parse_cursor
+from controller.lifecycle import RunEvent
+from controller.store import Store, Tx
+
+
+def _run(tx: Tx, run_id: str = "r-1", spec: dict[str, Any] | None = None) -> None:
+    tx.conn.execute("INSERT INTO hosts(name, ssh, python, created_at, gpus_json) VALUES ('h','local','python3',0,'[]')"
+                    " ON CONFLICT DO NOTHING")
+    spec = spec or {"host": "h", "backend": "command", "command": ["true"]}
+    tx.conn.execute(
+        "INSERT INTO runs(id, name, host, backend, spec_json, state, created_at, last_seq, log_offset)"
+        " VALUES (?,?,?,?,?,'pending',?,0,0)", (run_id, "run", "h", "command", json.dumps(spec), tx.now))
+    ingest.transition(tx, run_id, RunEvent.LAUNCH)
+    ingest.transition(tx, run_id, RunEvent.LAUNCHED)
+
+
+def _milestone(seq: int, kind: str = "progress", **fields: Any) -> dict[str, Any]:
+    return {"seq": seq, "ts": 1000.0 + seq, "type": "milestone", "kind": kind, "line": seq, "rank": None,
+            "fields": fields, "text": f"line {seq}"}
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> Any:
+    s = Store(tmp_path / "ew.db", Bus())
+    await s.open()
+    yield s
+    await s.close()
+
+
+async def test_schema_wal_and_version(store: Store, tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "ew.db")
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 1
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"hosts", "runs", "events", "milestones", "problems", "alerts", "outbox", "log_lines"} <= tables
+    conn.close()
+
+
+async def test_events_exactly_once_in_order(store: Store) -> None:
+    await store.write(_run)
+    events = [_milestone(i) for i in range(1, 51)]
+    # first delivery, then a replay overlapping it (reconnect), then the rest
+    await store.write(lambda tx: ingest.apply_events(tx, "r-1", events[:30], cooldown_s=0, deliver=False))
+    await store.write(lambda tx: ingest.apply_events(tx, "r-1", events[10:40], cooldown_s=0, deliver=False))
+    await store.write(lambda tx: ingest.apply_events(tx, "r-1", events, cooldown_s=0, deliver=False))
+    detail = await store.read(queries.get_run_detail, "r-1")
+    assert [m.seq for m in detail.milestones] == list(range(1, 51))
+    row = await store.read(queries.run_row, "r-1")
+    assert row["last_seq"] == 50
+    assert detail.progress == {} and detail.last_milestone == "progress"
+
+
+async def test_state_events_and_terminal(store: Store) -> None:
+    await store.write(_run)
+    evs = [_milestone(1), {"seq": 2, "ts": 5.0, "type": "state", "state": "completed", "exit": {"code": 0}},
+           {"seq": 3, "ts": 6.0, "type": "state", "state": "running"}]
+    await store.write(lambda tx: ingest.apply_events(tx, "r-1", evs, cooldown_s=0, deliver=False))
+    run = await store.read(queries.get_run_public, "r-1")
+    assert run.state == "completed" and run.exit == {"code": 0} and run.ended_at == 5.0
+
+
+async def test_failed_check_raises_alert_and_stop_action(store: Store) -> None:
+    await store.write(lambda tx: _run(tx, spec={"host": "h", "backend": "command", "command": ["x"],
+                                                "on_shape_failure": "stop"}))
+    check = {"seq": 1, "ts": 2.0, "type": "check", "file": "/o/hs_0.safetensors", "ok": False, "format": "x",
+             "problems": [{"code": "hidden_dim_lost", "file": "/o/hs_0.safetensors", "message": "flat"}]}
+    actions = await store.write(lambda tx: ingest.apply_events(tx, "r-1", [check], cooldown_s=60, deliver=True))
+    assert actions == ["stop"]
+    detail = await store.read(queries.get_run_detail, "r-1")
+    assert [p.code for p in detail.problems] == ["hidden_dim_lost"]
+    assert [a.rule for a in detail.alerts] == ["shape_check_failed"]
+    assert detail.open_alerts == 1
+
+
+async def test_log_lines_idempotent_and_offset(store: Store) -> None:
+    await store.write(_run)
+    lines = [[i * 10, f"line {i}"] for i in range(100)]
+    n1 = await store.write(lambda tx: tx.add_log_lines("r-1", lines[:60], 600))
+    n2 = await store.write(lambda tx: tx.add_log_lines("r-1", lines[40:], 1000))
+    assert (n1, n2) == (60, 40)
+    got = await store.read(queries.read_log, "r-1", -1, 1000, None, False)
+    assert [g["offset"] for g in got] == [i * 10 for i in range(100)]
+    assert (await store.read(queries.run_row, "r-1"))["log_offset"] == 1000
+    tail = await store.read(queries.read_log, "r-1", 950, 10, None, False)
+    assert [g["text"] for g in tail] == ["line 96", "line 97", "line 98", "line 99"]
+    found = await store.read(queries.read_log, "r-1", -1, 10, "LINE 7", False)
+    assert [g["text"] for g in found][:2] == ["line 7", "line 70"]
+
+
+async def test_failing_write_is_isolated(store: Store) -> None:
+    await store.write(_run)
+
+    def bad(tx: Tx) -> None:
+        tx.conn.execute("UPDATE runs SET name='changed' WHERE id='r-1'")
+        raise RuntimeError("boom")
+
+    ok = store.submit(lambda tx: tx.add_log_lines("r-1", [[0, "a"]], 2))
+    failing = store.submit(bad)
+    ok2 = store.submit(lambda tx: tx.add_log_lines("r-1", [[2, "b"]], 4))
+    assert await ok == 1 and await ok2 == 1
+    with pytest.raises(RuntimeError, match="boom"):
+        await failing
+    assert (await store.read(queries.run_row, "r-1"))["name"] == "run"
+
+
+async def test_feed_since_replays_what_the_bus_published(store: Store) -> None:
+    sub = store.bus.subscribe()
+    await store.write(_run)
+    for i in range(1, 6):
+        await store.write(lambda tx, i=i: ingest.apply_events(tx, "r-1", [_milestone(i)], cooldown_s=0,
+                                                               deliver=False))
+        await store.write(lambda tx, i=i: tx.add_log_lines("r-1", [[i * 100, f"l{i}a"], [i * 100 + 5, f"l{i}b"]],
+                                                           i * 100 + 10))
+    live: list[BusEvent] = []
+    while not sub._queue.empty():
+        item = sub._queue.get_nowait()
+        assert item is not None
+        live.append(item)
+    cursors = [e.cursor for e in live]
+    assert cursors == sorted(cursors) and len(set(cursors)) == len(cursors)
+    replay = await store.read(queries.feed_since, "r-1", None, 1000)
+    assert [(e.kind, e.data) for e in replay] == [(e.kind, e.data) for e in live]
+    # resume from the middle: exactly the rest
+    mid = live[len(live) // 2]
+    rest = await store.read(queries.feed_since, "r-1", mid.cursor, 1000)
+    assert [e.cursor for e in rest] == cursors[len(live) // 2 + 1:]
+    assert parse_cursor(mid.cursor)[0] > 0
+
+
+async def test_concurrent_readers_while_writing(store: Store) -> None:
+    await store.write(_run)
+
+    async def writer() -> None:
+        for i in range(50):
+            await store.write(lambda tx, i=i: tx.add_log_lines("r-1", [[i, "x"]], i + 1))
+
+    async def reader() -> None:
+        for _ in range(50):
+            await store.read(queries.list_runs)
+            await asyncio.sleep(0)
+
+    await asyncio.gather(writer(), reader(), reader())
+    assert len(await store.read(queries.read_log, "r-1", -1, 1000, None, False)) == 50

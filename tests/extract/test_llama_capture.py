@@ -1,0 +1,128 @@
+"""worker-extension backend on the real vLLM CPU engine, tiny Llama fp32: equals HF transformers; resume.
+
+One module-scoped scenario (engine starts are expensive): run 1 is SIGKILLed after its first batch, one of
+its files is then truncated, run 2 resumes. Every assertion below reads that scenario's results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.extract.jobrun import JobResult, run_job, write_spec
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+LENGTHS = [5, 37, 12, 64, 1, 50, 23, 9, 41, 17]
+LAYERS = [2, 4, 5, 8]  # tiny Llama N = 8: EAGLE-3 [2, N//2, N-3, N]
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from agent.extract.tinymodel import build
+
+    tmp = tmp_path_factory.mktemp("llama")
+    model = build(tmp / "model", "llama", seed=3)
+    rng = random.Random(7)
+    samples = [[rng.randrange(4, 500) for _ in range(n)] for n in LENGTHS]
+    data = tmp / "data.jsonl"
+    data.write_text("".join(json.dumps({"token_ids": s}) + "\n" for s in samples))
+    out = tmp / "out"
+    spec = write_spec(
+        tmp / "spec.json",
+        model=str(model),
+        dataset=str(data),
+        output_dir=str(out),
+        layers=LAYERS,
+        batch_size=4,
+        # chunked prefill forced: 64-token prompts cross steps of at most 24 tokens, mixed with others
+        vllm_args=["--dtype", "float32", "--max-num-batched-tokens", "24", "--max-num-seqs", "4"],
+    )
+    first = run_job(spec, stop_when=lambda e: e["kind"] == "batch_captured")
+    after_kill = sorted(p.name for p in out.glob("hs_*.safetensors"))
+    stats = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("hs_*.safetensors")}
+    truncated = sorted(after_kill)[0]
+    with open(out / truncated, "r+b") as fh:  # an invalid file: must be rewritten
+        fh.truncate(100)
+    second = run_job(spec)
+    return {
+        "model": model,
+        "samples": samples,
+        "out": out,
+        "first": first,
+        "second": second,
+        "after_kill": after_kill,
+        "stats": stats,
+        "truncated": truncated,
+    }
+
+
+def _load(path: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> None:
+    second: JobResult = scenario["second"]
+    assert second.rc == 0, second.output[-3000:]
+    kinds = second.kinds()
+    assert kinds[0] == "capture_configured" and kinds[-1] == "completed"
+    conf = second.of("capture_configured")[0]
+    assert conf["layers"] == LAYERS and conf["convention"] == "input" and conf["hidden_size"] == 128
+    assert conf["dtype"] == "float32" and conf["backend"] == "worker-extension"
+    done = second.of("completed")[0]
+    assert done["samples"] == len(LENGTHS) and done["tokens"] == sum(LENGTHS)
+    last = second.of("progress")[-1]
+    assert last["samples_done"] == last["samples_total"] == len(LENGTHS)
+    assert "shape_check_failed" not in kinds
+
+
+def test_resume_writes_only_missing_or_invalid(scenario: dict[str, Any]) -> None:
+    first: JobResult = scenario["first"]
+    assert first.rc != 0 and "completed" not in first.kinds()  # really killed mid-run
+    after_kill = scenario["after_kill"]
+    assert 0 < len(after_kill) < len(LENGTHS)
+    rewritten = {e["file"] for e in scenario["second"].of("shape_check_passed")}
+    all_files = {f"hs_{i}.safetensors" for i in range(len(LENGTHS))}
+    assert rewritten == (all_files - set(after_kill)) | {scenario["truncated"]}
+    out: Path = scenario["out"]
+    for name, (ino, mtime) in scenario["stats"].items():
+        if name != scenario["truncated"]:
+            st = (out / name).stat()
+            assert (st.st_ino, st.st_mtime_ns) == (ino, mtime), f"{name} was rewritten"
+    assert sorted(p.name for p in out.glob("hs_*.safetensors")) == sorted(all_files)
+    assert not list(out.glob(".*tmp"))
+
+
+def test_captured_states_equal_hf_reference(scenario: dict[str, Any]) -> None:
+    import torch
+
+    from tests.extract.reference import hf_states, max_rel_err
+
+    samples = scenario["samples"]
+    refs = hf_states(scenario["model"], samples, LAYERS)
+    for i, (ids, ref) in enumerate(zip(samples, refs, strict=True)):
+        got = _load(scenario["out"] / f"hs_{i}.safetensors")
+        assert got["token_ids"].tolist() == ids
+        assert got["hidden_states"].dtype == torch.float32
+        assert tuple(got["hidden_states"].shape) == (len(ids), len(LAYERS), 128)
+        for j, k in enumerate(LAYERS):
+            err = max_rel_err(got["hidden_states"][:, j], ref[:, j])
+            assert err < 1e-4, f"sample {i} (T={len(ids)}) layer id {k}: rel err {err:.2e}"
+
+
+def test_manifest(scenario: dict[str, Any]) -> None:
+    doc = json.loads((scenario["out"] / "manifest.json").read_text())
+    assert doc["format_version"] == 1
+    assert doc["layer_ids"] == LAYERS and doc["layer_convention"] == "input"
+    assert doc["hidden_size"] == 128 and doc["dtype"] == "float32"
+    assert doc["samples"] == {str(i): n for i, n in enumerate(LENGTHS)}
+    assert doc["tokens_total"] == sum(LENGTHS) and doc["samples_written"] == len(LENGTHS)
+    assert doc["versions"]["vllm"] and doc["versions"]["torch"]
+    assert doc["command"][-2:] == ["--spec", str(Path(doc["command"][-1]))] and os.path.isabs(doc["model"])

@@ -1,0 +1,219 @@
+"""Test helpers: a real agent daemon subprocess on a tmp state dir, and a small sync JSON-lines client.
+
+    from tests.helpers.agentproc import agent_daemon, AgentClient   # agent_daemon is a pytest fixture
+
+    def test_x(agent_daemon):
+        with AgentClient(agent_daemon.socket) as c:
+            c.result("launch", run="r1", spec={"backend": "command", "command": [...]})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class AgentError(Exception):
+    """The daemon answered a request with an error reply."""
+
+    def __init__(self, message: dict[str, Any]) -> None:
+        super().__init__(f"{message.get('code')}: {message.get('message')}")
+        self.code = message.get("code")
+        self.reply = message
+
+
+@dataclass
+class AgentProc:
+    """A daemon subprocess (its own process group) on ``state_dir``, listening on ``socket``."""
+
+    state_dir: Path
+    socket: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        """The daemon's pid."""
+        return self.proc.pid
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the daemon's process group and reap it (jobs live in their own sessions and survive)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+
+def start_agent(state_dir: Path, socket_path: Path | None = None, timeout: float = 15.0,
+                env: dict[str, str] | None = None) -> AgentProc:
+    """Start ``python -m agent daemon`` and wait until its socket answers."""
+    socket_path = socket_path or state_dir / "agent.sock"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    err = open(state_dir / "daemon.stderr", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "daemon", "--state-dir", str(state_dir), "--socket", str(socket_path)],
+        stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+    err.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited {proc.returncode}: {(state_dir / 'daemon.stderr').read_text()}")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(socket_path))
+        except OSError:
+            time.sleep(0.05)
+            continue
+        finally:
+            sock.close()
+        return AgentProc(state_dir, socket_path, proc)
+    proc.kill()
+    raise RuntimeError("daemon did not listen in time")
+
+
+def cleanup_runs(state_dir: Path) -> None:
+    """Kill every job (and leftover worker) of every run under ``state_dir``, then their supervisors."""
+    from agent import jobs
+    from agent.paths import read_json, run_paths
+
+    runs = state_dir / "runs"
+    if not runs.is_dir():
+        return
+    for d in runs.iterdir():
+        try:
+            paths = run_paths(state_dir, d.name)
+        except ValueError:
+            continue
+        job = read_json(paths.job)
+        if isinstance(job, dict):
+            # run_processes also catches setsid'd children carrying the run id.
+            for pid in jobs.run_processes(d.name, job, {os.getpid()}):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(job["pid"], signal.SIGKILL)
+    time.sleep(0.1)
+
+
+@pytest.fixture
+def agent_daemon(tmp_path: Path) -> Iterator[AgentProc]:
+    """A running daemon on ``tmp_path/state``; teardown kills it and every job it started."""
+    state = tmp_path / "state"
+    agent = start_agent(state)
+    try:
+        yield agent
+    finally:
+        agent.kill()
+        cleanup_runs(state)
+
+
+class AgentClient:
+    """A blocking JSON-lines client: ``request`` returns the reply; streamed messages queue in ``stream``."""
+
+    def __init__(self, socket_path: Path, timeout: float = 20.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(str(socket_path))
+        self.timeout = timeout
+        self._buf = b""
+        self._next_id = 0
+        self.stream: deque[dict[str, Any]] = deque()
+        self.hello = self._read()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+    def send_raw(self, data: bytes) -> None:
+        """Write bytes as they are (fuzzing)."""
+        self.sock.sendall(data)
+
+    def _read(self, timeout: float | None = None) -> dict[str, Any]:
+        self.sock.settimeout(timeout if timeout is not None else self.timeout)
+        while b"\n" not in self._buf:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("daemon closed the connection")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        msg: dict[str, Any] = json.loads(line)
+        return msg
+
+    def read_message(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next message that is not a reply (stream or unsolicited), from the queue or the socket."""
+        if self.stream:
+            return self.stream.popleft()
+        return self._read(timeout)
+
+    def request(self, op: str, **args: Any) -> dict[str, Any]:
+        """Send a request; return its reply or error message (stream messages meanwhile are queued)."""
+        self._next_id += 1
+        rid = self._next_id
+        self.sock.sendall(json.dumps({"id": rid, "op": op, **args}).encode() + b"\n")
+        return self.reply_to(rid)
+
+    def reply_to(self, rid: Any) -> dict[str, Any]:
+        """Read until the reply/error carrying ``rid``."""
+        while True:
+            msg = self._read()
+            if msg.get("type") in ("reply", "error") and msg.get("id") == rid:
+                return msg
+            self.stream.append(msg)
+
+    def result(self, op: str, **args: Any) -> dict[str, Any]:
+        """The result of a request, or AgentError."""
+        msg = self.request(op, **args)
+        if msg.get("type") != "reply":
+            raise AgentError(msg)
+        result: dict[str, Any] = msg["result"]
+        return result
+
+    def wait_for(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 20.0) -> list[dict[str, Any]]:
+        """Read stream messages until one satisfies ``pred``; return all read (the last one matched)."""
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no matching message in {timeout} s; got {seen[-5:]}")
+            try:
+                msg = self.read_message(left)
+            except TimeoutError:
+                raise TimeoutError(f"no matching message in {timeout} s; got {seen[-5:]}") from None
+            seen.append(msg)
+            if pred(msg):
+                return seen
+
+
+def state_event(state: str) -> Callable[[dict[str, Any]], bool]:
+    """Predicate: a streamed journal state event with ``state``."""
+    return lambda m: m.get("type") == "event" and m["event"].get("type") == "state" and m["event"].get(
+        "state") == state
+
+
+def terminal_event(m: dict[str, Any]) -> bool:
+    """Predicate: a streamed journal state event with a terminal state."""
+    return m.get("type") == "event" and m["event"].get("type") == "state" and m["event"].get("state") in (
+        "completed", "failed", "stopped", "lost")

@@ -1,0 +1,149 @@
+"""Packaging: the wheel carries templates, static files and rule data; `[agent]` installs nothing else.
+
+The wheel is built offline from a copy of the source (setuptools from this venv, no build isolation) and
+installed with `--no-index` into a fresh, empty venv: a dependency that crept into the agent would make the
+install fail here instead of downloading it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import agent
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("agent", "controller", "web")
+DATA_DIRS = ("web/templates", "web/static", "agent/rules")
+
+pytestmark = pytest.mark.slow
+
+
+def run(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run argv, failing the test with its output when it exits non-zero."""
+    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, (
+        f"{argv} exited {result.returncode}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    )
+    return result
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the project's wheel from a clean copy of the source tree."""
+    src = tmp_path_factory.mktemp("src")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, src / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    dist = src / "dist"
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            ".",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+        ],
+        cwd=src,
+    )
+    [built] = dist.glob("eaglewatch-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def agent_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    """A fresh venv (no pip, nothing installed) with `eaglewatch[agent]` installed from the wheel alone."""
+    venv = tmp_path_factory.mktemp("venv")
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    report = venv / "report.json"
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "-q",
+            "--no-index",
+            "--find-links",
+            str(wheel.parent),
+            "--report",
+            str(report),
+            "eaglewatch[agent]",
+        ]
+    )
+    return venv, json.loads(report.read_text())
+
+
+def test_wheel_contains_every_template_static_file_and_rule_file(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for folder in DATA_DIRS:
+        files = [p for p in (ROOT / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+        assert files, f"{folder} is empty in the source tree"
+        missing = sorted(str(p.relative_to(ROOT)) for p in files if str(p.relative_to(ROOT)) not in names)
+        assert not missing, f"left out of the wheel: {missing}"
+    assert any(n.startswith("agent/rules/") and n.endswith(".toml") for n in names)
+    assert any(n.startswith("web/templates/") for n in names)
+
+
+def test_wheel_declares_both_console_scripts(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        [entry] = [n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        text = zf.read(entry).decode()
+    assert "eaglewatch = controller.cli:main" in text
+    assert "eaglewatch-agent = agent.cli:main" in text
+
+
+def test_agent_extra_installs_nothing_but_eaglewatch(agent_venv: tuple[Path, dict[str, object]]) -> None:
+    _, report = agent_venv
+    installed = [item["metadata"]["name"] for item in report["install"]]  # type: ignore[index]
+    assert installed == ["eaglewatch"]
+
+
+def test_agent_core_imports_with_the_standard_library_only(
+    agent_venv: tuple[Path, dict[str, object]],
+) -> None:
+    """Every agent module but spec.py (pydantic) and extract/ imports in a venv holding eaglewatch alone."""
+    venv, _ = agent_venv
+    modules = sorted(
+        f"agent.{p.stem}" for p in (ROOT / "agent").glob("*.py") if p.stem not in ("spec", "__main__")
+    )
+    assert "agent.gpus" in modules and "agent.protocol" in modules
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint('ok')"
+    result = run([str(venv / "bin" / "python"), "-I", "-c", code, *modules])
+    assert result.stdout.strip() == "ok"
+
+
+def test_versions_agree(agent_venv: tuple[Path, dict[str, object]]) -> None:
+    venv, _ = agent_venv
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["version"] == agent.__version__
+    out = run([str(venv / "bin" / "eaglewatch-agent"), "--version"]).stdout
+    assert agent.__version__ in out.split()
+    meta = run(
+        [
+            str(venv / "bin" / "python"),
+            "-I",
+            "-c",
+            "import importlib.metadata as m; print(m.version('eaglewatch'))",
+        ]
+    ).stdout.strip()
+    assert meta == agent.__version__
+    # The controller needs its extra's packages, so its script is checked in this project's venv.
+    controller = run([str(Path(sys.executable).parent / "eaglewatch"), "--version"]).stdout
+    assert agent.__version__ in controller.split()

@@ -1,0 +1,101 @@
+"""A stand-in extraction job (no GPU here): prints realistic vLLM milestone lines, then writes capture files.
+
+Usage: fake_vllm_job.py OUT_DIR [--progress N] [--delay S] [--broken] [--hang] [--payload TEXT] [--wait-file F]
+- ``--broken`` writes ``hs_0.safetensors`` whose hidden states lost their layer dimension ([T, H], not [T, L, H]).
+- ``--hang`` keeps running after the last line (for stop tests); ``--payload`` prints hostile text in the log.
+- ``--wait-file F``: before each progress line wait until F's content (an int) reaches that line's number,
+  so a benchmark decides exactly when each milestone line is appended.
+Stdlib only: it runs under whatever Python the agent uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+import time
+
+PREFIX = "(Worker_TP0 pid={pid}) INFO 11-29 09:{m:02d}:{s:02d} [{src}] "
+
+
+def say(src: str, text: str) -> None:
+    """One vLLM-formatted log line, flushed so the agent sees it at once."""
+    t = time.gmtime()
+    print(PREFIX.format(pid=os.getpid(), m=t.tm_min, s=t.tm_sec, src=src) + text, flush=True)
+
+
+def write_safetensors(path: str, tensors: dict[str, tuple[str, list[int]]]) -> None:
+    """A minimal safetensors file (header + non-zero payload) written atomically."""
+    sizes = {"I64": 8, "F16": 2, "BF16": 2, "F32": 4}
+    header: dict[str, object] = {}
+    offset = 0
+    for name, (dtype, shape) in tensors.items():
+        n = sizes[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)) + raw + bytes([1, 60]) * (offset // 2))
+    os.replace(tmp, path)
+
+
+def main() -> int:
+    """Print the run's lines in vLLM's order."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--progress", type=int, default=3)
+    ap.add_argument("--delay", type=float, default=0.2)
+    ap.add_argument("--broken", action="store_true")
+    ap.add_argument("--hang", action="store_true")
+    ap.add_argument("--payload", default="")
+    ap.add_argument("--wait-file", default="")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    say("core.py:105", "Initializing a V1 LLM engine (v0.19.1) with config: model='/models/tiny', tensor_parallel_size=1")
+    time.sleep(args.delay)
+    say("worker_base.py:269", "Injected <class 'HiddenStatesWorkerExtension'> into <class 'Worker'> for extended "
+        "collective_rpc calls ['_get_captured_states']")  # fmt: skip
+    say("gpu_model_runner.py:4820", "Model loading took 12.52 GiB memory and 31.412345 seconds")
+    time.sleep(args.delay)
+    say("gpu_worker.py:436", "Available KV cache memory: 48.31 GiB")
+    say("kv_cache_utils.py:1319", "GPU KV cache size: 1,582,064 tokens")
+    say("gpu_model_runner.py:6046", "Graph capturing finished in 9 secs, took 0.52 GiB")
+    say("core.py:283", "init engine (profile, create kv cache, warmup model) took 58.21 seconds")
+    if args.payload:
+        print(args.payload, flush=True)
+        print("ERROR " + args.payload, flush=True)
+    total = max(1, args.progress)
+    for i in range(1, args.progress + 1):
+        if args.wait_file:
+            while True:
+                try:
+                    with open(args.wait_file) as fh:
+                        if int(fh.read().strip() or 0) >= i:
+                            break
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.002)
+        else:
+            time.sleep(args.delay)
+        rec = {"kind": "progress", "samples_done": i * 8, "samples_total": total * 8,
+               "tokens_per_s": 1000.0 + 37 * i, "files_written": i}  # fmt: skip
+        print("EAGLEWATCH " + json.dumps(rec), flush=True)
+    if args.broken:
+        # The known failure: the layer dimension vanished, hidden states are [T, H] instead of [T, L, H].
+        write_safetensors(os.path.join(args.out, "hs_0.safetensors"),
+                          {"token_ids": ("I64", [16]), "hidden_states": ("BF16", [16, 64])})  # fmt: skip
+        say("capture.py:88", "wrote hs_0.safetensors")
+    if args.hang:
+        while True:
+            time.sleep(1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The New-run form's pure conversion: fields → spec, and errors shown next to the right field."""
+
+from __future__ import annotations
+
+import pytest
+
+from web import forms
+
+BASE = {"name": "r1", "host": "h1", "backend": "worker-extension", "model": "/m", "dataset": "/d.jsonl",
+        "output_dir": "/out"}  # fmt: skip
+
+
+def test_full_form_to_spec_and_back() -> None:
+    form = {**BASE, "layers": "2, 30 ,58,61", "tensor_parallel_size": "8", "max_samples": "100", "seq_len": "4096",
+            "env": "CUDA_VISIBLE_DEVICES=0,1\nHF_HOME=/hf", "vllm_args": "--enforce-eager\n--max-model-len\n4096",
+            "expect_hidden_size": "7168", "on_shape_failure": "stop"}  # fmt: skip
+    spec, errors = forms.check_form(form)
+    assert errors == {}
+    assert spec["layers"] == [2, 30, 58, 61] and spec["tensor_parallel_size"] == 8
+    assert spec["env"] == {"CUDA_VISIBLE_DEVICES": "0,1", "HF_HOME": "/hf"}
+    assert spec["vllm_args"] == ["--enforce-eager", "--max-model-len", "4096"]
+    assert spec["expect"] == {"hidden_size": 7168}
+    back = forms.spec_to_form(spec)
+    assert back["layers"] == "2, 30, 58, 61" and back["expect_hidden_size"] == "7168"
+    assert forms.check_form(back)[0] == spec
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"layers": "2, x"}, "layers", "whole numbers"),
+        ({"layers": "2, 2"}, "layers", "unique"),
+        ({"tensor_parallel_size": "0"}, "tensor_parallel_size", "greater than or equal to 1"),
+        ({"seq_len": "lots"}, "seq_len", "whole number"),
+        ({"model": "relative/path"}, "model", "absolute path"),
+        ({"model": ""}, "model", "needs model"),
+        ({"env": "NOEQUALS"}, "env", "NAME=value"),
+        ({"env": "1BAD=x"}, "env", "not valid"),
+        ({"name": "bad name!"}, "name", "name must be"),
+        ({"backend": "command"}, "command", "needs 'command'"),
+        ({"expect_layers": "x"}, "expect_layers", "whole number"),
+        ({"expect_layers": "0"}, "expect_layers", "greater than"),
+    ],
+)
+def test_errors_land_on_their_field(change: dict[str, str], field: str, words: str) -> None:
+    _, errors = forms.check_form({**BASE, **change})
+    assert field in errors, errors
+    assert words in errors[field]
+
+
+def test_controller_errors_are_mapped_to_fields() -> None:
+    mapped = forms.errors_by_form_field(
+        [{"field": "host", "message": "no host 'x'"}, {"field": "", "message": "something global"}]
+    )
+    assert mapped["host"] == "no host 'x'"
+    assert mapped[forms.GENERAL_ERROR_KEY] == "something global"

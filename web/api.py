@@ -1,0 +1,248 @@
+"""The JSON HTTP API (DESIGN.md "Controller HTTP API") plus the SSE event streams and /metrics."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Query
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from pydantic import BaseModel
+
+import agent
+from agent.spec import RunSpec
+from controller.bus import parse_cursor
+from controller.errors import NotFound
+from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic
+from web import sse
+from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep
+
+
+class Health(BaseModel):
+    """``GET /api/health``."""
+
+    ok: bool
+    version: str
+
+
+class Created(BaseModel):
+    """``POST /api/runs`` → 201."""
+
+    id: str
+
+
+class FieldError(BaseModel):
+    """One invalid field."""
+
+    field: str
+    message: str
+
+
+class ErrorOut(BaseModel):
+    """Every error response: a code, a message in words, and (422) the fields at fault."""
+
+    error: str
+    message: str
+    errors: list[FieldError] | None = None
+
+
+class LogLineOut(BaseModel):
+    """One stored log line, keyed by its byte offset in the job's output.log."""
+
+    offset: int
+    text: str
+
+
+class CsrfOut(BaseModel):
+    """The CSRF token of the caller's session (send it back as ``X-CSRF-Token``)."""
+
+    csrf_token: str
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    403: {"model": ErrorOut, "description": "CSRF token or Origin refused"},
+    404: {"model": ErrorOut, "description": "no such host, run or alert"},
+}
+_SPEC_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS,
+    422: {"model": ErrorOut, "description": "invalid input; `errors` names each field"},
+}
+router = APIRouter(prefix="/api", tags=["api"])
+post_router = APIRouter(prefix="/api", tags=["api"], dependencies=CSRF_REQUIRED, responses=_ERRORS)
+
+
+@router.get("/health", response_model=Health)
+async def health() -> Health:
+    """Liveness and version."""
+    return Health(ok=True, version=agent.__version__)
+
+
+@router.get("/csrf", response_model=CsrfOut)
+async def csrf(token: CsrfTokenDep) -> CsrfOut:
+    """The CSRF token for scripts that keep the session cookie (browsers read it from the page)."""
+    return CsrfOut(csrf_token=token)
+
+
+@router.get("/hosts", response_model=list[HostPublic])
+async def list_hosts(ctl: ControllerDep) -> list[HostPublic]:
+    """Every host with reachability and GPUs."""
+    return list(await ctl.list_hosts())
+
+
+@post_router.post("/hosts", response_model=HostPublic, status_code=201, responses=_SPEC_ERRORS)
+async def add_host(ctl: ControllerDep, host: HostCreate) -> HostPublic:
+    """Add a GPU host (reached over SSH with the user's ssh config and known_hosts)."""
+    result: HostPublic = await ctl.add_host(host)
+    return result
+
+
+@router.get("/hosts/{name}", response_model=HostPublic, responses=_ERRORS)
+async def get_host(ctl: ControllerDep, name: str) -> HostPublic:
+    """One host."""
+    result: HostPublic = await ctl.get_host(name)
+    return result
+
+
+@post_router.post("/runs", response_model=Created, status_code=201, responses=_SPEC_ERRORS)
+async def create_run(ctl: ControllerDep, spec: Annotated[RunSpec, Body()]) -> Created:
+    """Validate a run spec and launch it; 422 names each bad field."""
+    run_id = await ctl.create_run(spec.model_dump(mode="json", exclude_unset=True))
+    return Created(id=run_id)
+
+
+@router.get("/runs", response_model=list[RunPublic])
+async def list_runs(ctl: ControllerDep) -> list[RunPublic]:
+    """All runs, newest first."""
+    return list(await ctl.list_runs())
+
+
+@router.get("/runs/{run_id}", response_model=RunDetail, responses=_ERRORS)
+async def get_run(ctl: ControllerDep, run_id: str) -> RunDetail:
+    """One run: state, spec, milestones, alerts, problems."""
+    result: RunDetail = await ctl.get_run(run_id)
+    return result
+
+
+@post_router.post("/runs/{run_id}/stop", response_model=RunPublic, responses={409: {"model": ErrorOut}})
+async def stop_run(ctl: ControllerDep, run_id: str) -> RunPublic:
+    """Stop a run's job (TERM, then KILL after a grace period)."""
+    result: RunPublic = await ctl.stop_run(run_id)
+    return result
+
+
+@router.get("/runs/{run_id}/log", response_model=list[LogLineOut], responses=_ERRORS)
+async def read_log(
+    ctl: ControllerDep,
+    run_id: str,
+    after: Annotated[int, Query(ge=-1, description="byte offset; lines after it (-1: the last lines)")] = -1,
+    before: Annotated[int | None, Query(ge=0, description="page backwards: lines before this offset")] = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    q: Annotated[str | None, Query(max_length=200, description="only lines containing this text")] = None,
+    errors_only: bool = False,
+) -> list[dict[str, Any]]:
+    """A page of the run's stored log (for the log viewer's paging and search)."""
+    await ctl.get_run(run_id)
+    return await read_log_page(ctl, run_id, after=after, before=before, limit=limit, q=q, errors_only=errors_only)
+
+
+async def read_log_page(
+    ctl: Any, run_id: str, *, after: int, before: int | None, limit: int, q: str | None, errors_only: bool
+) -> list[dict[str, Any]]:
+    """Lines after ``after``, or the last ``limit`` lines before ``before`` (facade-side when it can)."""
+    kwargs = {"query": q or None, "errors_only": errors_only}
+    if before is None:
+        lines: list[dict[str, Any]] = await ctl.read_log(run_id, after_offset=after, limit=limit, **kwargs)
+        return lines
+    try:
+        lines = await ctl.read_log(run_id, before_offset=before, limit=limit, **kwargs)
+        return lines
+    except TypeError:
+        pass  # facade without before_offset: scan forward in pages (bounded), keep the tail
+    window: list[dict[str, Any]] = []
+    cursor = -1
+    for _ in range(400):
+        page = await ctl.read_log(run_id, after_offset=cursor, limit=5000, **kwargs)
+        page = [ln for ln in page if ln["offset"] < before]
+        if not page:
+            break
+        window = (window + page)[-limit:]
+        cursor = page[-1]["offset"]
+    return window
+
+
+@router.get("/alerts", response_model=list[AlertPublic])
+async def list_alerts(ctl: ControllerDep) -> list[AlertPublic]:
+    """Every alert, newest first."""
+    return list(await ctl.list_alerts())
+
+
+@post_router.post("/alerts/{alert_id}/ack", response_model=AlertPublic)
+async def ack_alert(ctl: ControllerDep, alert_id: int) -> AlertPublic:
+    """Acknowledge an alert."""
+    result: AlertPublic = await ctl.ack_alert(alert_id)
+    return result
+
+
+@post_router.post("/alerts/{alert_id}/mute", response_model=AlertPublic)
+async def mute_alert(ctl: ControllerDep, alert_id: int) -> AlertPublic:
+    """Mute an alert (drops its pending notification)."""
+    result: AlertPublic = await ctl.mute_alert(alert_id)
+    return result
+
+
+_SSE_DOC = "Server-Sent Events; `id:` is a cursor: reconnect with `Last-Event-ID` (or `?after=`) to resume."
+
+
+async def _existing_run(ctl: ControllerDep, run_id: str) -> RunDetail:
+    """Resolve the run before the stream starts, so an unknown run is a plain 404 (not a broken stream)."""
+    run: RunDetail = await ctl.get_run(run_id)
+    return run
+
+
+@router.get("/runs/{run_id}/events", response_class=EventSourceResponse, responses=_ERRORS, description=_SSE_DOC)
+async def run_events(
+    ctl: ControllerDep,
+    run_id: str,
+    run: Annotated[RunDetail, Depends(_existing_run)],
+    last_event_id: Annotated[str | None, Header(max_length=64)] = None,
+    after: Annotated[str | None, Query(max_length=64, pattern=r"^(\d{1,20}-\d{1,20}|now)$")] = None,
+) -> Any:
+    """Milestones, state changes, checks, alerts and log lines of one run (and its host's GPUs)."""
+    cursor = _valid_cursor(last_event_id) or after
+
+    async def state() -> str | None:
+        try:
+            return str((await ctl.get_run(run_id)).state)
+        except NotFound:
+            return None
+
+    from_now = cursor == "now"
+    cursor = None if from_now else cursor
+    async for item in sse.event_stream(ctl, run_id, cursor, host=run.host, from_now=from_now, run_state=state):
+        yield item
+
+
+@router.get("/events", response_class=EventSourceResponse, description=_SSE_DOC)
+async def all_events(
+    ctl: ControllerDep,
+    last_event_id: Annotated[str | None, Header(max_length=64)] = None,
+    after: Annotated[str | None, Query(max_length=64, pattern=r"^(\d{1,20}-\d{1,20}|now)$")] = None,
+) -> Any:
+    """Every run's state changes, alerts and host changes (the dashboard's live feed)."""
+    cursor = _valid_cursor(last_event_id) or after
+    from_now = cursor == "now"
+    cursor = None if from_now else cursor
+    async for item in sse.event_stream(ctl, None, cursor, kinds=sse.DASHBOARD_KINDS, from_now=from_now):
+        yield item
+
+
+def _valid_cursor(value: str | None) -> str | None:
+    if not value:
+        return None
+    try:
+        parse_cursor(value)
+    except ValueError:
+        return None  # a garbled Last-Event-ID restarts from the client's ?after= (or the start)
+    return value
+
+
+__all__ = ["ServerSentEvent", "post_router", "router"]

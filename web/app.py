@@ -1,0 +1,164 @@
+"""The FastAPI application: create_app (routers, middleware, one error handler, lifespan) and serve()."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+import agent
+from controller.errors import ControllerError
+from controller.settings import Settings
+from web import api, filters, metrics, pages, security
+from web.middleware import WebSecurity
+from web.run_templates import TemplateStore
+
+HERE = Path(__file__).parent
+
+
+def _jinja() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,  # every template, whatever its extension; no |safe on data anywhere
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    filters.install(env)
+    return env
+
+
+def _allowed_hosts(bind: str, extra: Iterable[str]) -> frozenset[str]:
+    names = {h.strip().lower() for h in extra if h.strip()}
+    names.update(h.strip().lower() for h in os.environ.get("EAGLEWATCH_ALLOWED_HOSTS", "").split(",") if h.strip())
+    if not security.is_loopback(bind):
+        names.update({socket.gethostname().lower(), socket.getfqdn().lower()})
+        if bind not in ("0.0.0.0", "::", ""):
+            names.add(bind.lower())
+    return frozenset(names)
+
+
+def create_app(
+    controller: Any = None,
+    *,
+    settings: Settings | None = None,
+    bind: str | None = None,
+    require_auth: bool | None = None,
+    allowed_hosts: Iterable[str] = (),
+    manage_controller: bool | None = None,
+) -> FastAPI:
+    """Build the app around a Controller (created from ``settings`` and started by the lifespan if None)."""
+    if controller is None:
+        from controller.service import Controller
+
+        controller = Controller(settings or Settings())
+        manage = True if manage_controller is None else manage_controller
+    else:
+        manage = bool(manage_controller)
+    settings = controller.settings
+    bind = bind or settings.bind
+    auth = (not security.is_loopback(bind)) if require_auth is None else require_auth
+    home: Path = settings.home
+    home.mkdir(parents=True, exist_ok=True)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage:
+            await controller.start()
+        try:
+            yield
+        finally:
+            if manage:
+                await controller.stop()
+
+    app = FastAPI(
+        title="eaglewatch",
+        version=agent.__version__,
+        description="Launch and watch EAGLE-3 hidden-state extraction runs.",
+        lifespan=lifespan,
+        docs_url=None,  # the Swagger page loads scripts from a CDN, which the CSP forbids
+        redoc_url=None,
+    )
+    signer = security.Signer(security.load_secret(home))
+    app.state.controller = controller
+    app.state.signer = signer
+    app.state.require_auth = auth
+    app.state.token_hash = security.load_token_hash(home)
+    app.state.secure_cookie = False
+    app.state.jinja = _jinja()
+    app.state.template_store = TemplateStore(home)
+    app.state.metrics = metrics.Metrics()
+    if auth and app.state.token_hash is None:
+        raise RuntimeError(f"the web UI needs a login token but none is stored under {home}; run serve() first")
+    app.add_middleware(
+        WebSecurity, signer=signer, require_auth=auth, token_hash=app.state.token_hash,
+        allowed_hosts=_allowed_hosts(bind, allowed_hosts), metrics=app.state.metrics,
+    )  # fmt: skip
+    app.include_router(api.router)
+    app.include_router(api.post_router)
+    app.include_router(metrics.router)
+    app.include_router(pages.router)
+    app.include_router(pages.post_router)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    _install_error_handlers(app)
+    return app
+
+
+def _wants_html(request: Request) -> bool:
+    path = request.url.path
+    return not (path.startswith("/api/") or path in ("/metrics", "/openapi.json"))
+
+
+def _error(request: Request, status: int, code: str, message: str, errors: Any = None) -> Response:
+    if _wants_html(request):
+        return pages.render(request, "error.html", status=status, code=code, message=message)
+    body: dict[str, Any] = {"error": code, "message": message}
+    if errors is not None:
+        body["errors"] = errors
+    return JSONResponse(body, status_code=status)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """One place turns typed errors into HTTP statuses (Datasette style)."""
+
+    @app.exception_handler(ControllerError)
+    async def controller_error(request: Request, exc: ControllerError) -> Response:
+        return _error(request, exc.status, exc.code, exc.message, getattr(exc, "errors", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        errs = []
+        for err in exc.errors():
+            loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+            msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+            errs.append({"field": ".".join(loc), "message": msg})
+        text = "; ".join(f"{e['field']}: {e['message']}" if e["field"] else e["message"] for e in errs)
+        return _error(request, 422, "invalid", text or "invalid input", errs)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        codes = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+        return _error(request, exc.status_code, codes.get(exc.status_code, "error"), str(exc.detail))
+
+
+def serve(settings: Settings, bind: str, port: int) -> None:
+    """Run controller + web UI with uvicorn (``eaglewatch serve``); off loopback a login token is required."""
+    import uvicorn
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    if not security.is_loopback(bind):
+        token = security.ensure_token(settings.home)
+        if token is not None:
+            print(f"eaglewatch web login token (shown once, stored hashed): {token}", flush=True)
+    app = create_app(settings=settings, bind=bind)
+    uvicorn.run(app, host=bind, port=port, log_level="info", proxy_headers=False)
+

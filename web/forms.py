@@ -1,0 +1,141 @@
+"""The New-run form: pure conversion between posted form fields and a run spec, with per-field errors."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from agent.spec import RunSpecBase, parse_spec
+
+#: Form fields in display order (text inputs unless noted in the template).
+FIELDS = (
+    "name", "host", "backend", "model", "layers", "layer_convention", "tensor_parallel_size", "dataset",
+    "max_samples", "seq_len", "batch_size", "output_dir", "env", "vllm_args", "command",
+    "expect_layers", "expect_hidden_size", "on_shape_failure",
+)  # fmt: skip
+_INT_FIELDS = ("tensor_parallel_size", "max_samples", "seq_len", "batch_size")
+_GENERAL = "_form"
+
+
+def _lines(text: str) -> list[str]:
+    return [ln.strip() for ln in text.splitlines() if ln.strip()]
+
+
+def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Turn posted form fields into a spec dict; returns (spec, errors by form field)."""
+    errors: dict[str, str] = {}
+    spec: dict[str, Any] = {}
+    get = lambda key: (form.get(key) or "").strip()  # noqa: E731
+    for key in ("name", "host", "backend", "model", "layer_convention", "dataset", "output_dir",
+                "on_shape_failure"):  # fmt: skip
+        if get(key):
+            spec[key] = get(key)
+    for key in _INT_FIELDS:
+        if get(key):
+            try:
+                spec[key] = int(get(key))
+            except ValueError:
+                errors[key] = f"{key.replace('_', ' ')} must be a whole number, got {get(key)!r}"
+    if get("layers"):
+        parts = [p.strip() for p in re.split(r"[,\s]+", get("layers")) if p.strip()]
+        try:
+            spec["layers"] = [int(p) for p in parts]
+        except ValueError:
+            errors["layers"] = f"layer ids must be whole numbers separated by commas, got {get('layers')!r}"
+    expect: dict[str, int] = {}
+    for key, target in (("expect_layers", "layers"), ("expect_hidden_size", "hidden_size")):
+        if get(key):
+            try:
+                expect[target] = int(get(key))
+            except ValueError:
+                errors[key] = f"must be a whole number, got {get(key)!r}"
+    if expect:
+        spec["expect"] = expect
+    env: dict[str, str] = {}
+    for line in _lines(form.get("env") or ""):
+        key, sep, value = line.partition("=")
+        if not sep:
+            errors["env"] = f"each line must be NAME=value, got {line!r}"
+            break
+        env[key.strip()] = value.strip()
+    if env:
+        spec["env"] = env
+    for key in ("vllm_args", "command"):
+        if _lines(form.get(key) or ""):
+            spec[key] = _lines(form.get(key) or "")
+    return spec, errors
+
+
+def spec_to_form(spec: Mapping[str, Any]) -> dict[str, str]:
+    """Form field values for a spec (to re-fill the form from a template or after an error)."""
+    out: dict[str, str] = {}
+    for key in FIELDS:
+        value = spec.get(key)
+        if key == "layers" and value:
+            out[key] = ", ".join(str(i) for i in value)
+        elif key == "env" and value:
+            out[key] = "\n".join(f"{k}={v}" for k, v in value.items())
+        elif key in ("vllm_args", "command") and value:
+            out[key] = "\n".join(str(a) for a in value)
+        elif key in ("expect_layers", "expect_hidden_size"):
+            expect = spec.get("expect") or {}
+            inner = expect.get(key.removeprefix("expect_"))
+            out[key] = "" if inner is None else str(inner)
+        elif value is not None and not isinstance(value, (dict, list)):
+            out[key] = str(value)
+    return out
+
+
+def _field_of(loc: tuple[Any, ...], message: str) -> list[str]:
+    """Which form fields a pydantic error location (or, for model-level errors, its message) names."""
+    if loc:
+        head = str(loc[0])
+        if head == "expect" and len(loc) > 1:
+            return [f"expect_{loc[1]}"]
+        return [head] if head in FIELDS else [_GENERAL]
+    named = [f for f in FIELDS if re.search(rf"\b{re.escape(f)}\b", message)]
+    named = [f for f in named if f != "backend"] or named
+    return named or [_GENERAL]
+
+
+def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
+    """Pydantic errors as ``[{"field", "message"}]`` (``field`` dotted, '' for whole-spec errors)."""
+    out = []
+    for err in exc.errors():
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        field = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        out.append({"field": field, "message": msg})
+    return out
+
+
+def errors_by_form_field(errors: list[dict[str, str]]) -> dict[str, str]:
+    """Map ``[{"field", "message"}]`` onto form fields, so each message shows next to its input."""
+    out: dict[str, str] = {}
+    for err in errors:
+        loc = tuple(p for p in err.get("field", "").split(".") if p)
+        for name in _field_of(loc, err["message"]):
+            out[name] = f"{out[name]}; {err['message']}" if name in out else err["message"]
+    return out
+
+
+def check_form(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Parse and validate the form; (spec, {}) when valid, else (partial spec, errors by field)."""
+    spec, errors = form_to_spec(form)
+    if errors:
+        return spec, errors
+    try:
+        parse_spec(spec)
+    except ValidationError as exc:
+        return spec, errors_by_form_field(validation_errors(exc))
+    return spec, {}
+
+
+def field_help() -> dict[str, str]:
+    """Descriptions of spec fields, shown under the inputs."""
+    return {name: (f.description or "") for name, f in RunSpecBase.model_fields.items()}
+
+
+GENERAL_ERROR_KEY = _GENERAL

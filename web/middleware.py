@@ -1,0 +1,132 @@
+"""ASGI middleware: Host/Origin checks, session cookie, login gate, security headers, request metrics."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import quote
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from web import security
+
+_OPEN_PATHS = ("/login", "/static/", "/api/health")
+
+
+class WebSecurity:
+    """One pass over every HTTP request; rejects before the app runs, decorates responses after."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        signer: security.Signer,
+        require_auth: bool,
+        token_hash: dict[str, str] | None,
+        allowed_hosts: frozenset[str],
+        metrics: Any = None,
+        secure_cookie: bool = False,
+    ) -> None:
+        self.app = app
+        self.signer = signer
+        self.require_auth = require_auth
+        self.token_hash = token_hash
+        self.allowed_hosts = allowed_hosts
+        self.metrics = metrics
+        self.secure_cookie = secure_cookie
+        self._bearer_ok: set[str] = set()
+
+    def _bearer_valid(self, header: str | None) -> bool:
+        if not header or not header.lower().startswith("bearer ") or self.token_hash is None:
+            return False
+        token = header[7:].strip()
+        key = hashlib.sha256(token.encode()).hexdigest()
+        if key in self._bearer_ok:
+            return True
+        if security.verify_token(token, self.token_hash):
+            self._bearer_ok.add(key)  # scrypt is slow on purpose; remember tokens already verified
+            return True
+        return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        path: str = scope["path"]
+        host = headers.get("host")
+        if not security.host_allowed(host, self.allowed_hosts):
+            await _reject(send, 400, "bad_host", f"Host header {(host or '')[:80]!r} is not allowed")
+            return
+        if scope["method"] not in ("GET", "HEAD", "OPTIONS"):
+            if not security.origin_matches(headers.get("origin"), host):
+                await _reject(send, 403, "bad_origin", "cross-origin request refused")
+                return
+            if headers.get("sec-fetch-site") == "cross-site":
+                await _reject(send, 403, "bad_origin", "cross-site request refused")
+                return
+        cookie = SimpleCookie()
+        try:
+            cookie.load(headers.get("cookie", ""))
+        except Exception:  # a malformed Cookie header is ignored like a missing one
+            cookie = SimpleCookie()
+        morsel = cookie.get(security.SESSION_COOKIE)
+        session = self.signer.load(morsel.value if morsel else None)
+        bearer = self._bearer_valid(headers.get("authorization"))
+        fresh = session is None
+        if session is None:
+            session = self.signer.new_session(authed=False)
+        state = scope.setdefault("state", {})
+        state["session"] = session
+        state["bearer"] = bearer
+        if self.require_auth and not (session.authed or bearer) and not path.startswith(_OPEN_PATHS):
+            if path.startswith("/api/") or path == "/metrics" or path == "/openapi.json":
+                await _reject(send, 401, "unauthorized", "log in or send 'Authorization: Bearer <token>'")
+            else:
+                await _redirect(send, "/login?next=" + quote(path, safe="/"))
+            return
+        set_cookie = security.session_cookie(self.signer, session, self.secure_cookie) if fresh else None
+        status_holder = {"status": 500}
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_holder["status"] = message["status"]
+                hdrs = list(message.get("headers", []))
+                names = {k.lower() for k, _ in hdrs}
+                for name, value in security.SECURITY_HEADERS.items():
+                    if name.encode() not in names:
+                        hdrs.append((name.encode(), value.encode()))
+                already = any(
+                    k.lower() == b"set-cookie" and v.startswith(security.SESSION_COOKIE.encode() + b"=")
+                    for k, v in hdrs
+                )
+                if set_cookie and not already:
+                    hdrs.append((b"set-cookie", set_cookie.encode("latin-1")))
+                message = {**message, "headers": hdrs}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            if self.metrics is not None:
+                route = scope.get("route")
+                self.metrics.observe_request(
+                    scope["method"], getattr(route, "path", "unmatched"), status_holder["status"]
+                )
+
+
+async def _reject(send: Send, status: int, code: str, message: str) -> None:
+    body = json.dumps({"error": code, "message": message}).encode()
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    hdrs += [(k.encode(), v.encode()) for k, v in security.SECURITY_HEADERS.items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _redirect(send: Send, location: str) -> None:
+    hdrs = [(b"location", location.encode("latin-1")), (b"content-length", b"0")]
+    hdrs += [(k.encode(), v.encode()) for k, v in security.SECURITY_HEADERS.items()]
+    await send({"type": "http.response.start", "status": 303, "headers": hdrs})
+    await send({"type": "http.response.body", "body": b""})

@@ -1,0 +1,196 @@
+"""Server-rendered HTML pages: dashboard, new run (with templates), run, alerts, login."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import ValidationError
+
+from agent.spec import parse_spec
+from controller.errors import SpecInvalid
+from web import forms, security
+from web.api import read_log_page
+from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep, TemplateStoreDep
+from web.run_templates import TemplateError
+from web.sse import TERMINAL_STATES
+
+router = APIRouter(include_in_schema=False)
+post_router = APIRouter(include_in_schema=False, dependencies=CSRF_REQUIRED)
+LOG_PAGE = 200
+
+
+def render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    """Render a template with the common context (CSRF token, auth flag)."""
+    signer: security.Signer = request.app.state.signer
+    context.setdefault("csrf_token", signer.csrf_token(request.state.session))
+    context.setdefault("logged_in", request.state.session.authed)
+    context.setdefault("require_auth", request.app.state.require_auth)
+    context["request"] = request
+    html = request.app.state.jinja.get_template(name).render(**context)
+    return HTMLResponse(html, status_code=status)
+
+
+def _redirect(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303)
+
+
+@router.get("/", response_class=HTMLResponse)
+async def dashboard(request: Request, ctl: ControllerDep) -> HTMLResponse:
+    """Hosts and runs, newest first; live via /api/events."""
+    hosts = await ctl.list_hosts()
+    runs = await ctl.list_runs()
+    return render(request, "dashboard.html", hosts=hosts, runs=runs, now=time.time())
+
+
+@router.get("/runs/new", response_class=HTMLResponse)
+async def new_run(
+    request: Request, ctl: ControllerDep, store: TemplateStoreDep, template: str | None = None
+) -> HTMLResponse:
+    """The run form, optionally filled from a saved template."""
+    values = (store.get(template) or {}) if template else {}
+    return await _form_page(request, ctl, store, values, {}, template=template)
+
+
+async def _form_page(
+    request: Request,
+    ctl: Any,
+    store: Any,
+    values: dict[str, str],
+    errors: dict[str, str],
+    *,
+    status: int = 200,
+    template: str | None = None,
+    saved: str | None = None,
+) -> HTMLResponse:
+    hosts = await ctl.list_hosts()
+    return render(
+        request, "new_run.html", status=status, values=values, errors=errors, hosts=hosts,
+        templates=store.names(), template=template, saved=saved, help=forms.field_help(),
+        general_error=errors.get(forms.GENERAL_ERROR_KEY),
+    )  # fmt: skip
+
+
+@post_router.post("/runs/new", response_class=HTMLResponse)
+async def submit_run(request: Request, ctl: ControllerDep, store: TemplateStoreDep) -> Response:
+    """Launch a run from the form; on invalid input re-show the form with errors and launch nothing."""
+    form = await request.form()
+    values = {k: v for k in forms.FIELDS if isinstance(v := form.get(k), str)}
+    if form.get("action") == "save_template":
+        name = str(form.get("template_name") or "").strip()
+        try:
+            store.save(name, values)
+        except TemplateError as exc:
+            return await _form_page(request, ctl, store, values, {"template_name": str(exc)}, status=422)
+        return await _form_page(request, ctl, store, values, {}, template=name, saved=name)
+    spec, errors = forms.check_form(values)
+    if not errors:
+        try:
+            run_id = await ctl.create_run(parse_spec(spec).model_dump(mode="json", exclude_unset=True))
+        except SpecInvalid as exc:
+            errors = forms.errors_by_form_field(exc.errors)
+        except ValidationError as exc:  # parse_spec already passed in check_form; kept for safety
+            errors = forms.errors_by_form_field(forms.validation_errors(exc))
+        else:
+            return _redirect(f"/runs/{quote(run_id)}")
+    return await _form_page(request, ctl, store, values, errors, status=422)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+async def run_page(
+    request: Request,
+    ctl: ControllerDep,
+    run_id: str,
+    q: Annotated[str | None, Query(max_length=200)] = None,
+    errors: bool = False,
+    before: Annotated[int | None, Query(ge=0)] = None,
+) -> HTMLResponse:
+    """One run: verdict, alerts, timeline, checks, charts, log tail."""
+    run = await ctl.get_run(run_id)
+    lines = await read_log_page(ctl, run_id, after=-1, before=before, limit=LOG_PAGE, q=q, errors_only=errors)
+    host = None
+    try:
+        host = await ctl.get_host(run.host)
+    except Exception:  # the host may have been removed since; the run page still renders
+        host = None
+    progress = [
+        {"at": m.at, **{k: v for k, v in m.fields.items() if isinstance(v, (int, float))}}
+        for m in run.milestones
+        if m.kind in ("progress", "throughput")
+    ]
+    t0 = run.started_at or run.created_at
+    data = {
+        "run_id": run.id, "state": run.state, "t0": t0, "progress": progress,
+        "log_last": lines[-1]["offset"] if lines else -1, "terminal": run.state in TERMINAL_STATES,
+        "milestone_seq": max((m.seq for m in run.milestones), default=0), "host": run.host,
+        "gpus": host.gpus if host else [],
+    }  # fmt: skip
+    return render(
+        request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
+        data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE,
+    )  # fmt: skip
+
+
+@post_router.post("/runs/{run_id}/stop")
+async def stop_run(ctl: ControllerDep, run_id: str) -> Response:
+    """Stop a run (the page asks for confirmation first), then show it."""
+    await ctl.stop_run(run_id)
+    return _redirect(f"/runs/{quote(run_id)}")
+
+
+@router.get("/alerts", response_class=HTMLResponse)
+async def alerts_page(request: Request, ctl: ControllerDep) -> HTMLResponse:
+    """Every alert with acknowledge / mute buttons."""
+    return render(request, "alerts.html", alerts=await ctl.list_alerts())
+
+
+@post_router.post("/alerts/{alert_id}/{action}")
+async def alert_action(ctl: ControllerDep, alert_id: int, action: str) -> Response:
+    """Acknowledge or mute an alert, then go back to the list."""
+    if action == "ack":
+        await ctl.ack_alert(alert_id)
+    elif action == "mute":
+        await ctl.mute_alert(alert_id)
+    else:
+        return Response("unknown action", status_code=404)
+    return _redirect("/alerts")
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_page(request: Request, next: str = "/") -> HTMLResponse:
+    """The token form."""
+    return render(request, "login.html", next=_safe_next(next), error=None)
+
+
+@router.post("/login", response_class=HTMLResponse, dependencies=CSRF_REQUIRED)
+async def login(
+    request: Request, token: Annotated[str, Form(max_length=200)], next: Annotated[str, Form()] = "/"
+) -> Response:
+    """Check the token; on success rotate the session to a logged-in one (HttpOnly, SameSite=Strict)."""
+    stored = request.app.state.token_hash
+    if stored is None or not security.verify_token(token, stored):
+        return render(request, "login.html", status=401, next=_safe_next(next), error="wrong token")
+    signer: security.Signer = request.app.state.signer
+    response = _redirect(_safe_next(next))
+    session = signer.new_session(authed=True)
+    response.headers.append("set-cookie", security.session_cookie(signer, session, request.app.state.secure_cookie))
+    return response
+
+
+@router.post("/logout", dependencies=CSRF_REQUIRED)
+async def logout(request: Request, _token: CsrfTokenDep) -> Response:
+    """Forget the session."""
+    signer: security.Signer = request.app.state.signer
+    response = _redirect("/login")
+    response.headers.append("set-cookie", security.session_cookie(signer, signer.new_session(False), request.app.state.secure_cookie))
+    return response
+
+
+def _safe_next(value: str) -> str:
+    """Only same-site relative paths: never an open redirect."""
+    if not value.startswith("/") or value.startswith("//") or "\\" in value or "\n" in value:
+        return "/"
+    return value

@@ -1,0 +1,112 @@
+"""Server-Sent Events: pure BusEvent → SSE formatting and the resumable stream behind the events endpoints.
+
+How it works
+------------
+Each event's SSE ``id`` is the bus cursor. A (re)connecting client names the last cursor it saw
+(``Last-Event-ID`` header on automatic reconnects, ``?after=`` on the first connect of a page that was
+rendered at that cursor). The stream subscribes to the bus *first*, then replays ``feed_since(cursor)``
+from SQLite, then forwards live events whose cursor is newer than the last one sent: nothing missed in the
+gap between the two, nothing sent twice. Cursors order as strings (controller/bus.py).
+Host events are not journalled (no cursor); they are forwarded live, without an ``id``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi.sse import ServerSentEvent, format_sse_event
+
+from controller.bus import BusEvent
+
+TERMINAL_STATES = frozenset({"completed", "failed", "stopped", "lost"})
+RETRY_MS = 1500
+BACKLOG_PAGE = 1000
+#: The dashboard's feed leaves out log lines and milestones (the run rows carry the last milestone).
+DASHBOARD_KINDS = frozenset({"run", "alert", "host"})
+
+T = TypeVar("T")
+
+
+async def maybe_await(value: T | Awaitable[T]) -> T:
+    """Await ``value`` when the facade method was async; pass it through otherwise."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def to_sse(event: BusEvent) -> ServerSentEvent:
+    """The SSE form of one bus event: ``event:`` = kind, ``data:`` = JSON, ``id:`` = cursor."""
+    payload = {"run_id": event.run_id, "cursor": event.cursor, **event.data}
+    return ServerSentEvent(data=payload, event=event.kind, id=event.cursor or None)
+
+
+def encode(sse: ServerSentEvent) -> bytes:
+    """Wire bytes of one ServerSentEvent (the same encoding FastAPI applies when streaming)."""
+    data = json.dumps(sse.data, separators=(",", ":"), default=str) if sse.data is not None else sse.raw_data
+    return format_sse_event(data_str=data, event=sse.event, id=sse.id, retry=sse.retry, comment=sse.comment)
+
+
+def wanted(event: BusEvent, run_id: str | None, host: str | None, kinds: frozenset[str] | None = None) -> bool:
+    """Whether a stream for ``run_id`` (None: every run) and its ``host`` forwards ``event``."""
+    if kinds is not None and event.kind not in kinds:
+        return False
+    if run_id is None:
+        return True
+    if event.kind == "host":
+        return host is not None and event.data.get("name") == host
+    return event.run_id == run_id
+
+
+def end_event(state: str) -> ServerSentEvent:
+    """Sent once a finished run's backlog is complete; the page closes its EventSource on it."""
+    return ServerSentEvent(data={"state": state}, event="end")
+
+
+async def event_stream(
+    controller: Any,
+    run_id: str | None,
+    cursor: str | None,
+    *,
+    host: str | None = None,
+    kinds: frozenset[str] | None = None,
+    from_now: bool = False,
+    run_state: Callable[[], Awaitable[str | None]] | None = None,
+) -> AsyncIterator[ServerSentEvent]:
+    """Backlog since ``cursor`` then live events; ends after the backlog when the run already finished."""
+    last = cursor or ""
+    yield ServerSentEvent(retry=RETRY_MS, comment="eaglewatch")
+    while True:
+        sub = controller.bus.subscribe()
+        try:
+            while not from_now:
+                backlog: list[BusEvent] = await maybe_await(
+                    controller.feed_since(run_id, last or None, limit=BACKLOG_PAGE)
+                )
+                fresh = [ev for ev in backlog if ev.cursor > last]
+                for ev in fresh:
+                    if wanted(ev, run_id, host, kinds):
+                        yield to_sse(ev)
+                    last = max(last, ev.cursor)
+                if len(backlog) < BACKLOG_PAGE or not fresh:
+                    break
+            if run_state is not None:
+                state = await run_state()
+                if state in TERMINAL_STATES:
+                    yield end_event(state or "")
+                    return
+            from_now = False  # after a lag, resume from the last cursor sent
+            async for ev in sub:
+                if not wanted(ev, run_id, host, kinds):
+                    continue
+                if ev.cursor:
+                    if ev.cursor <= last:
+                        continue
+                    last = ev.cursor
+                yield to_sse(ev)
+            if not sub.lagged:
+                return  # the bus closed: the controller is shutting down
+        finally:
+            sub.close()

@@ -1,0 +1,451 @@
+// eaglewatch live updates. Pages are server-rendered and readable without this file; it adds live
+// updates over Server-Sent Events. Data is only ever inserted with textContent / createElement, never
+// innerHTML, so log text and spec values stay inert.
+"use strict";
+(function () {
+  const csrfMeta = document.querySelector('meta[name="csrf-token"]');
+  const CSRF = csrfMeta ? csrfMeta.getAttribute("content") : "";
+  const page = document.body.dataset.page || "";
+  const liveEl = document.getElementById("live-status");
+  const TERMINAL = new Set(["completed", "failed", "stopped", "lost"]);
+  const ERR_RE = /error|traceback|exception|fatal|killed|out of memory/i;  // same rule as the controller's errors_only
+  window.__ew = { milestones: 0, lastMilestoneAt: 0 };
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  function setLive(state) {
+    if (!liveEl) return;
+    liveEl.textContent = state;
+    liveEl.dataset.state = state;
+  }
+  function num(v) {
+    if (typeof v !== "number") return String(v);
+    if (Number.isInteger(v)) return v.toLocaleString("en-US");
+    return Math.abs(v) < 100 ? v.toFixed(2) : v.toFixed(1);
+  }
+  function since(ts, t0) {
+    if (ts == null || t0 == null) return "";
+    const d = Math.max(0, ts - t0);
+    if (d < 60) return "+" + d.toFixed(1) + "s";
+    const m = Math.floor(d / 60), s = d - m * 60;
+    if (m < 60) return "+" + m + "m " + s.toFixed(1).padStart(4, "0") + "s";
+    return "+" + Math.floor(m / 60) + "h " + String(m % 60).padStart(2, "0") + "m";
+  }
+  function gib(mib) { return typeof mib === "number" ? (mib / 1024).toFixed(1) : "?"; }
+
+  // ---- browser notifications (opt-in), only while the tab is in the background
+  const notifyBtn = document.getElementById("notify-btn");
+  if (notifyBtn && "Notification" in window && Notification.permission === "default") {
+    notifyBtn.hidden = false;
+    notifyBtn.addEventListener("click", function () {
+      Notification.requestPermission().then(function () { notifyBtn.hidden = true; });
+    });
+  }
+  const notified = new Set();
+  function notify(alert) {
+    if (!alert || alert.acked || alert.muted || notified.has(alert.id)) return;
+    notified.add(alert.id);
+    if (document.hidden && "Notification" in window && Notification.permission === "granted") {
+      new Notification("eaglewatch: " + String(alert.rule), { body: String(alert.message), tag: "ew-" + alert.id });
+    }
+  }
+
+  // ---- SSE connection: the browser resends Last-Event-ID itself on reconnect
+  function connect(url, handlers) {
+    const es = new EventSource(url);
+    es.addEventListener("open", function () { setLive("live"); if (handlers.open) handlers.open(); });
+    es.addEventListener("error", function () { setLive(es.readyState === 2 ? "offline" : "reconnecting"); });
+    Object.keys(handlers).forEach(function (kind) {
+      if (kind === "open") return;
+      es.addEventListener(kind, function (ev) {
+        let data;
+        try { data = JSON.parse(ev.data); } catch (e) { return; }
+        handlers[kind](data);
+      });
+    });
+    es.addEventListener("end", function () { es.close(); setLive("finished"); });
+    return es;
+  }
+
+  function setState(container, state) {
+    const b = container.querySelector('[data-field="state"]');
+    if (!b) return;
+    b.textContent = state;
+    b.className = "state state-" + state;
+  }
+  function progressNodes(p) {
+    const span = el("span");
+    span.dataset.field = "progress";
+    if (p && typeof p.samples_done === "number") {
+      if (typeof p.samples_total === "number" && p.samples_total > 0) {
+        const bar = el("progress");
+        bar.max = 100;
+        bar.value = Math.min(100, (100 * p.samples_done) / p.samples_total);
+        span.append(bar, " ", el("span", "muted", num(p.samples_done) + "/" + num(p.samples_total)));
+      } else {
+        span.append(num(p.samples_done) + " samples");
+      }
+      if (typeof p.tokens_per_s === "number") span.append(" ", el("span", "muted", "· " + num(p.tokens_per_s) + " tok/s"));
+    } else {
+      span.append(el("span", "muted", "—"));
+    }
+    return span;
+  }
+  function gpuList(ul, gpus) {
+    ul.replaceChildren();
+    if (!gpus || !gpus.length) { ul.append(el("li", "muted", "no GPUs reported")); return; }
+    gpus.forEach(function (g) {
+      const li = el("li");
+      const m = el("meter");
+      m.min = 0; m.max = g.memory_total_mib || 1; m.value = g.memory_used_mib || 0;
+      li.append(el("span", null, "GPU " + g.index + " " + (g.name || "")), m,
+        el("span", "muted", gib(g.memory_used_mib) + "/" + gib(g.memory_total_mib) + " GiB · " + g.utilization_pct + "%"));
+      ul.append(li);
+    });
+  }
+
+  // ---- dashboard
+  function dashboard() {
+    const tbody = document.querySelector("#runs tbody");
+    function runRow(r) {
+      let tr = tbody.querySelector('tr[data-run="' + CSS.escape(r.id) + '"]');
+      if (!tr) {
+        const empty = tbody.querySelector("tr.empty");
+        if (empty) empty.remove();
+        tr = el("tr");
+        tr.dataset.run = r.id;
+        const a = el("a", null, r.name);
+        a.href = "/runs/" + encodeURIComponent(r.id);
+        const c0 = el("td"); c0.append(a, el("div", "muted small", r.id));
+        const st = el("td"); const b = el("span", "state", r.state); b.dataset.field = "state"; st.append(b);
+        const model = el("td", "path"); model.dataset.field = "model";
+        const prog = el("td"); prog.append(progressNodes(null));
+        const last = el("td"); last.dataset.field = "last_milestone";
+        const al = el("td"); al.dataset.field = "open_alerts";
+        const created = el("td", "small", new Date(r.created_at * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC");
+        tr.append(c0, st, el("td", null, r.host), model, prog, last, al, created);
+        tbody.prepend(tr);
+      }
+      setState(tr, r.state);
+      tr.querySelector('[data-field="model"]').textContent = r.model || r.backend || "";
+      const pc = tr.querySelector('[data-field="progress"]');
+      if (pc) pc.replaceWith(progressNodes(r.progress));
+      tr.querySelector('[data-field="last_milestone"]').textContent = r.last_milestone || "—";
+      const al = tr.querySelector('[data-field="open_alerts"]');
+      al.textContent = String(r.open_alerts || 0);
+      al.className = r.open_alerts ? "alerting" : "";
+    }
+    function hostCard(h) {
+      const card = document.querySelector('article[data-host="' + CSS.escape(h.name) + '"]');
+      if (!card) return;
+      const r = card.querySelector('[data-field="reachable"]');
+      const key = h.reachable == null ? "unknown" : h.reachable ? "yes" : "no";
+      r.className = "reach reach-" + key;
+      r.textContent = h.reachable == null ? "unknown" : h.reachable ? "reachable" : "unreachable";
+      gpuList(card.querySelector('[data-field="gpus"]'), h.gpus);
+    }
+    connect("/api/events?after=now", { run: runRow, host: hostCard, alert: notify });
+  }
+
+  // ---- charts: inline SVG polylines, no library
+  const SVGNS = "http://www.w3.org/2000/svg";
+  function drawChart(svg, series, unit) {
+    if (!svg) return;
+    const W = 600, H = 160, L = 44, B = 18, T = 8, R = 8;
+    svg.replaceChildren();
+    const pts = series.flatMap(function (s) { return s.points; });
+    if (pts.length < 1) {
+      const t = document.createElementNS(SVGNS, "text");
+      t.setAttribute("x", "50%"); t.setAttribute("y", "50%"); t.setAttribute("text-anchor", "middle");
+      t.textContent = "no data yet";
+      svg.append(t);
+      return;
+    }
+    const x0 = Math.min.apply(null, pts.map(function (p) { return p[0]; }));
+    const x1 = Math.max.apply(null, pts.map(function (p) { return p[0]; }));
+    series.forEach(function (s) {
+      const ymax = Math.max(1e-9, Math.max.apply(null, s.points.map(function (p) { return p[1]; })));
+      const sx = function (x) { return L + ((x - x0) / Math.max(1e-9, x1 - x0)) * (W - L - R); };
+      const sy = function (y) { return H - B - (y / ymax) * (H - B - T); };
+      const pl = document.createElementNS(SVGNS, "polyline");
+      pl.setAttribute("class", s.cls);
+      pl.setAttribute("points", s.points.map(function (p) { return sx(p[0]).toFixed(1) + "," + sy(p[1]).toFixed(1); }).join(" "));
+      svg.append(pl);
+      const lab = document.createElementNS(SVGNS, "text");
+      lab.setAttribute("x", "2"); lab.setAttribute("y", String(T + 8 + 12 * series.indexOf(s)));
+      lab.setAttribute("class", s.cls + "-label");
+      lab.textContent = s.label + " max " + num(ymax) + (unit || "");
+      svg.append(lab);
+    });
+    const axis = document.createElementNS(SVGNS, "line");
+    axis.setAttribute("class", "axis");
+    axis.setAttribute("x1", String(L)); axis.setAttribute("x2", String(W - R));
+    axis.setAttribute("y1", String(H - B)); axis.setAttribute("y2", String(H - B));
+    svg.append(axis);
+    const span = el("span");
+    const tl = document.createElementNS(SVGNS, "text");
+    tl.setAttribute("x", String(W - R)); tl.setAttribute("y", String(H - 4)); tl.setAttribute("text-anchor", "end");
+    tl.textContent = Math.round(x1 - x0) + " s";
+    svg.append(tl);
+    void span;
+  }
+
+  // ---- virtualised log viewer: only the rows in view exist in the DOM
+  function LogView(box, inner, info) {
+    const ROW = 18, MAX = 200000;
+    let all = [], view = all, filter = null, paused = false, pending = 0, follow = true, raf = 0;
+    const seen = new Set();
+    box.classList.add("virtual");
+    inner.querySelectorAll(".ln").forEach(function (d) {
+      const o = Number(d.dataset.offset);
+      all.push({ o: o, t: d.textContent });
+      seen.add(o);
+    });
+    function matches(line) {
+      if (!filter) return true;
+      if (filter.errors && !ERR_RE.test(line.t)) return false;
+      return !filter.q || line.t.toLowerCase().indexOf(filter.q) >= 0;
+    }
+    function render() {
+      raf = 0;
+      inner.style.height = view.length * ROW + "px";
+      if (follow && !paused) box.scrollTop = box.scrollHeight;
+      const first = Math.max(0, Math.floor(box.scrollTop / ROW) - 20);
+      const last = Math.min(view.length, first + Math.ceil(box.clientHeight / ROW) + 40);
+      const frag = document.createDocumentFragment();
+      for (let i = first; i < last; i++) {
+        const line = view[i];
+        const d = el("div", ERR_RE.test(line.t) ? "ln err" : "ln", line.t);
+        d.style.top = i * ROW + "px";
+        d.dataset.offset = String(line.o);
+        frag.append(d);
+      }
+      inner.replaceChildren(frag);
+      info.textContent = view.length.toLocaleString("en-US") + " lines" + (filter ? " (filtered)" : "") +
+        (paused && pending ? " · paused, " + pending + " new" : paused ? " · paused" : "");
+    }
+    function schedule() { if (!raf) raf = requestAnimationFrame(render); }
+    box.addEventListener("scroll", function () {
+      follow = box.scrollTop + box.clientHeight >= box.scrollHeight - ROW * 2;
+      schedule();
+    });
+    return {
+      add: function (lines) {
+        let added = 0;
+        lines.forEach(function (l) {
+          if (seen.has(l.offset)) return;
+          seen.add(l.offset);
+          const line = { o: l.offset, t: String(l.text) };
+          all.push(line);
+          if (view !== all && matches(line)) view.push(line);
+          added++;
+        });
+        if (all.length > MAX) { all.splice(0, all.length - MAX); }
+        if (paused) { pending += added; info.textContent = "paused · " + pending + " new lines"; return; }
+        if (added) schedule();
+      },
+      lastOffset: function () { return all.length ? all[all.length - 1].o : -1; },
+      setPaused: function (p) { paused = p; if (!p) { pending = 0; follow = true; } schedule(); },
+      setFilter: function (f, serverLines) {
+        filter = f && (f.q || f.errors) ? f : null;
+        if (!filter) { view = all; }
+        else {
+          const merged = new Map();
+          (serverLines || []).forEach(function (l) { merged.set(l.offset, { o: l.offset, t: String(l.text) }); });
+          all.forEach(function (l) { if (matches(l)) merged.set(l.o, l); });
+          view = Array.from(merged.values()).sort(function (a, b) { return a.o - b.o; });
+        }
+        follow = true;
+        schedule();
+      },
+      render: schedule,
+    };
+  }
+
+  // ---- run page
+  function runPage() {
+    const dataEl = document.getElementById("run-data");
+    const data = JSON.parse(dataEl.textContent);
+    const runId = data.run_id;
+    const base = "/api/runs/" + encodeURIComponent(runId);
+    const timeline = document.getElementById("timeline");
+    const seqs = new Set();
+    timeline.querySelectorAll("li[data-seq]").forEach(function (li) { seqs.add(Number(li.dataset.seq)); });
+    const progress = data.progress.slice();
+    const gpuSeries = new Map();
+    const now = Date.now() / 1000;
+    (data.gpus || []).forEach(function (g) { gpuSeries.set(g.index, [[now, g.memory_used_mib || 0]]); });
+
+    function drawProgress() {
+      const sps = [], tps = [];
+      for (let i = 0; i < progress.length; i++) {
+        const p = progress[i];
+        if (typeof p.samples_per_s === "number") sps.push([p.at, p.samples_per_s]);
+        else if (i > 0 && typeof p.samples_done === "number" && typeof progress[i - 1].samples_done === "number" && p.at > progress[i - 1].at) {
+          sps.push([p.at, (p.samples_done - progress[i - 1].samples_done) / (p.at - progress[i - 1].at)]);
+        }
+        if (typeof p.tokens_per_s === "number") tps.push([p.at, p.tokens_per_s]);
+      }
+      drawChart(document.getElementById("chart-progress"), [
+        { points: sps, cls: "s1", label: "samples/s" }, { points: tps, cls: "s2", label: "tokens/s" },
+      ]);
+    }
+    function drawGpu() {
+      const series = [];
+      let i = 0;
+      gpuSeries.forEach(function (pts, idx) {
+        series.push({ points: pts.map(function (p) { return [p[0], p[1] / 1024]; }), cls: "s" + ((i++ % 4) + 1), label: "GPU " + idx });
+      });
+      drawChart(document.getElementById("chart-gpu"), series, " GiB");
+    }
+    drawProgress();
+    drawGpu();
+
+    function addMilestone(m) {
+      if (seqs.has(m.seq)) return;
+      seqs.add(m.seq);
+      const empty = timeline.querySelector("li.empty");
+      if (empty) empty.remove();
+      const li = el("li", "ms ms-" + m.kind);
+      li.dataset.seq = String(m.seq);
+      li.append(el("span", "t", since(m.at, data.t0)), " ", el("span", "kind", m.kind));
+      if (m.rank !== null && m.rank !== undefined) li.append(" ", el("span", "rank", "rank " + m.rank));
+      const fields = el("span", "fields");
+      Object.keys(m.fields || {}).forEach(function (k) {
+        if (k === "rule" || k === "processes") return;
+        const v = m.fields[k];
+        const f = el("span", "f");
+        f.append(el("b", null, k.replace(/_/g, " ")), " ", Array.isArray(v) ? v.join(", ") : typeof v === "object" ? JSON.stringify(v) : num(v));
+        fields.append(f);
+      });
+      li.append(" ", fields);
+      if (m.text) li.append(el("div", "text", m.text));
+      timeline.append(li);
+      timeline.scrollTop = timeline.scrollHeight;
+      document.getElementById("milestone-count").textContent = String(seqs.size);
+      window.__ew.milestones = seqs.size;
+      window.__ew.lastMilestoneAt = performance.now();
+      if ((m.kind === "progress" || m.kind === "throughput") && m.fields) {
+        const p = { at: m.at };
+        Object.keys(m.fields).forEach(function (k) { if (typeof m.fields[k] === "number") p[k] = m.fields[k]; });
+        progress.push(p);
+        drawProgress();
+      }
+    }
+    function onRun(r) {
+      setState(document.querySelector(".run-head"), r.state);
+      const pc = document.querySelector('#progress [data-field="progress"]');
+      if (pc) pc.replaceWith(progressNodes(r.progress));
+      if (TERMINAL.has(r.state)) {
+        const v = document.getElementById("verdict");
+        v.hidden = false;
+        v.className = "verdict verdict-" + r.state;
+        v.querySelector('[data-field="verdict-title"]').textContent = r.state.charAt(0).toUpperCase() + r.state.slice(1);
+        let reason = r.failure_reason || "";
+        if (r.exit) reason += " (exit " + (r.exit.code !== null && r.exit.code !== undefined ? r.exit.code : "signal " + r.exit.signal) + ")";
+        v.querySelector('[data-field="verdict-reason"]').textContent = reason;
+        const stop = document.getElementById("stop");
+        if (stop) stop.hidden = true;
+        if (r.ended_at) document.querySelector('[data-field="ended"]').textContent = new Date(r.ended_at * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+      }
+    }
+    const WORDS = {
+      unreadable: "file cannot be read (truncated, corrupt or unknown format)", missing_key: "a required tensor is missing",
+      hidden_dim_lost: "hidden dimension lost", layer_count_mismatch: "wrong number of captured layers",
+      hidden_size_mismatch: "hidden size differs from the model's", seq_len_mismatch: "hidden states and token ids differ in length",
+      dtype_unexpected: "unexpected data type", non_finite: "NaN or Inf values", all_zero: "hidden states are all zero",
+      index_gap: "missing file indices (gap)",
+    };
+    function onCheck(c) {
+      if (c.ok || !c.problems || !c.problems.length) return;
+      const tbody = document.querySelector("#checks tbody");
+      const empty = tbody.querySelector("tr.empty");
+      if (empty) empty.remove();
+      c.problems.forEach(function (p) {
+        const tr = el("tr", "bad");
+        tr.append(el("td", "path", p.file), el("td", null, WORDS[p.code] || String(p.code).replace(/_/g, " ")), el("td", null, p.message));
+        tbody.append(tr);
+      });
+    }
+    function onAlert(a) {
+      notify(a);
+      if (a.acked || a.muted) return;
+      const banner = document.getElementById("alert-banner");
+      const ul = banner.querySelector("ul");
+      if (ul.querySelector('li[data-alert="' + CSS.escape(String(a.id)) + '"]')) return;
+      const li = el("li");
+      li.dataset.alert = String(a.id);
+      li.append(el("strong", null, a.rule), " — " + String(a.message));
+      ul.append(li);
+      banner.hidden = false;
+    }
+    function onHost(h) {
+      gpuList(document.getElementById("gpu-now"), h.gpus);
+      const t = Date.now() / 1000;
+      (h.gpus || []).forEach(function (g) {
+        if (!gpuSeries.has(g.index)) gpuSeries.set(g.index, []);
+        const pts = gpuSeries.get(g.index);
+        pts.push([t, g.memory_used_mib || 0]);
+        if (pts.length > 2000) pts.shift();
+      });
+      drawGpu();
+    }
+
+    // log viewer
+    const log = LogView(document.getElementById("log"), document.getElementById("log-inner"), document.getElementById("log-info"));
+    const pauseBtn = document.getElementById("log-pause");
+    pauseBtn.hidden = false;
+    let paused = false;
+    pauseBtn.addEventListener("click", function () {
+      paused = !paused;
+      pauseBtn.textContent = paused ? "Resume" : "Pause";
+      log.setPaused(paused);
+    });
+    const form = document.getElementById("log-controls");
+    const qIn = document.getElementById("log-q");
+    const errIn = document.getElementById("log-errors");
+    function applyFilter() {
+      const f = { q: qIn.value.trim().toLowerCase(), errors: errIn.checked };
+      if (!f.q && !f.errors) { log.setFilter(null); return; }
+      const params = new URLSearchParams({ limit: "2000" });
+      if (f.q) params.set("q", qIn.value.trim());
+      if (f.errors) params.set("errors_only", "true");
+      fetch(base + "/log?" + params.toString(), { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : []; })
+        .then(function (lines) { log.setFilter(f, lines); })
+        .catch(function () { log.setFilter(f, []); });
+    }
+    form.addEventListener("submit", function (ev) { ev.preventDefault(); applyFilter(); });
+    errIn.addEventListener("change", applyFilter);
+    let qTimer = 0;
+    qIn.addEventListener("input", function () { clearTimeout(qTimer); qTimer = setTimeout(applyFilter, 250); });
+    if (qIn.value || errIn.checked) applyFilter();
+    else log.render();
+
+    // catch up what happened between rendering and the stream's start, then live
+    function catchUp() {
+      const after = Math.max(data.log_last, log.lastOffset());
+      fetch(base + "/log?after=" + encodeURIComponent(String(after)) + "&limit=5000", { credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : []; }).then(function (lines) { log.add(lines); }).catch(function () {});
+      fetch(base, { credentials: "same-origin" }).then(function (r) { return r.ok ? r.json() : null; }).then(function (run) {
+        if (!run) return;
+        run.milestones.forEach(addMilestone);
+        run.alerts.forEach(onAlert);
+        onRun(run);
+      }).catch(function () {});
+    }
+    connect(base + "/events?after=now", {
+      open: catchUp, milestone: addMilestone, run: onRun, check: onCheck, alert: onAlert, host: onHost,
+      log: function (d) { log.add(d.lines || []); },
+    });
+  }
+
+  if (page === "dashboard") dashboard();
+  else if (page === "run") runPage();
+  else if (page === "alerts") connect("/api/events?after=now", { alert: notify });
+  window.__ew.csrf = CSRF;
+})();
