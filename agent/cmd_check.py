@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
 from agent.outputs import CheckReport, Expectation, check_path, expectation_from_model
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_CANNOT_RUN = 0, 1, 2
+MAX_LINES = 50  # problems printed one per line; a run with the same fault in every file gets a summary
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,8 +74,12 @@ def render(report: CheckReport, root: Path, out: TextIO) -> None:
     """Human-readable report: a summary line, one line per problem, what was unchecked, notes, verdict."""
     fmt = f" ({report.format})" if report.format else ""
     out.write(f"{_safe(str(root))}: {report.files} file{'s' if report.files != 1 else ''} checked{fmt}\n")
-    for p in report.problems:
+    for p in report.problems[:MAX_LINES]:
         out.write(f"  {p.code:<21} {_safe(_rel(p.file, root))}: {_safe(p.message)}\n")
+    if len(report.problems) > MAX_LINES:
+        out.write(f"  … and {len(report.problems) - MAX_LINES} more (--json lists all)\n")
+        counts = Counter(p.code for p in report.problems)
+        out.write("problems by code: " + ", ".join(f"{c} × {n}" for c, n in counts.most_common()) + "\n")
     if report.unchecked:
         out.write(f"unchecked ({len(report.unchecked)}):\n")
         for f in report.unchecked[:20]:

@@ -54,7 +54,9 @@ def _print_table(milestones: Iterator[Milestone], out: TextIO) -> int:
         kind = f"{m.kind}:{m.fields['class']}" if m.kind == "error" and "class" in m.fields else m.kind
         rule = str(m.fields.get("rule", "-"))
         fields = {k: v for k, v in m.fields.items() if k not in ("ranks", "class")}
-        out.write(f"{m.line:>7}  {kind:<21} {'-' if rank is None else rank!s:<9} {rule:<26} {_summary(fields)}\n")
+        out.write(
+            f"{m.line:>7}  {kind:<21} {'-' if rank is None else rank!s:<9} {rule:<26} {_summary(fields)}\n"
+        )
         count += 1
     out.write(f"{count} milestone(s)\n")
     return count
@@ -66,7 +68,9 @@ def run(argv: list[str]) -> int:
     parser.add_argument("logfile", type=Path, help="the log file (e.g. runs/<id>/output.log)")
     parser.add_argument("--rules", type=Path, action="append", default=[], help="extra rule file (TOML/JSON)")
     parser.add_argument("--json", action="store_true", help="one JSON object a line")
-    parser.add_argument("--tp", type=int, default=None, help="tensor-parallel size (closes rank groups early)")
+    parser.add_argument(
+        "--tp", type=int, default=None, help="tensor-parallel size (closes rank groups early)"
+    )
     args = parser.parse_args(argv)
     if not args.logfile.is_file():
         what = "is a directory" if args.logfile.is_dir() else "no such file"

@@ -18,9 +18,9 @@ from agent.connection import Connection, OpError
 from agent.journal import Journal
 from agent.paths import RunPaths, atomic_write_json, run_paths, runs_dir, valid_run_id
 from agent.procfs import boot_id
-from agent.rules import RuleError, load_rules
 from agent.protocol import ErrorCode
-from agent.tail import Inotify
+from agent.rules import RuleError, load_rules
+from agent.tail import POLL_INTERVAL_S, Inotify
 from agent.watch import RunWatcher
 
 log = logging.getLogger("eaglewatch.agent")
@@ -60,9 +60,13 @@ class Daemon:
         os.write(self._lock_fd, f"{os.getpid()}\n".encode())
         loop = asyncio.get_running_loop()
         try:
+            if os.environ.get(
+                "EAGLEWATCH_AGENT_NO_INOTIFY"
+            ):  # exercise the fallback (tests, odd filesystems)
+                raise OSError("disabled by EAGLEWATCH_AGENT_NO_INOTIFY")
             self.inotify = Inotify(loop)
         except OSError as exc:
-            log.warning("inotify unavailable (%s): polling every 0.2 s", exc)
+            log.warning("inotify unavailable (%s): polling every %.1f s", exc, POLL_INTERVAL_S)
         for entry in sorted(runs_dir(self.state_dir).iterdir()):
             if entry.is_dir() and valid_run_id(entry.name) and (entry / "spec.json").exists():
                 self._adopt(run_paths(self.state_dir, entry.name))
@@ -268,6 +272,10 @@ def launch_argv(run: str, spec: Any, state_dir: Path) -> tuple[list[str], dict[s
             )
         return list(cmd), dict(env)
     spec_file = run_paths(state_dir, run).spec
+    # The job imports the very agent package this daemon runs (and vLLM's workers its worker extension).
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    inherited = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    env = {**env, "PYTHONPATH": pkg_root + (os.pathsep + inherited if inherited else "")}
     return [sys.executable, "-m", "agent", "extract", "--spec", str(spec_file)], dict(env)
 
 

@@ -127,13 +127,15 @@ def stop(
 
     def hit(sig: signal.Signals) -> list[int]:
         targets = run_processes(paths.run, job, exclude)
+        for pid in targets:  # recorded before signalling: the group signal may end them before we look
+            killed.setdefault(pid, {"pid": pid, "cmdline": procfs.cmdline(pid), "signal": sig.name})[
+                "signal"
+            ] = sig.name
         if job and job_alive(job):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(job["pid"], sig)
         for pid in targets:
-            cmd = procfs.cmdline(pid)
-            if _signal(pid, sig) or pid in killed:
-                killed.setdefault(pid, {"pid": pid, "cmdline": cmd, "signal": sig.name})["signal"] = sig.name
+            _signal(pid, sig)
         return targets
 
     hit(signal.SIGTERM)

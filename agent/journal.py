@@ -53,20 +53,31 @@ class Journal:
 
     def append(self, event: dict[str, Any]) -> dict[str, Any]:
         """Give ``event`` the next seq and a timestamp, write it durably, then tell the listeners."""
-        full = {"seq": self.last_seq + 1, "ts": round(time.time(), 3), **event}
-        data = json.dumps(full, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+        return self.append_many([event])[0]
+
+    def append_many(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Append ``events`` with consecutive seqs, one write and one fsync; then tell the listeners."""
+        ts = round(time.time(), 3)
+        full = [{"seq": self.last_seq + 1 + i, "ts": ts, **ev} for i, ev in enumerate(events)]
+        data = b"".join(
+            json.dumps(ev, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n" for ev in full
+        )
+        if self._fd < 0:  # closed while the run sat idle in a terminal state
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         view = memoryview(data)
         while view:
             n = os.write(self._fd, view)
             view = view[n:]
         os.fsync(self._fd)
-        self.last_seq = full["seq"]
-        for listener in list(self._listeners):
-            listener(full)
+        if full:
+            self.last_seq = full[-1]["seq"]
+        for ev in full:
+            for listener in list(self._listeners):
+                listener(ev)
         return full
 
     def close(self) -> None:
-        """Close the file descriptor."""
+        """Close the file descriptor (a later append opens it again)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

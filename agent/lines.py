@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import add
 
 DEFAULT_MAX_LINE_BYTES = 65536
 
@@ -35,6 +37,22 @@ class Line:
     offset: int
     text: str
     truncated: bool = False
+
+
+# Building a frozen dataclass goes through object.__setattr__ per field; the hot loop fills the slots
+# directly instead (same object, about twice as fast to build).
+_new_object = object.__new__
+_set_offset = vars(Line)["offset"].__set__
+_set_text = vars(Line)["text"].__set__
+_set_truncated = vars(Line)["truncated"].__set__
+
+
+def _plain_line(offset: int, text: str) -> Line:
+    line = _new_object(Line)
+    _set_offset(line, offset)
+    _set_text(line, text)
+    _set_truncated(line, False)
+    return line
 
 
 def strip_ansi(text: str) -> str:
@@ -112,6 +130,29 @@ class LineSplitter:
                 self._buf += piece[:room]
             self._dropped += len(piece) - max(room, 0)
 
+    def _complete_lines(self, data: bytes, parts: list[bytes], cur: int, tail: int, out: list[Line]) -> int:
+        """Append parts[1:] (complete, \n-terminated, starting at ``cur``) to ``out``; return the next offset."""
+        cap = self.max_line_bytes
+        if data.isascii() and b"\x1b" not in data:
+            # Plain ASCII: decode the whole run of lines at once; byte offsets equal character offsets.
+            texts = data[len(parts[0]) + 1 : len(data) - tail - 1].decode("ascii").split("\n")
+            if max(map(len, texts)) <= cap:
+                n = len(texts)
+                offsets = map(add, accumulate(map(len, texts), initial=0), range(cur, cur + n))
+                out.extend(map(_plain_line, offsets, texts))
+                return cur + sum(map(len, texts)) + n
+        append = out.append
+        for p in parts[1:]:
+            if len(p) > cap:
+                append(self._make(cur, p, 0))
+            else:
+                t = p.decode("utf-8", "replace")
+                if "\x1b" in t:
+                    t = _ANSI_RE.sub("", t)
+                append(_plain_line(cur, t))
+            cur += len(p) + 1
+        return cur
+
     def feed(self, data: bytes) -> list[Line]:
         """Consume a chunk; return the lines it completed, in order."""
         out: list[Line] = []
@@ -140,22 +181,14 @@ class LineSplitter:
                 raw, dropped = self._take_partial(first)
                 out.append(make(self._start, raw, dropped))
                 cur = base + len(first) + 1
-                append = out.append
-                for p in parts[1:] if len(parts) > 1 else ():
-                    if len(p) > cap:
-                        append(make(cur, p, 0))
-                    else:
-                        t = p.decode("utf-8", "replace")
-                        if "\x1b" in t:
-                            t = _ANSI_RE.sub("", t)
-                        append(Line(cur, t, False))
-                    cur += len(p) + 1
+                if len(parts) > 1:
+                    cur = self._complete_lines(data, parts, cur, len(last), out)
                 self._start = cur
             self._append_partial(last)
             return out
         cur = 0
         n = len(data)
-        first = True
+        is_first = True
         for m in _EOL_RE.finditer(data):
             piece = data[cur : m.start()]
             if m.end() == n and m.group() == b"\r":
@@ -163,10 +196,10 @@ class LineSplitter:
                 self._append_partial(piece)
                 self._cr = True
                 return out
-            if first:
+            if is_first:
                 raw, dropped = self._take_partial(piece)
                 out.append(make(self._start, raw, dropped))
-                first = False
+                is_first = False
             else:
                 out.append(make(base + cur, piece, 0))
             cur = m.end()

@@ -123,6 +123,7 @@ def _layer_hint(got: int, want: int) -> str:
 
 
 def float_check(file: str, key: str, dtype: str) -> list[Problem]:
+    """dtype_unexpected unless key's dtype is one a model computes in (BF16, F16, F32)."""
     d = canonical_dtype(dtype)
     if d in FLOAT_DTYPES:
         return []
@@ -139,6 +140,7 @@ def _int_check(file: str, key: str, dtype: str) -> list[Problem]:
 def token_count(
     file: str, key: str, shape: tuple[int, ...], dtype: str | None
 ) -> tuple[int | None, list[Problem]]:
+    """The number of tokens T of a [T] (or [1, T]) id tensor, with problems when it is not one."""
     problems = _int_check(file, key, dtype) if dtype is not None else []
     if len(shape) == 2 and shape[0] == 1:
         shape = shape[1:]  # a batch axis of 1 is harmless
@@ -153,6 +155,7 @@ def token_count(
 
 
 def squeeze_batch(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Drop a leading batch axis of 1 from a 3-axis shape ([1, T, H] -> [T, H])."""
     return shape[1:] if len(shape) == 3 and shape[0] == 1 else shape
 
 

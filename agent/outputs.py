@@ -2,8 +2,10 @@
 
 How it works: a file's format comes from its name (hs_N / *.safetensors, data_N.pt, data_N.ckpt[.gz]) or,
 for other names, its first bytes. safetensors files are checked from the header alone (stdlib); torch files
-are loaded with torch when it is importable, else listed as unchecked. With deep=True, hidden states are
-scanned for NaN/Inf and all-zero layers (numpy, else torch; skipped with a note when neither is there).
+are loaded with torch when it is importable, else listed as unchecked; *.safetensors.zst files need the
+optional zstandard package (else unchecked) and are decompressed end to end (truncation shows at the end).
+With deep=True, hidden states are scanned for NaN/Inf and all-zero layers (numpy, else torch; skipped with
+a note when neither is there).
 The rules themselves are pure (agent.output_shapes, agent.output_formats); this module does the I/O.
 
 Report semantics: ``ok`` is True only when at least one file was checked and no problem was found — a run
@@ -16,13 +18,22 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import tensorfiles
+from agent import tensorfiles, zstfiles
+from agent.output_dirs import (
+    CAPTURE,
+    index_gaps,
+    is_capture_file,
+    is_locked,
+    length_problem,
+    read_sample_lengths,
+    walk,
+)
 from agent.output_formats import EAGLE, SAFETENSORS, SPECFORGE, SPECULATORS_PT, check_sample, classify
 from agent.output_shapes import (
     Expectation,
@@ -32,7 +43,7 @@ from agent.output_shapes import (
     missing_keys,
     value_problems,
 )
-from agent.safetensors_header import HeaderError, read_header
+from agent.safetensors_header import Header, HeaderError, read_header
 
 __all__ = [
     "CheckReport",
@@ -42,14 +53,12 @@ __all__ = [
     "check_path",
     "check_shapes",
     "expectation_from_model",
+    "index_gaps",
     "is_capture_file",
 ]
 
-_CAPTURE = re.compile(
-    r"^(?:(?P<hs>hs)_(?P<hs_i>\d+)\.safetensors|(?P<data>data)_(?P<data_i>\d+)\.(?P<ext>pt|ckpt|ckpt\.gz)"
-    r"|[^/]+\.safetensors)$"
-)
 _NO_TORCH = "torch is not importable (needed for .pt/.ckpt files)"
+_NO_ZSTD = "zstandard is not importable (needed for .safetensors.zst files)"
 _NO_VALUES = "value checks (NaN/Inf, all-zero) skipped: neither numpy nor torch is importable"
 
 
@@ -81,24 +90,8 @@ class _Result:
     format: str | None
     problems: list[Problem] = field(default_factory=list)
     unchecked: str | None = None  # the reason, when the file could not be checked
+    tokens: int | None = None  # T, for the cross-check against sample_lengths.json
     notes: list[str] = field(default_factory=list)
-
-
-def is_capture_file(name: str) -> bool:
-    """True for file names a capture run writes: hs_N/*.safetensors, data_N.pt, data_N.ckpt[.gz]."""
-    base = os.path.basename(name)
-    return not base.startswith(".") and _CAPTURE.match(base) is not None
-
-
-def _family(name: str) -> tuple[str, int] | None:
-    m = _CAPTURE.match(name)
-    if m is None:
-        return None
-    if m["hs"]:
-        return "hs_{}.safetensors", int(m["hs_i"])
-    if m["data"]:
-        return "data_{}." + ("pt" if m["ext"] == "pt" else "ckpt"), int(m["data_i"])
-    return None
 
 
 def find_hidden_size(config: dict[str, Any]) -> int | None:
@@ -136,23 +129,38 @@ def _unreadable(file: str, fmt: str | None, message: str) -> _Result:
     return _Result(fmt, [Problem("unreadable", file, message)])
 
 
+def _tokens(shape: tuple[int, ...]) -> int | None:
+    return shape[-1] if len(shape) == 1 or (len(shape) == 2 and shape[0] == 1) else None
+
+
+def _header_problems(file: str, header: Header, expect: Expectation) -> list[Problem]:
+    tensors = header.tensors
+    problems = missing_keys(file, tensors, ("token_ids", "hidden_states"))
+    if problems:
+        return problems
+    tok, hs = tensors["token_ids"], tensors["hidden_states"]
+    return check_shapes(file, tok.shape, hs.shape, hs.dtype, expect, token_dtype=tok.dtype)
+
+
+def _scannable(header: Header) -> bool:
+    hs = header.tensors.get("hidden_states")
+    return hs is not None and hs.dtype in ("BF16", "F16", "F32") and math.prod(hs.shape) > 0
+
+
 def _check_safetensors(path: Path, expect: Expectation, deep: bool) -> _Result:
     file = str(path)
     try:
         header = read_header(path)
     except HeaderError as e:
         return _unreadable(file, SAFETENSORS, f"not a valid safetensors file: {e}")
-    tensors = header.tensors
-    problems = missing_keys(file, tensors, ("token_ids", "hidden_states"))
-    if problems:
-        return _Result(SAFETENSORS, problems)
-    tok, hs = tensors["token_ids"], tensors["hidden_states"]
-    problems = check_shapes(file, tok.shape, hs.shape, hs.dtype, expect, token_dtype=tok.dtype)
-    result = _Result(SAFETENSORS, problems)
-    if deep and hs.dtype in ("BF16", "F16", "F32") and math.prod(hs.shape) > 0:
+    result = _Result(SAFETENSORS, _header_problems(file, header, expect))
+    if "token_ids" in header.tensors:
+        result.tokens = _tokens(header.tensors["token_ids"].shape)
+    if deep and _scannable(header):
         if tensorfiles.value_backend() is None:
             result.notes.append(_NO_VALUES)
             return result
+        hs = header.tensors["hidden_states"]
         try:
             stats = tensorfiles.scan_safetensors(
                 path, header.data_start + hs.begin, hs.end - hs.begin, hs.shape, hs.dtype
@@ -161,6 +169,24 @@ def _check_safetensors(path: Path, expect: Expectation, deep: bool) -> _Result:
             result.problems.append(Problem("unreadable", file, str(e)))
         else:
             result.problems += value_problems(file, "hidden_states", stats)
+    return result
+
+
+def _check_zst(path: Path, expect: Expectation, deep: bool) -> _Result:
+    file = str(path)
+    if tensorfiles.optional_module("zstandard") is None:
+        return _Result(SAFETENSORS, unchecked=_NO_ZSTD)
+    try:
+        header, stats = zstfiles.read_zst(path, deep)
+    except HeaderError as e:
+        return _unreadable(file, SAFETENSORS, f"not a valid zstd-compressed safetensors file: {e}")
+    result = _Result(SAFETENSORS, _header_problems(file, header, expect))
+    if "token_ids" in header.tensors:
+        result.tokens = _tokens(header.tensors["token_ids"].shape)
+    if stats is not None:
+        result.problems += value_problems(file, "hidden_states", stats)
+    elif deep and _scannable(header):
+        result.notes.append(_NO_VALUES)
     return result
 
 
@@ -203,9 +229,15 @@ def _check_torch(path: Path, expect: Expectation, deep: bool) -> _Result:
         return _unreadable(file, guess, str(e))
     fmt = classify(path.name, set(sample))
     result = _Result(fmt, check_sample(file, fmt, sample, expect))
+    ids = sample.get("input_ids")
+    if isinstance(ids, TensorMeta):
+        result.tokens = _tokens(ids.shape)
     if deep:
-        for key, layers in _value_layers(fmt, obj):
-            result.problems += value_problems(file, key, tensorfiles.torch_layer_stats(layers))
+        try:
+            for key, layers in _value_layers(fmt, obj):
+                result.problems += value_problems(file, key, tensorfiles.torch_layer_stats(layers))
+        except Exception as e:  # e.g. sparse tensors: torch cannot scan them like dense ones
+            result.notes.append(f"{file}: value scan skipped: {type(e).__name__}: {str(e)[:120]}")
     return result
 
 
@@ -214,13 +246,15 @@ def _sniff(path: Path, expect: Expectation, deep: bool) -> _Result:
         head = f.read(8)
     if head.startswith((tensorfiles.GZIP_MAGIC, *tensorfiles.TORCH_MAGIC)):
         return _check_torch(path, expect, deep)
+    if head.startswith(zstfiles.ZSTD_MAGIC):
+        return _check_zst(path, expect, deep)
     try:
         read_header(path)
     except HeaderError as e:
         return _unreadable(
             str(path),
             None,
-            f"unknown format: it starts with {head!r}, neither a torch file (zip, pickle, gzip) "
+            f"unknown format: it starts with {head!r}, neither a torch file (zip, pickle, gzip), zstd, "
             f"nor safetensors ({e})",
         )
     return _check_safetensors(path, expect, deep)
@@ -228,13 +262,18 @@ def _sniff(path: Path, expect: Expectation, deep: bool) -> _Result:
 
 def _check_file(path: Path, expect: Expectation, deep: bool, locked: bool) -> _Result:
     name = path.name
-    fmt = SAFETENSORS if name.endswith(".safetensors") else None
+    fmt = SAFETENSORS if name.endswith((".safetensors", ".safetensors.zst")) else None
     if locked:
         return _Result(fmt, unchecked="still being written (a .lock file is beside it)")
     try:
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):  # a FIFO or device named like a capture file would block or mislead
+            return _unreadable(str(path), fmt, "not a regular file")
         if name.endswith(".safetensors"):
             return _check_safetensors(path, expect, deep)
-        if _CAPTURE.match(name):
+        if name.endswith(".safetensors.zst"):
+            return _check_zst(path, expect, deep)
+        if CAPTURE.match(name):
             return _check_torch(path, expect, deep)
         return _sniff(path, expect, deep)
     except FileNotFoundError:
@@ -243,80 +282,31 @@ def _check_file(path: Path, expect: Expectation, deep: bool, locked: bool) -> _R
         return _unreadable(str(path), fmt, f"cannot read the file: {e.strerror or e}")
 
 
-def _lock_names(name: str) -> tuple[str, str]:
-    return name + ".lock", name.split(".", 1)[0] + ".lock"
-
-
-def _walk(root: Path) -> list[tuple[Path, bool]]:
-    found: list[tuple[Path, bool]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        names = set(filenames)
-        for name in sorted(filenames, key=_natural):
-            if is_capture_file(name):
-                found.append((Path(dirpath) / name, any(lk in names for lk in _lock_names(name))))
-    return found
-
-
-def _natural(name: str) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def _ranges(missing: list[int], family: str) -> str:
-    spans: list[tuple[int, int]] = []
-    for i in missing:
-        if spans and spans[-1][1] == i - 1:
-            spans[-1] = (spans[-1][0], i)
-        else:
-            spans.append((i, i))
-    prefix = family.split("{}")[0]
-    words = [f"{prefix}{a}" if a == b else f"{prefix}{a}–{prefix}{b}" for a, b in spans[:10]]
-    return ", ".join(words) + (f", … ({len(spans) - 10} more ranges)" if len(spans) > 10 else "")
-
-
-def index_gaps(root: str, names: list[str]) -> list[Problem]:
-    """index_gap problems for holes between the lowest and highest hs_N / data_N index (pure)."""
-    families: dict[str, set[int]] = {}
-    for name in names:
-        fam = _family(os.path.basename(name))
-        if fam is not None:
-            families.setdefault(fam[0], set()).add(fam[1])
-    problems = []
-    for family, ids in sorted(families.items()):
-        lo, hi = min(ids), max(ids)
-        missing = [i for i in range(lo, hi + 1) if i not in ids]
-        if missing:
-            span = f"{family.format(lo)} … {family.format(hi)}"
-            problems.append(
-                Problem(
-                    "index_gap",
-                    root,
-                    f"index gap: {len(missing)} file{'s' if len(missing) > 1 else ''} missing in {span}: "
-                    + _ranges(missing, family),
-                )
-            )
-    return problems
-
-
 def check_path(path: str | Path, expect: Expectation = Expectation(), deep: bool = True) -> CheckReport:  # noqa: B008
     """Check one capture file or every capture file under a directory; see the module docstring for `ok`."""
     p = Path(path)
-    if p.is_dir():
-        entries = _walk(p)
-        gaps = index_gaps(str(p), [str(f) for f, _ in entries])
-    elif p.exists():
-        entries = [(p, any((p.parent / lk).exists() for lk in _lock_names(p.name)))]
-        gaps = []
+    try:
+        is_dir = stat.S_ISDIR(os.stat(p).st_mode)
+    except OSError as e:
+        return CheckReport(False, 0, None, [], [str(p)], [f"{p}: {(e.strerror or 'cannot be read').lower()}"])
+    lengths, lengths_note = read_sample_lengths(p if is_dir else p.parent)
+    notes: list[str] = [lengths_note] if lengths_note else []
+    if is_dir:
+        entries = walk(p)
+        gaps = index_gaps(str(p), [str(f) for f, _ in entries], listed=lengths.keys())
     else:
-        return CheckReport(False, 0, None, [], [str(p)], [f"{p}: no such file or directory"])
+        entries = [(p, is_locked(p))]
+        gaps = []
     problems: list[Problem] = []
     unchecked: list[str] = []
     reasons: Counter[str] = Counter()
-    notes: list[str] = []
     formats: set[str] = set()
     checked = 0
     for file, locked in entries:
-        r = _check_file(file, expect, deep, locked)
+        try:
+            r = _check_file(file, expect, deep, locked)
+        except Exception as e:  # a hostile file must not take the checker (or the daemon's sweep) down
+            r = _Result(None, unchecked=f"checker error: {type(e).__name__}: {str(e)[:200]}")
         if r.format:
             formats.add(r.format)
         if r.unchecked is not None:
@@ -325,6 +315,8 @@ def check_path(path: str | Path, expect: Expectation = Expectation(), deep: bool
             continue
         checked += 1
         problems += r.problems
+        if lengths:
+            problems += length_problem(str(file), r.tokens, lengths)
         notes += [n for n in r.notes if n not in notes]
     problems += gaps
     notes += [f"{n} file{'s' if n > 1 else ''} unchecked: {why}" for why, n in reasons.items()]

@@ -60,12 +60,14 @@ BUILTIN_FILES = ("vllm.toml", "errors.toml", "eaglewatch.toml")
 
 
 class RuleError(ValueError):
-    """A rule that cannot be used; names the source, the rule index and the field."""
+    """A rule that cannot be used; names the source, the rule's index (0-based) and name, and the field."""
 
-    def __init__(self, source: str, index: int | None, field_name: str | None, message: str) -> None:
+    def __init__(
+        self, source: str, index: int | None, field_name: str | None, message: str, name: str | None = None
+    ) -> None:
         where = source
         if index is not None:
-            where += f": rule #{index}"
+            where += f": rule[{index}]" + (f" {name!r}" if name else "")
         if field_name:
             where += f": field '{field_name}'"
         super().__init__(f"{where}: {message}")
@@ -73,6 +75,7 @@ class RuleError(ValueError):
         self.index = index
         self.field = field_name
         self.message = message
+        self.name = name
 
 
 _NUM_RE = re.compile(r"[-+]?(?:\d[\d,_ ]*)?\.?\d+(?:[eE][-+]?\d+)?")
@@ -164,10 +167,8 @@ class RuleSet:
         return [r.name for r in self.rules]
 
 
-_KEYS = {
-    "name", "kind", "contains", "words", "regex", "fields", "set", "per_rank", "class", "severity", "once", "marker",
-    "enabled",
-}  # fmt: skip
+_KEYS = {"name", "kind", "contains", "words", "regex", "fields", "set", "per_rank", "class", "severity"}
+_KEYS |= {"once", "marker", "enabled"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
 
 
@@ -182,8 +183,10 @@ def validate_rule(raw: Any, source: str, index: int) -> Rule:
     if not isinstance(raw, dict):
         raise RuleError(source, index, None, f"a rule must be a table/object, got {type(raw).__name__}")
 
+    rule_name = raw.get("name") if isinstance(raw.get("name"), str) else None
+
     def err(field_name: str | None, message: str) -> RuleError:
-        return RuleError(source, index, field_name, message)
+        return RuleError(source, index, field_name, message, rule_name)
 
     unknown = sorted(set(raw) - _KEYS)
     if unknown:
@@ -217,7 +220,9 @@ def validate_rule(raw: Any, source: str, index: int) -> Rule:
         raise err("fields", "must be a table mapping group names to conversions")
     for group, conv in fields.items():
         if conv not in CONVERTERS:
-            raise err("fields", f"group {group!r}: unknown conversion {conv!r} (known: {', '.join(CONVERTERS)})")
+            raise err(
+                "fields", f"group {group!r}: unknown conversion {conv!r} (known: {', '.join(CONVERTERS)})"
+            )
         if group not in regex.groupindex:
             raise err("fields", f"group {group!r} is not a named group of the regex")
     consts = raw.get("set", {})

@@ -2,13 +2,13 @@
 
 How it works
 ------------
-Each line goes through a cheap gate first (``_Gate``: a split into words and one set test, derived from
-every rule's literal ``contains`` prefilter and ``Traceback (most recent call last)``).  Most lines stop
-there.  A
-line that passes is parsed into process prefix (``(Worker_TP3 pid=7) ``, ``(VllmWorker rank=3 pid=7) ``,
-``(EngineCore_DP0 pid=7) ``…; the TP rank becomes ``Milestone.rank``), log header (new
-``INFO 02-21 22:48:03 [file.py:12] `` or old ``INFO 02-21 22:48:03 file.py:12] ``) and message; rules are
-tried in order on the message and the first match wins (agent/rulefile.py describes the schema).
+Each line goes through a cheap gate first (``agent.logline.Gate``: a split into words and one set test,
+derived from every rule's ``words`` and ``contains`` prefilters and ``Traceback (most recent call last)``).
+Most lines stop there.  A line that passes is parsed into process prefix (``(Worker_TP3 pid=7) ``,
+``(VllmWorker rank=3 pid=7) ``, ``(EngineCore_DP0 pid=7) ``…; the TP rank becomes ``Milestone.rank``),
+log header (new ``INFO 02-21 22:48:03 [file.py:12] `` or old ``INFO 02-21 22:48:03 file.py:12] ``) and
+message; rules are tried in order on the message and the first match wins (agent/rulefile.py describes
+the schema).
 
 Rank dedupe: a ``per_rank`` rule's milestone opens a group keyed by the rule name.  The same rule matching
 in another process (another rank) joins the group; the group closes — one milestone, ``rank`` null,
@@ -39,7 +39,17 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agent.rulefile import KINDS, Rule, RuleError, RuleSet, convert, load_rules, read_rule_file, validate_rules
+from agent.logline import Gate, ParsedLine, parse_line
+from agent.rulefile import (
+    KINDS,
+    Rule,
+    RuleError,
+    RuleSet,
+    convert,
+    load_rules,
+    read_rule_file,
+    validate_rules,
+)
 
 __all__ = [
     "Milestone", "MilestoneEngine", "ParsedLine", "Rule", "RuleError", "RuleSet", "load_rules", "parse_line",
@@ -47,15 +57,9 @@ __all__ = [
 ]  # fmt: skip
 
 TRACEBACK_START = "Traceback (most recent call last)"
-DEFAULT_WINDOW = 500
+DEFAULT_WINDOW = 200
 MAX_TRACEBACK_LINES = 1000
 
-_PREFIX_RE = re.compile(r"\((?P<proc>[A-Za-z][\w.-]*)(?: rank=(?P<rank>\d+))? pid=(?P<pid>\d+)\) ")
-_HEADER_RE = re.compile(
-    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
-    r"\[?(?P<src>[^\s\]]+:\d+)\] ?"
-)
-_TP_RE = re.compile(r"_TP(\d+)|-(\d+)$")
 _FRAME_RE = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<lineno>\d+)(?:, in (?P<func>.+))?')
 _EXC_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
@@ -73,43 +77,18 @@ class Milestone:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``eaglewatch-agent milestones --json`` shape."""
-        return {"kind": self.kind, "line": self.line, "rank": self.rank, "fields": self.fields, "text": self.text}
+        return {
+            "kind": self.kind,
+            "line": self.line,
+            "rank": self.rank,
+            "fields": self.fields,
+            "text": self.text,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Milestone:
         """Inverse of to_dict."""
         return cls(d["kind"], d["line"], d["rank"], dict(d["fields"]), d["text"])
-
-
-@dataclass(frozen=True)
-class ParsedLine:
-    """A log line cut into process prefix, rank, level, source and message."""
-
-    proc: str  # "Worker_TP3 pid=7", "" without a prefix
-    rank: int | None
-    level: str | None
-    source: str | None
-    message: str
-
-
-def parse_line(text: str) -> ParsedLine:
-    """Split a (stripped) vLLM log line into prefix, header and message."""
-    proc, rank, pos = "", None, 0
-    m = _PREFIX_RE.match(text)
-    if m:
-        name = m.group("proc")
-        proc = f"{name} pid={m.group('pid')}"
-        if m.group("rank"):
-            rank = int(m.group("rank"))
-        else:
-            t = _TP_RE.search(name)
-            if t:
-                rank = int(t.group(1) or t.group(2))
-        pos = m.end()
-    h = _HEADER_RE.match(text, pos)
-    if h:
-        return ParsedLine(proc, rank, h.group("level"), h.group("src"), text[h.end() :])
-    return ParsedLine(proc, rank, None, None, text[pos:])
 
 
 @dataclass
@@ -132,69 +111,6 @@ class _Trace:
     state: str = "body"  # body | after_exc | chain
 
 
-def _anchor(literal: str) -> str | None:
-    """The longest whitespace-delimited word that every line containing ``literal`` must also contain."""
-    words = literal.split()
-    whole = [
-        w
-        for i, w in enumerate(words)
-        if (i > 0 or literal[:1].isspace()) and (i < len(words) - 1 or literal[-1:].isspace())
-    ]
-    return max(whole, key=len) if whole else None
-
-
-class _Gate:
-    """Cheap prefilter: one split into words and a set test per line, plus a few plain substring tests.
-
-    A rule's ``words`` are looked up directly; each ``contains`` literal is reduced to an anchor word (a
-    word of the literal bounded by whitespace inside it, so any line holding the literal holds that word
-    whole) and confirmed with ``in``; literals without one are tested with ``in`` on every line.
-    """
-
-    def __init__(self, rules: RuleSet) -> None:
-        self.by_word: dict[str, list[tuple[int, str | None]]] = {}
-        self.by_literal: dict[str, list[int]] = {}
-        self.always: list[int] = []
-        self.rules = rules.rules
-        for i, rule in enumerate(rules.rules):
-            if not rule.contains and not rule.words:
-                self.always.append(i)
-            for word in rule.words:
-                self.by_word.setdefault(word, []).append((i, None))
-            for lit in rule.contains:
-                anchor = _anchor(lit)
-                if anchor is None:
-                    self.by_literal.setdefault(lit, []).append(i)
-                else:
-                    self.by_word.setdefault(anchor, []).append((i, lit))
-        tb = _anchor(TRACEBACK_START)
-        assert tb is not None
-        self.by_word.setdefault(tb, [])
-        self.words = frozenset(self.by_word)
-        self.literals = tuple(self.by_literal)
-
-    def passes(self, text: str) -> bool:
-        """Whether ``text`` may match some rule (no false negatives)."""
-        if self.always or not self.words.isdisjoint(text.split()):
-            return True
-        for lit in self.literals:
-            if lit in text:
-                return True
-        return False
-
-    def candidates(self, text: str) -> list[Rule]:
-        """The rules whose prefilter ``text`` passes, in rule order."""
-        idx = set(self.always)
-        for word in self.words.intersection(text.split()):
-            for i, lit in self.by_word[word]:
-                if lit is None or lit in text:
-                    idx.add(i)
-        for lit, rules in self.by_literal.items():
-            if lit in text:
-                idx.update(rules)
-        return [self.rules[i] for i in sorted(idx)]
-
-
 class MilestoneEngine:
     """Turns one already-split line at a time into milestones; see the module docstring."""
 
@@ -202,7 +118,7 @@ class MilestoneEngine:
         self.rules = rules
         self.world_size = world_size
         self.window = window
-        self._gate = _Gate(rules)
+        self._gate = Gate(rules, (TRACEBACK_START,))
         self._gate_words = self._gate.words
         self._gate_literals = self._gate.literals
         self._error_rules = [r for r in rules.rules if r.kind == "error"]

@@ -70,6 +70,10 @@ def header_length(prefix: bytes, file_size: int) -> int:
         raise HeaderError(
             f"file is {file_size} byte{'s' if file_size != 1 else ''}: too short for the 8-byte header length"
         )
+    if len(prefix) < 8:
+        raise HeaderError(
+            f"data ended after {len(prefix)} bytes, inside the 8-byte header length (truncated?)"
+        )
     (n,) = struct.unpack("<Q", prefix[:8])
     if n > MAX_HEADER_BYTES:
         raise HeaderError(
@@ -147,6 +151,10 @@ def parse_header(header_bytes: bytes, file_size: int) -> Header:
         raw = json.loads(text, object_pairs_hook=_reject_duplicates)
     except json.JSONDecodeError as e:
         raise HeaderError(f"header is not valid JSON: {e.msg} at byte {e.pos}") from None
+    except RecursionError:
+        raise HeaderError("header JSON is nested too deeply to be a safetensors header") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise HeaderError(f"header JSON holds an impossible value: {e}") from None
     if not isinstance(raw, dict):
         raise HeaderError(f"header is a JSON {type(raw).__name__}, expected an object")
     metadata = raw.pop("__metadata__", {})

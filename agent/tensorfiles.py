@@ -8,7 +8,7 @@ import io
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agent.output_shapes import Described, TensorMeta, ValueStats, canonical_dtype
 
@@ -22,6 +22,12 @@ _BITS = {
     "F16": ("<u2", 2, 0x7C00, 0x7FFF),
     "F32": ("<u4", 4, 0x7F800000, 0x7FFFFFFF),
 }
+
+
+class Reader(Protocol):
+    """A binary stream that can fill a buffer (a file, a zstd stream reader)."""
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
 
 
 class LoadError(Exception):
@@ -38,7 +44,7 @@ def optional_module(name: str) -> Any | None:
     if mod is _MISSING:
         try:
             mod = importlib.import_module(name)
-        except ImportError:
+        except Exception:  # ImportError, or a broken install failing at import time: both mean "not usable"
             mod = None
         _modules[name] = mod
     return mod
@@ -221,12 +227,33 @@ class _TorchOps:
         return int(hit.sum().item()), int(self.torch.argmax(hit.to(self.torch.uint8)).item())
 
 
+def read_exact(f: Reader, view: memoryview) -> int:
+    """readinto until view is full or the stream ends (streams such as zstd readers return short reads)."""
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
 def scan_safetensors(path: Path, offset: int, nbytes: int, shape: tuple[int, ...], dtype: str) -> ValueStats:
-    """Scan one tensor's bytes (at absolute offset) for NaN/Inf and all-zero layers, chunk by chunk.
+    """Scan one tensor's bytes at an absolute file offset; see scan_stream.
+
+    Reads with readinto rather than np.memmap: a file truncated under us gives a short read (reported), not
+    a SIGBUS that would kill the process hosting this check.
+    """
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return scan_stream(f, nbytes, shape, dtype)
+
+
+def scan_stream(f: Reader, nbytes: int, shape: tuple[int, ...], dtype: str) -> ValueStats:
+    """Scan the next nbytes of f (one tensor) for NaN/Inf and all-zero layers, chunk by chunk.
 
     Works on the magnitude bits (sign masked off): NaN/Inf iff they reach the all-ones exponent, zero iff
-    they are 0 — one AND and one max per chunk. Reads with readinto rather than np.memmap: a file truncated
-    under us gives a short read (reported), not a SIGBUS that would kill the process hosting this check.
+    they are 0 — one AND and one max per chunk, no float conversion (so bf16 needs no bf16 type).
     """
     backend = value_backend()
     if backend is None:
@@ -246,26 +273,24 @@ def scan_safetensors(path: Path, offset: int, nbytes: int, shape: tuple[int, ...
     )
     nonzero = [False] * layers
     bad, first = 0, None
-    with open(path, "rb") as f:
-        f.seek(offset)
-        done = 0
-        while done < rows:
-            n = min(chunk_rows, rows - done)
-            got = f.readinto(memoryview(buf)[: n * row_bytes])
-            if got != n * row_bytes:
-                missing = nbytes - done * row_bytes - (got or 0)
-                raise LoadError(f"file ended {missing} bytes early while reading values (truncated?)")
-            mag = ops.magnitude(buf, n * row_elems, mag_mask)
-            if all(nonzero):
-                top = ops.max(mag)
-            else:  # only until every layer has shown a non-zero value: usually the first chunk
-                maxes = ops.layer_max(mag, n, layers)
-                nonzero = [seen or m > 0 for seen, m in zip(nonzero, maxes, strict=True)]
-                top = max(maxes)
-            if top >= exp_mask:
-                count, idx = ops.at_least(mag, exp_mask)
-                bad += count
-                if first is None:
-                    first = (done + idx // row_elems, (idx // per_layer) % layers)
-            done += n
+    done = 0
+    while done < rows:
+        n = min(chunk_rows, rows - done)
+        got = read_exact(f, memoryview(buf)[: n * row_bytes])
+        if got != n * row_bytes:
+            missing = nbytes - done * row_bytes - got
+            raise LoadError(f"file ended {missing} bytes early while reading values (truncated?)")
+        mag = ops.magnitude(buf, n * row_elems, mag_mask)
+        if all(nonzero):
+            top = ops.max(mag)
+        else:  # only until every layer has shown a non-zero value: usually the first chunk
+            maxes = ops.layer_max(mag, n, layers)
+            nonzero = [seen or m > 0 for seen, m in zip(nonzero, maxes, strict=True)]
+            top = max(maxes)
+        if top >= exp_mask:
+            count, idx = ops.at_least(mag, exp_mask)
+            bad += count
+            if first is None:
+                first = (done + idx // row_elems, (idx // per_layer) % layers)
+        done += n
     return ValueStats(layer_nonzero=tuple(nonzero), non_finite=bad, first_bad=first)

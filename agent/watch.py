@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -23,12 +24,13 @@ from agent.lines import LineSplitter
 from agent.paths import RunPaths, atomic_write_json, read_json
 from agent.rules import Milestone, MilestoneEngine, RuleError, load_rules
 from agent.runstate import RunSummary, final_state
-from agent.tail import Broadcast, Pulse, read_from
+from agent.tail import POLL_INTERVAL_S, Broadcast, Pulse, read_from
 
+log = logging.getLogger("eaglewatch.agent")
 READ_CHUNK = 1 << 20
 IDLE_FLUSH_S = 1.0
 OUTPUT_SCAN_S = 2.0
-LIVENESS_S = 2.0
+LIVENESS_S = 5.0  # a safety net: inotify reports exit.json the moment it appears
 CURSOR_EVERY_S = 0.5
 
 
@@ -59,12 +61,12 @@ class RunWatcher:
         self.summary = RunSummary.from_events(scan(journal.path))
         self.task: asyncio.Task[None] | None = None
         self._skip: Counter[tuple[Any, ...]] = Counter()
+        self._outbox: list[dict[str, Any]] = []
         self._recovered_checks: set[str] = set()
-        try:
-            self._rules = load_rules(extra=list(spec.get("rules") or []))
-        except (RuleError, TypeError):  # checked at launch; a spec edited on disk falls back to built-ins
-            self._rules = load_rules()
-        self._restore_cursor()
+        if self.summary.terminal is None:
+            self._restore_cursor()
+        else:  # an ended run only answers status and follow: no engine, no open file
+            journal.close()
         self._last_data = time.monotonic()
         self._flushed = True
         self._cursor_at = 0.0
@@ -102,6 +104,10 @@ class RunWatcher:
         }
 
     def _restore_cursor(self) -> None:
+        try:
+            self._rules = load_rules(extra=list(self.spec.get("rules") or []))
+        except (RuleError, TypeError):  # checked at launch; a spec edited on disk falls back to built-ins
+            self._rules = load_rules()
         cur = read_json(self.paths.cursor)
         cur = cur if isinstance(cur, dict) else {}
         self.offset = int(cur.get("offset", 0))
@@ -121,6 +127,8 @@ class RunWatcher:
                 self._recovered_checks.add(str(ev.get("file")))
 
     def _save_cursor(self, force: bool = False) -> None:
+        """Commit pending events, then (at most every CURSOR_EVERY_S unless forced) write the cursor."""
+        self._commit()
         now = time.monotonic()
         if not force and now - self._cursor_at < CURSOR_EVERY_S:
             return
@@ -144,13 +152,21 @@ class RunWatcher:
             self._append(ev)
 
     def _append(self, ev: dict[str, Any]) -> None:
+        """Queue an event for the journal unless it is one already journaled before a crash."""
         if ev.get("type") == "milestone":
             key = _milestone_key(ev)
             if self._skip[key] > 0:
                 self._skip[key] -= 1
                 self.summary.observe(ev)
                 return
-        self.summary.observe(self.journal.append(ev))
+        self._outbox.append(ev)
+
+    def _commit(self) -> None:
+        """Write the queued events (one fsync) and take them into the summary."""
+        if self._outbox:
+            events, self._outbox = self._outbox, []
+            for ev in self.journal.append_many(events):
+                self.summary.observe(ev)
 
     # --- the loop --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -164,41 +180,58 @@ class RunWatcher:
         self.log_changed.notify()
 
     async def _run(self) -> None:
-        last_scan = last_live = 0.0
-        suspect_lost = False
+        self._last_scan = self._last_live = 0.0
         try:
-            while True:
-                got_data = await self._pump()
-                now = time.monotonic()
-                if got_data:
-                    self._last_data, self._flushed = now, False
-                    if self.polling:
-                        self.log_changed.notify()
-                elif not self._flushed and now - self._last_data >= IDLE_FLUSH_S:
-                    self._journal_milestones(self.engine.flush())
-                    self._flushed = True
-                    self._save_cursor(force=True)
-                if now - last_scan >= OUTPUT_SCAN_S:
-                    last_scan = now
-                    await self._scan_outputs(final=False)
-                if self.paths.exit.exists():
-                    await self._finish()
-                    return
-                if now - last_live >= LIVENESS_S:
-                    last_live = now
-                    st = jobs.classify(self.paths)
-                    if st.status == "lost":
-                        if suspect_lost:  # twice in a row: not the window before exit.json is written
-                            await self._finish(lost=True)
-                            return
-                        suspect_lost = True
-                    else:
-                        suspect_lost = False
-                timeout = 0.2 if self.polling else (IDLE_FLUSH_S if not self._flushed else LIVENESS_S)
+            while not await self._step():
+                timeout = LIVENESS_S
+                if self.polling:
+                    timeout = POLL_INTERVAL_S
+                elif not self._flushed:
+                    timeout = IDLE_FLUSH_S
+                elif self._pending_files:
+                    timeout = OUTPUT_SCAN_S
                 await self.pulse.wait(timeout)
         finally:
             with contextlib.suppress(OSError):
                 self._save_cursor(force=True)
+
+    async def _step(self) -> bool:
+        """One look at the run; True once its final state is journaled.  A bug here must not end watching."""
+        try:
+            return await self._look()
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except Exception:
+            log.exception("watching run %s failed; retrying in 1 s", self.paths.run)
+            await asyncio.sleep(1.0)
+            return False
+
+    async def _look(self) -> bool:
+        got_data = await self._pump()
+        now = time.monotonic()
+        if got_data:
+            self._last_data, self._flushed = now, False
+            if self.polling:
+                self.log_changed.notify()
+        elif not self._flushed and now - self._last_data >= IDLE_FLUSH_S:
+            self._journal_milestones(self.engine.flush())
+            self._flushed = True
+            self._save_cursor(force=True)
+        if now - self._last_scan >= OUTPUT_SCAN_S:
+            self._last_scan = now
+            await self._scan_outputs(final=False)
+        if self.paths.exit.exists():
+            await self._finish()
+            return True
+        if now - self._last_live >= LIVENESS_S:
+            self._last_live = now
+            if jobs.classify(self.paths).status == "lost":
+                # Look again shortly: the job may have just ended with exit.json not yet renamed in place.
+                await asyncio.sleep(0.5)
+                if jobs.classify(self.paths).status == "lost":
+                    await self._finish(lost=True)
+                    return True
+        return False
 
     async def _pump(self) -> bool:
         """Feed what the log gained to the splitter and the engine; True when bytes were read."""
@@ -322,6 +355,7 @@ class RunWatcher:
         self._flushed = True
         self.log_changed.notify()
         await self._scan_outputs(final=True)
+        self._commit()
         if self.summary.terminal is None:
             stop_rec = read_json(self.paths.stop)
             exit_rec = None if lost else read_json(self.paths.exit)
@@ -347,6 +381,7 @@ class RunWatcher:
                 ev["exit"] = {"code": exit_rec.get("code"), "signal": exit_rec.get("signal")}
             self._append(ev)
         self._save_cursor(force=True)
+        self.journal.close()
         self.log_changed.notify()  # log followers flush the job's unterminated last line now
 
 

@@ -15,6 +15,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from controller.settings import Settings
@@ -131,8 +132,8 @@ def raise_alert(tx: Tx, draft: AlertDraft, *, cooldown_s: float, deliver: bool) 
     if recent:
         return None
     cur = tx.conn.execute(
-        "INSERT INTO alerts(run_id, host, rule, severity, message, created_at, dedupe_key, acked, muted, delivered)"
-        " VALUES (?,?,?,?,?,?,?,0,0,0)",
+        "INSERT INTO alerts(run_id, host, rule, severity, message, created_at, dedupe_key,"
+        " acked, muted, delivered) VALUES (?,?,?,?,?,?,?,0,0,0)",
         (draft.run_id, draft.host, draft.rule, draft.severity, draft.message, tx.now, draft.dedupe_key),
     )
     alert_id = int(cur.lastrowid or 0)
@@ -169,23 +170,20 @@ class OutboxWorker:
         delivered = 0
         for row in rows:
             # Claim the row first: another controller process (CLI + serve) may poll the same outbox.
-            claimed = await self.store.write(lambda tx, row=row: _claim(tx, row["id"], now))
+            claimed = await self.store.write(partial(_claim, outbox_id=row["id"], now=now))
             if not claimed:
                 continue
             ok, err = await self._send(row)
             delivered += ok
-            await self.store.write(lambda tx, row=row, ok=ok, err=err: self._record(tx, row, ok, err))
+            await self.store.write(partial(self._record, row=row, ok=ok, err=err))
         return delivered
 
     async def _send(self, row: dict[str, Any]) -> tuple[bool, str | None]:
-        import apprise  # heavy import, only where alerts are delivered
 
         urls = [u.get_secret_value() for u in self.settings.apprise_urls]
         if not urls:
             return False, "no apprise_urls configured"
-        ap = apprise.Apprise()
-        for url in urls:
-            ap.add(url)
+        ap = _apprise(urls)
         title = f"eaglewatch [{row['severity']}] {row['rule']}"
         try:
             ok = bool(await ap.async_notify(body=row["message"], title=title))
@@ -205,6 +203,21 @@ class OutboxWorker:
             "UPDATE outbox SET attempts=?, next_attempt_at=?, last_error=? WHERE id=?",
             (attempts, tx.now + delay, err, row["id"]),
         )
+
+
+def _apprise(urls: list[str]) -> Any:
+    """An Apprise object for ``urls``; apprise (heavy) is imported lazily, and its plugins, loaded on the
+    first ``add``, import stdlib modules deprecated in 3.11 (imghdr): silence that here only."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import apprise
+
+        ap = apprise.Apprise()
+        for url in urls:
+            ap.add(url)
+    return ap
 
 
 def _due(conn: Any, now: float) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -27,7 +27,9 @@ from controller.models import HostCreate
 from controller.settings import Settings
 
 T = TypeVar("T")
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Launch and watch hidden-state extraction runs.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Launch and watch hidden-state extraction runs."
+)
 hosts_app = typer.Typer(no_args_is_help=True, help="GPU hosts reached over SSH.")
 runs_app = typer.Typer(no_args_is_help=True, help="Extraction runs.")
 alerts_app = typer.Typer(no_args_is_help=True, help="Alerts.")
@@ -36,10 +38,24 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(alerts_app, name="alerts")
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-STATE_STYLE = {"running": "cyan", "completed": "green", "failed": "red", "stopped": "yellow", "lost": "red",
-               "unknown": "magenta", "pending": "dim", "starting": "blue"}
-MILESTONE_STYLE = {"error": "bold red", "failed": "bold red", "shape_check_failed": "bold red", "warning": "yellow",
-                   "completed": "bold green", "shape_check_passed": "green"}
+STATE_STYLE = {
+    "running": "cyan",
+    "completed": "green",
+    "failed": "red",
+    "stopped": "yellow",
+    "lost": "red",
+    "unknown": "magenta",
+    "pending": "dim",
+    "starting": "blue",
+}
+MILESTONE_STYLE = {
+    "error": "bold red",
+    "failed": "bold red",
+    "shape_check_failed": "bold red",
+    "warning": "yellow",
+    "completed": "bold green",
+    "shape_check_passed": "green",
+}
 
 
 def _controller(**kwargs: Any) -> Any:
@@ -58,12 +74,17 @@ def _run(fn: Callable[[Any], Awaitable[T]], **kwargs: Any) -> T:
     try:
         return asyncio.run(main())
     except SpecInvalid as exc:
-        for e in exc.errors:
-            err.print(Text(f"error: {e['field']}: {e['message']}", style="red"))
-        raise typer.Exit(2) from None
+        _invalid(exc)
     except ControllerError as exc:
         err.print(Text(f"error: {exc.message}", style="red"))
         raise typer.Exit(1) from None
+
+
+def _invalid(exc: SpecInvalid) -> NoReturn:
+    """Print each field error and exit 2 (bad input)."""
+    for e in exc.errors:
+        err.print(Text(f"error: {e['field']}: {e['message']}", style="red"))
+    raise typer.Exit(2)
 
 
 def _json(obj: Any) -> None:
@@ -78,7 +99,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Show version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show version.")
+    ] = False,
 ) -> None:
     """eaglewatch controller."""
 
@@ -90,7 +113,9 @@ def _main(
 def hosts_add(
     name: str,
     ssh: Annotated[str, typer.Option("--ssh", help="SSH destination: ~/.ssh/config alias or [user@]host")],
-    python: Annotated[str, typer.Option("--python", help="the host's Python (the one with vLLM)")] = "python3",
+    python: Annotated[
+        str, typer.Option("--python", help="the host's Python (the one with vLLM)")
+    ] = "python3",
     state_dir: Annotated[str | None, typer.Option("--state-dir", hidden=True)] = None,
 ) -> None:
     """Add a host; shows its SSH key fingerprint and connects only if known_hosts trusts it."""
@@ -101,7 +126,7 @@ def hosts_add(
     try:
         spec = HostCreate(name=name, ssh=ssh, python=python, state_dir=state_dir)
     except ValidationError as exc:
-        raise SpecInvalid(validation_errors(exc)) from None
+        _invalid(SpecInvalid(validation_errors(exc)))
 
     async def go(ctl: Any) -> None:
         if ssh != "local":
@@ -116,8 +141,10 @@ def hosts_add(
             host = await ctl.check_host(name)
         except HostKeyRejected as exc:
             err.print(Text(f"not connected: {exc.message}", style="yellow"))
-            err.print("known_hosts does not trust this key: check the fingerprint above with the host's owner, "
-                      f"add it (e.g. `ssh {ssh}` once and accept it), then run `eaglewatch hosts check {name}`.")
+            err.print(
+                "known_hosts does not trust this key: check the fingerprint above with the host's owner, "
+                f"add it (e.g. `ssh {ssh}` once and accept it), then run `eaglewatch hosts check {name}`."
+            )
             return
         except Unreachable as exc:
             err.print(Text(f"not connected: {exc.message}", style="yellow"))
@@ -137,8 +164,15 @@ def hosts_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     table = Table("name", "ssh", "python", "reachable", "agent", "GPUs", "fingerprint")
     for h in hosts:
         reach = {True: "[green]yes[/]", False: "[red]no[/]", None: "?"}[h.reachable]
-        table.add_row(Text(h.name), Text(h.ssh), Text(h.python), reach, Text(h.agent_version or "-"),
-                      str(len(h.gpus)), Text(h.fingerprint or "-"))
+        table.add_row(
+            Text(h.name),
+            Text(h.ssh),
+            Text(h.python),
+            reach,
+            Text(h.agent_version or "-"),
+            str(len(h.gpus)),
+            Text(h.fingerprint or "-"),
+        )
     out.print(table)
 
 
@@ -148,8 +182,12 @@ def hosts_check(name: str) -> None:
     host = _run(lambda ctl: ctl.check_host(name))
     out.print(f"{host.name}: reachable, agent {host.agent_version}, key {host.fingerprint or '-'}")
     for g in host.gpus:
-        out.print(Text(f"  GPU {g.get('index')}: {g.get('name')} {g.get('memory_used_mib')}/"
-                       f"{g.get('memory_total_mib')} MiB"))
+        out.print(
+            Text(
+                f"  GPU {g.get('index')}: {g.get('name')} {g.get('memory_used_mib')}/"
+                f"{g.get('memory_total_mib')} MiB"
+            )
+        )
 
 
 @hosts_app.command("rm")
@@ -168,7 +206,9 @@ def _split_ints(text: str | None, what: str) -> list[int] | None:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SpecInvalid([{"field": what, "message": f"expected comma-separated integers, got {text!r}"}]) from None
+        raise SpecInvalid(
+            [{"field": what, "message": f"expected comma-separated integers, got {text!r}"}]
+        ) from None
 
 
 @runs_app.command("start", context_settings={"allow_interspersed_args": False})
@@ -178,7 +218,9 @@ def runs_start(
     spec_file: Annotated[Path | None, typer.Option("--spec", help="run spec JSON (or TOML) file")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     name: Annotated[str | None, typer.Option("--name")] = None,
-    backend: Annotated[str | None, typer.Option("--backend", help="worker-extension | vllm-native | command")] = None,
+    backend: Annotated[
+        str | None, typer.Option("--backend", help="worker-extension | vllm-native | command")
+    ] = None,
     model: Annotated[str | None, typer.Option("--model")] = None,
     dataset: Annotated[str | None, typer.Option("--dataset")] = None,
     output_dir: Annotated[str | None, typer.Option("--output-dir")] = None,
@@ -189,7 +231,9 @@ def runs_start(
     seq_len: Annotated[int | None, typer.Option("--seq-len")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE (repeatable)")] = None,
-    vllm_arg: Annotated[list[str] | None, typer.Option("--vllm-arg", help="extra engine argument (repeatable)")] = None,
+    vllm_arg: Annotated[
+        list[str] | None, typer.Option("--vllm-arg", help="extra engine argument (repeatable)")
+    ] = None,
     expect_layers: Annotated[int | None, typer.Option("--expect-layers")] = None,
     expect_hidden_size: Annotated[int | None, typer.Option("--expect-hidden-size")] = None,
     on_shape_failure: Annotated[str | None, typer.Option("--on-shape-failure", help="alert | stop")] = None,
@@ -212,10 +256,21 @@ def runs_start(
             err.print(Text(f"error: spec {spec_file} must hold an object", style="red"))
             raise typer.Exit(2)
     try:
-        opts = {"name": name, "backend": backend, "model": model, "dataset": dataset, "output_dir": output_dir,
-                "layers": _split_ints(layers, "layers"), "layer_convention": layer_convention,
-                "tensor_parallel_size": tp, "max_samples": max_samples, "seq_len": seq_len,
-                "batch_size": batch_size, "vllm_args": vllm_arg or None, "on_shape_failure": on_shape_failure}
+        opts = {
+            "name": name,
+            "backend": backend,
+            "model": model,
+            "dataset": dataset,
+            "output_dir": output_dir,
+            "layers": _split_ints(layers, "layers"),
+            "layer_convention": layer_convention,
+            "tensor_parallel_size": tp,
+            "max_samples": max_samples,
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+            "vllm_args": vllm_arg or None,
+            "on_shape_failure": on_shape_failure,
+        }
         spec.update({k: v for k, v in opts.items() if v is not None})
         if env:
             bad = [e for e in env if "=" not in e]
@@ -223,13 +278,16 @@ def runs_start(
                 raise SpecInvalid([{"field": "env", "message": f"expected KEY=VALUE, got {bad[0]!r}"}])
             spec["env"] = {**spec.get("env", {}), **dict(e.split("=", 1) for e in env)}
         if expect_layers is not None or expect_hidden_size is not None:
-            spec["expect"] = {**spec.get("expect", {}),
-                              **{k: v for k, v in (("layers", expect_layers), ("hidden_size", expect_hidden_size))
-                                 if v is not None}}
+            spec["expect"] = {
+                **spec.get("expect", {}),
+                **{
+                    k: v
+                    for k, v in (("layers", expect_layers), ("hidden_size", expect_hidden_size))
+                    if v is not None
+                },
+            }
     except SpecInvalid as exc:
-        for e in exc.errors:
-            err.print(Text(f"error: {e['field']}: {e['message']}", style="red"))
-        raise typer.Exit(2) from None
+        _invalid(exc)
     spec["host"] = host
     if command:
         spec["command"] = list(command)
@@ -260,24 +318,40 @@ def runs_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     table.columns.insert(0, Column("id", no_wrap=True, min_width=22))
     for r in runs:
         prog = r.progress or {}
-        progress = (f"{prog.get('samples_done')}/{prog.get('samples_total')}" if "samples_done" in prog else "")
-        table.add_row(Text(r.id), Text(r.name), Text(r.host), Text(r.backend),
-                      Text(r.state, style=STATE_STYLE.get(r.state, "")), Text(r.last_milestone or ""),
-                      Text(progress), str(r.open_alerts or ""))
+        progress = f"{prog.get('samples_done')}/{prog.get('samples_total')}" if "samples_done" in prog else ""
+        table.add_row(
+            Text(r.id),
+            Text(r.name),
+            Text(r.host),
+            Text(r.backend),
+            Text(r.state, style=STATE_STYLE.get(r.state, "")),
+            Text(r.last_milestone or ""),
+            Text(progress),
+            str(r.open_alerts or ""),
+        )
     out.print(table)
 
 
 @runs_app.command("show")
-def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")],
-              as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def runs_show(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
     """Show a run (same shape as GET /api/runs/{id} with --json)."""
     run = _run(lambda ctl: ctl.get_run(run_id))
     if as_json:
         _json(run.model_dump(mode="json"))
         return
     out.print(Text.assemble((run.id, "bold"), "  ", (run.state, STATE_STYLE.get(run.state, ""))))
-    for label, value in (("name", run.name), ("host", run.host), ("backend", run.backend), ("model", run.model),
-                         ("exit", run.exit), ("failure", run.failure_reason), ("progress", run.progress)):
+    for label, value in (
+        ("name", run.name),
+        ("host", run.host),
+        ("backend", run.backend),
+        ("model", run.model),
+        ("exit", run.exit),
+        ("failure", run.failure_reason),
+        ("progress", run.progress),
+    ):
         if value is not None:
             out.print(Text(f"  {label}: {value}"))
     for m in run.milestones:
@@ -300,8 +374,10 @@ def _print_line(text: str, milestone_texts: set[str]) -> None:
 
 
 @runs_app.command("logs")
-def runs_logs(run_id: Annotated[str, typer.Argument(metavar="RUN")],
-              follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing new lines")] = False) -> None:
+def runs_logs(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing new lines")] = False,
+) -> None:
     """Print a run's log (milestone lines highlighted); -f follows it live like tail -f."""
 
     async def dump(ctl: Any) -> None:
@@ -360,8 +436,15 @@ def alerts_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         return
     table = Table("id", "severity", "rule", "run", "host", "message", "delivered")
     for a in alerts:
-        table.add_row(str(a.id), Text(a.severity), Text(a.rule), Text(a.run_id or ""), Text(a.host or ""),
-                      Text(a.message), "yes" if a.delivered else "no")
+        table.add_row(
+            str(a.id),
+            Text(a.severity),
+            Text(a.rule),
+            Text(a.run_id or ""),
+            Text(a.host or ""),
+            Text(a.message),
+            "yes" if a.delivered else "no",
+        )
     out.print(table)
 
 
@@ -370,7 +453,9 @@ def alerts_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 @app.command("serve")
 def serve(
-    bind: Annotated[str | None, typer.Option("--bind", help="address to listen on (default 127.0.0.1)")] = None,
+    bind: Annotated[
+        str | None, typer.Option("--bind", help="address to listen on (default 127.0.0.1)")
+    ] = None,
     port: Annotated[int | None, typer.Option("--port", help="port (default 8765)")] = None,
 ) -> None:
     """Run the controller and the web UI."""

@@ -20,9 +20,11 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,7 +118,7 @@ def command_spec(name: str, samples: int = 6) -> dict[str, Any]:
 
 
 def build_model(paths: DemoPaths) -> None:
-    """Build the tiny model once (``eaglewatch-agent tiny-model``) in a subprocess: torch stays out of here."""
+    """Build the tiny model once (``eaglewatch-agent tiny-model``) in a subprocess: no torch in here."""
     if (paths.model / "config.json").exists():
         return
     print(f"building the tiny model in {paths.model} ...", flush=True)
@@ -135,7 +137,7 @@ def save_templates(home: Path, paths: DemoPaths, extract: bool) -> None:
         store.save("demo tiny llama", spec_to_form(good))
         # The form carries inject_fault only if web/forms.py knows the field; otherwise this template is
         # the good run under another name, and the broken run is started with `--broken` instead.
-        store.save("demo broken (drops a layer)", {**spec_to_form(broken), "inject_fault": "drop_layer"})
+        store.save("demo broken - drops a layer", {**spec_to_form(broken), "inject_fault": "drop_layer"})
     else:
         store.save("demo command job", spec_to_form(command_spec("demo-2")))
 
@@ -202,7 +204,22 @@ async def _start_server(app: Any, bind: str, port: int) -> tuple[Any, asyncio.Ta
     """Start uvicorn in this loop; return the server, its task and the port it listens on."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=bind, port=port, log_level="warning", lifespan="on"))
+    class DemoServer(uvicorn.Server):
+        """uvicorn re-raises a captured SIGINT/SIGTERM after shutdown, which would skip the demo's cleanup."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    server = DemoServer(uvicorn.Config(app, host=bind, port=port, log_level="warning", lifespan="on"))
+
+    def on_signal() -> None:
+        server.force_exit = server.should_exit  # a second Ctrl-C skips the graceful wait
+        server.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

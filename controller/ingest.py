@@ -1,4 +1,4 @@
-"""Apply journal events and state changes to the store, inside one writer transaction (exactly once, in order).
+"""Apply journal events and state changes to the store in one writer transaction: exactly once, in order.
 
 A journal event whose ``seq`` is not above the run's stored ``last_seq`` was already applied (a replay after
 reconnect, or another controller process following the same run) and is skipped; UNIQUE(run_id, seq) on
@@ -41,7 +41,8 @@ def transition(
     if new == old and exit is None and reason is None:
         return new
     at = at or tx.now
-    sets, args = ["state=?"], [new.value]
+    sets: list[str] = ["state=?"]
+    args: list[Any] = [new.value]
     if new == lifecycle.RunState.RUNNING and row["started_at"] is None:
         sets.append("started_at=?")
         args.append(at)
@@ -92,7 +93,7 @@ def apply_events(
             tx.add_event(
                 run_id,
                 seq,
-                "run",
+                "state",
                 {
                     "seq": seq,
                     "state": agent_state,
@@ -120,7 +121,7 @@ def apply_events(
                 )
             continue
         else:
-            tx.add_event(run_id, seq, "run", {"seq": seq, "journal": ev}, at)
+            tx.add_event(run_id, seq, "journal", {"seq": seq, "journal": ev}, at)
         for draft in alerts.rules_for_event(run, ev):
             alerts.raise_alert(tx, draft, cooldown_s=cooldown_s, deliver=deliver)
         failed_check = (etype == "check" and ev.get("ok") is False) or (
@@ -173,7 +174,8 @@ def _check(tx: Tx, run_id: str, seq: int, at: float, ev: dict[str, Any]) -> None
     problems = ev.get("problems") or []
     for idx, p in enumerate(problems):
         tx.conn.execute(
-            "INSERT OR IGNORE INTO problems(run_id, seq, idx, code, file, message, at) VALUES (?,?,?,?,?,?,?)",
+            "INSERT OR IGNORE INTO problems(run_id, seq, idx, code, file, message, at)"
+            " VALUES (?,?,?,?,?,?,?)",
             (
                 run_id,
                 seq,

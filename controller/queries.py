@@ -17,6 +17,7 @@ from controller.models import (
     RunDetail,
     RunPublic,
 )
+from controller.store import FEED_KINDS
 
 TERMINAL_SQL = "('completed','failed','stopped','lost')"
 _ERROR_RE = re.compile(r"error|traceback|exception|fatal|killed|out of memory", re.IGNORECASE)
@@ -170,23 +171,37 @@ def get_run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
 
 
 def read_log(
-    conn: sqlite3.Connection, run_id: str, after_offset: int, limit: int, query: str | None, errors_only: bool
+    conn: sqlite3.Connection,
+    run_id: str,
+    after_offset: int,
+    limit: int,
+    query: str | None,
+    errors_only: bool,
+    before_offset: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Log lines after a byte offset, ascending; substring ``query`` and error-looking filters."""
+    """Log lines after a byte offset, ascending (or the last ``limit`` before ``before_offset``), filtered."""
     get_run_public(conn, run_id)
     limit = max(1, min(int(limit), 100000))
     sql, args = "SELECT offset, text FROM log_lines WHERE run_id=? AND offset > ?", [run_id, after_offset]
+    if before_offset is not None:
+        sql += " AND offset < ?"
+        args.append(before_offset)
     if query:
         sql += " AND instr(lower(text), lower(?)) > 0"
         args.append(query)
     out: list[dict[str, Any]] = []
-    cur = conn.execute(sql + " ORDER BY offset", args)
+    # Paging backwards walks the (run_id, offset) index in descending order, then flips the page.
+    cur = conn.execute(
+        sql + (" ORDER BY offset DESC" if before_offset is not None else " ORDER BY offset"), args
+    )
     for r in cur:
         if errors_only and not _ERROR_RE.search(r[1]):
             continue
         out.append({"offset": r[0], "text": r[1]})
         if len(out) >= limit:
             break
+    if before_offset is not None:
+        out.reverse()
     return out
 
 
@@ -202,7 +217,9 @@ def feed_since(
     where_run = " AND run_id = ?" if run_id is not None else ""
     run_args: list[Any] = [run_id] if run_id is not None else []
     events = conn.execute(
-        f"SELECT * FROM events WHERE id > ?{where_run} ORDER BY id LIMIT ?", [after_event, *run_args, limit]
+        f"SELECT * FROM events WHERE id > ?{where_run} AND kind IN ({','.join('?' * len(FEED_KINDS))})"
+        " ORDER BY id LIMIT ?",
+        [after_event, *run_args, *sorted(FEED_KINDS), limit],
     ).fetchall()
     logs = conn.execute(
         f"SELECT id, run_id, offset, text FROM log_lines WHERE id > ?{where_run} ORDER BY id LIMIT ?",
@@ -216,7 +233,8 @@ def feed_since(
     def flush_logs(upto: int) -> None:
         nonlocal li
         while li < len(logs) and logs[li][0] <= upto:
-            run, chunk = logs[li][1], []
+            run = logs[li][1]
+            chunk: list[sqlite3.Row] = []
             while li < len(logs) and logs[li][0] <= upto and logs[li][1] == run and len(chunk) < 1000:
                 chunk.append(logs[li])
                 li += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from typing import Any
@@ -28,7 +29,11 @@ def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
     """pydantic errors as [{field, message}] naming each bad field."""
     out = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err.get("loc", ())) or "spec"
+        field = ".".join(str(p) for p in err.get("loc", ()))
+        if not field:  # a model-level rule: name the first spec field its message mentions
+            msg = str(err.get("msg", ""))
+            named = [f for f in RunSpec.model_fields if f != "backend" and re.search(rf"\b{f}\b", msg)]
+            field = named[0] if named else "spec"
         out.append({"field": field, "message": str(err.get("msg", "invalid"))})
     return out
 
@@ -104,8 +109,8 @@ class RunOps:
 
         def insert(tx: Tx) -> None:
             tx.conn.execute(
-                "INSERT INTO runs(id, name, host, backend, model, spec_json, state, created_at, last_seq, log_offset)"
-                " VALUES (?,?,?,?,?,?,'pending',?,0,0)",
+                "INSERT INTO runs(id, name, host, backend, model, spec_json, state, created_at,"
+                " last_seq, log_offset) VALUES (?,?,?,?,?,?,'pending',?,0,0)",
                 (
                     run_id,
                     parsed.name,

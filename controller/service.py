@@ -17,8 +17,10 @@ Interface (stable; the web builds on it)::
                                                                NotFound for an unknown host)
     await ctl.stop_run(run_id) -> RunPublic ; await ctl.list_runs() -> list[RunPublic] (newest first)
     await ctl.get_run(run_id) -> RunDetail
-    await ctl.read_log(run_id, *, after_offset=-1, limit=1000, query=None, errors_only=False)
-        -> list[{"offset": int, "text": str}]   (lines with offset > after_offset, ascending)
+    await ctl.read_log(run_id, *, after_offset=-1, limit=1000, query=None, errors_only=False,
+                       before_offset=None)
+        -> list[{"offset": int, "text": str}]   (the first ``limit`` lines with offset > after_offset,
+           ascending; with before_offset: the LAST ``limit`` lines with offset < before_offset, ascending)
     await ctl.list_alerts() -> list[AlertPublic] (newest first) ; await ctl.ack_alert(id) / mute_alert(id)
         -> AlertPublic
     await ctl.feed_since(run_id | None, cursor | None, limit=1000) -> list[BusEvent]
@@ -38,6 +40,7 @@ returns everything committed after it (for SSE ``Last-Event-ID`` resume).  Error
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from types import TracebackType
 from typing import Any
@@ -91,10 +94,8 @@ class Controller:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            except (asyncio.CancelledError, Exception):
-                pass
         self._tasks.clear()
         await self.supervisors.stop()
         await self.store.close()
@@ -192,9 +193,13 @@ class Controller:
         limit: int = 1000,
         query: str | None = None,
         errors_only: bool = False,
+        before_offset: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Stored log lines after ``after_offset`` (ascending), optionally filtered."""
-        return await self.store.read(queries.read_log, run_id, after_offset, limit, query, errors_only)
+        """Stored log lines after ``after_offset`` (ascending), optionally filtered; with ``before_offset``
+        the last ``limit`` matching lines before it (still ascending) — for paging backwards."""
+        return await self.store.read(
+            queries.read_log, run_id, after_offset, limit, query, errors_only, before_offset
+        )
 
     # ------------------------------------------------------------------ alerts and feed
 

@@ -33,6 +33,8 @@ from controller.bus import Bus, BusEvent, make_cursor
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 BATCH_MAX = 512
+#: Event kinds the web streams; the others (raw journal records) are kept for the seq ledger only.
+FEED_KINDS = frozenset({"run", "milestone", "check", "alert", "log", "host"})
 BUSY_TIMEOUT_MS = 30000
 
 
@@ -86,7 +88,7 @@ class Tx:
     def add_event(
         self, run_id: str | None, seq: int | None, kind: str, data: dict[str, Any], at: float
     ) -> bool:
-        """Insert a feed event (ignored when (run, seq) exists); returns whether it was new."""
+        """Insert an event (ignored when (run, seq) exists); FEED_KINDS are published after commit."""
         cur = self.conn.execute(
             "INSERT OR IGNORE INTO events(run_id, seq, kind, at, data_json, log_mark) VALUES (?,?,?,?,?,?)",
             (run_id, seq, kind, at, json.dumps(data), self.last_log_id),
@@ -94,30 +96,35 @@ class Tx:
         if cur.rowcount == 0:
             return False
         self.last_event_id = int(cur.lastrowid or 0)
-        self.events.append(BusEvent(kind, run_id, data, make_cursor(self.last_event_id, self.last_log_id)))  # type: ignore[arg-type]
+        if kind in FEED_KINDS:
+            cursor = make_cursor(self.last_event_id, self.last_log_id)
+            self.events.append(BusEvent(kind, run_id, data, cursor))  # type: ignore[arg-type]
         return True
 
     def add_log_lines(self, run_id: str, lines: list[list[Any]], next_offset: int | None) -> int:
         """Insert log lines idempotently (unique on run + offset), advance the run's log offset."""
         before = self.last_log_id
-        self.conn.executemany(
-            "INSERT OR IGNORE INTO log_lines(run_id, offset, text) VALUES (?,?,?)",
-            [(run_id, int(o), str(t)) for o, t in lines],
-        )
-        rows = self.conn.execute(
-            "SELECT id, offset, text FROM log_lines WHERE id > ? AND run_id = ? ORDER BY id", (before, run_id)
-        ).fetchall()
+        rows = [(run_id, int(o), str(t)) for o, t in lines]
+        changes = self.conn.total_changes
+        self.conn.executemany("INSERT OR IGNORE INTO log_lines(run_id, offset, text) VALUES (?,?,?)", rows)
+        inserted = self.conn.total_changes - changes
+        if inserted == len(rows):
+            # All new (the usual case): we hold the write lock, so their ids are before+1 … before+n.
+            new = [{"offset": r[1], "text": r[2]} for r in rows]
+        else:
+            got = self.conn.execute(
+                "SELECT offset, text FROM log_lines WHERE id > ? AND run_id = ? ORDER BY id", (before, run_id)
+            ).fetchall()
+            new = [{"offset": r[0], "text": r[1]} for r in got]
         if next_offset is not None:
             self.conn.execute(
                 "UPDATE runs SET log_offset = max(log_offset, ?) WHERE id = ?", (int(next_offset), run_id)
             )
-        if rows:
-            self.last_log_id = rows[-1][0]
-            data = {"lines": [{"offset": r[1], "text": r[2]} for r in rows]}
-            self.events.append(
-                BusEvent("log", run_id, data, make_cursor(self.last_event_id, self.last_log_id))
-            )
-        return len(rows)
+        if new:
+            self.last_log_id = before + len(new)
+            cursor = make_cursor(self.last_event_id, self.last_log_id)
+            self.events.append(BusEvent("log", run_id, {"lines": new}, cursor))
+        return len(new)
 
     def run_changed(self, run_id: str) -> None:
         """Record + publish the run's current public shape."""

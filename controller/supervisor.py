@@ -42,6 +42,7 @@ class HostSupervisor:
         self._stopping: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._side_tasks: set[asyncio.Future[None]] = set()
 
     @property
     def deliver(self) -> bool:
@@ -219,7 +220,9 @@ class HostSupervisor:
             return
         if "stop" in fut.result() and run_id not in self._stopping and self.link is not None:
             self._stopping.add(run_id)
-            asyncio.ensure_future(self._stop_on_shape_failure(self.link, run_id))
+            task = asyncio.ensure_future(self._stop_on_shape_failure(self.link, run_id))
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
 
     async def _stop_on_shape_failure(self, link: Link, run_id: str) -> None:
         try:
@@ -331,12 +334,11 @@ class Supervisors:
         host = await self.store.read(queries.host_row, name)
         try:
             link, fp = await open_link(host, self.settings, None)
-        except HostKeyRejected as exc:
-            await tmp._key_rejected(exc)
-            await self.store.write(lambda tx: _set_error(tx, name, exc.message))
-            raise
-        except Unreachable:
-            await self.store.write(lambda tx: _set_error(tx, name, exc.message))
+        except Unreachable as exc:
+            if isinstance(exc, HostKeyRejected):
+                await tmp._key_rejected(exc)
+            message = exc.message
+            await self.store.write(lambda tx: _set_error(tx, name, message))
             raise
         try:
             await tmp._connected(link, fp)
@@ -372,7 +374,8 @@ class Supervisors:
 
 def _set_error(tx: Tx, name: str, message: str) -> None:
     tx.conn.execute(
-        "UPDATE hosts SET reachable=0, last_error=?, unreachable_since=coalesce(unreachable_since, ?) WHERE name=?",
+        "UPDATE hosts SET reachable=0, last_error=?, unreachable_since=coalesce(unreachable_since, ?)"
+        " WHERE name=?",
         (message, tx.now, name),
     )
     tx.host_changed(name)

@@ -100,7 +100,16 @@ def percent(progress: dict[str, Any] | None) -> float | None:
     return None
 
 
+def spec_value(value: Any) -> str:
+    """A spec value as text: lists space-separated (argv), dicts as key=value pairs."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items() if v is not None) or "—"
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
 def install(env: jinja2.Environment) -> None:
     """Register the filters and globals on an environment."""
     env.filters.update(clock=clock, since=since, num=num, gib=gib, problem_words=problem_words)
-    env.globals.update(field_items=field_items, masked_env=masked_env, percent=percent)
+    env.globals.update(spec_value=spec_value, field_items=field_items, masked_env=masked_env, percent=percent)

@@ -122,15 +122,14 @@ def errors_by_form_field(errors: list[dict[str, str]]) -> dict[str, str]:
 
 
 def check_form(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Parse and validate the form; (spec, {}) when valid, else (partial spec, errors by field)."""
+    """Parse and validate the form; (spec, {}) when valid, else (partial spec, every error by field)."""
     spec, errors = form_to_spec(form)
-    if errors:
-        return spec, errors
     try:
         parse_spec(spec)
     except ValidationError as exc:
-        return spec, errors_by_form_field(validation_errors(exc))
-    return spec, {}
+        for name, message in errors_by_form_field(validation_errors(exc)).items():
+            errors.setdefault(name, message)  # a field that did not even parse keeps its own message
+    return spec, errors
 
 
 def field_help() -> dict[str, str]:

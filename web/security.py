@@ -41,7 +41,7 @@ SECURITY_HEADERS = {
     "content-security-policy": CSP,
     "x-content-type-options": "nosniff",
     "x-frame-options": "DENY",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",
     "cross-origin-opener-policy": "same-origin",
 }
 

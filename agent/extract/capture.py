@@ -1,16 +1,18 @@
-"""Per-request assembly of captured steps and the writer thread (device-agnostic; CUDA via gpu_copy)."""
+"""Per-request assembly of captured steps and the writer threads (device-agnostic; CUDA via gpu_copy)."""
 
 from __future__ import annotations
 
 import queue
 import threading
 import traceback
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from agent.extract.checks import apply_fault, check_sample
+from agent.extract.checks import apply_fault, check_sample, token_flags
 from agent.extract.writer import sample_path, write_sample
 
 
@@ -32,10 +34,9 @@ def spans_for_step(order: list[str], num_scheduled: dict[str, int], starts: dict
         if n:
             spans.append(Span(rid, offset, starts[rid], n))
             offset += n
-    if offset != sum(num_scheduled.values()):
-        raise RuntimeError(
-            f"batch order {order} covers {offset} tokens but the scheduler scheduled {sum(num_scheduled.values())}"
-        )
+    want = sum(num_scheduled.values())
+    if offset != want:
+        raise RuntimeError(f"batch order {order} covers {offset} tokens but the scheduler scheduled {want}")
     return spans
 
 
@@ -44,7 +45,26 @@ class _Request:
     idx: int
     prompt: list[int]
     buf: torch.Tensor | None = None
+    flags: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+
+
+class _Ref:
+    """Counts users of one pinned buffer; the last one hands it back."""
+
+    def __init__(self, release: Callable[[], None] | None) -> None:
+        self._n, self._release, self._lock = 1, release, threading.Lock()
+
+    def inc(self) -> None:
+        with self._lock:
+            self._n += 1
+
+    def dec(self) -> None:
+        with self._lock:
+            self._n -= 1
+            last = self._n == 0
+        if last and self._release is not None:
+            self._release()
 
 
 @dataclass(frozen=True)
@@ -56,14 +76,17 @@ class SinkConfig:
     hidden_size: int
     fault: str | None = None
     stop_on_failure: bool = False
+    writers: int = 4
 
 
 class CaptureSink:
-    """Assembles step tensors into per-request [T, L, H] buffers on a writer thread and writes finished samples.
+    """Assembles step tensors into per-request [T, L, H] samples and writes them from writer threads.
 
-    The forward thread only enqueues (host tensor or pinned view + CUDA event); the writer thread waits on
-    the event, copies each request's rows into place by position (so chunked prefill, reordering and
-    recomputation after preemption all land right), checks finished samples and writes them.
+    The forward thread only enqueues (host tensor or pinned views + CUDA event). The assembler thread
+    waits on the event and places each request's rows by position, so chunked prefill, reordering and
+    recomputation after preemption all land right. A request whose whole prompt came in one step is
+    written straight from the step's buffer (no copy). Finished samples are checked and written by a
+    small pool of threads (file writes release the GIL).
     """
 
     def __init__(self, cfg: SinkConfig) -> None:
@@ -71,21 +94,33 @@ class CaptureSink:
         self._reqs: dict[str, _Request] = {}
         self._q: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self._results: list[dict[str, Any]] = []
+        self._futures: list[Future[None]] = []
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="eaglewatch-writer", daemon=True)
+        self._pool = ThreadPoolExecutor(max_workers=cfg.writers, thread_name_prefix="eaglewatch-write")
+        self._thread = threading.Thread(target=self._run, name="eaglewatch-assemble", daemon=True)
         self._thread.start()
 
     def register(self, req_id: str, idx: int, prompt: list[int]) -> None:
         """A new request entered the batch (called on the forward thread, ordered before its steps)."""
         self._q.put(("register", req_id, idx, list(prompt)))
 
-    def submit(self, host: torch.Tensor, spans: list[Span], event: Any = None, release: Any = None) -> None:
-        """Rows of one step; event (CUDA) is waited on before reading; release() returns a pinned buffer."""
-        self._q.put(("step", host, spans, event, release))
+    def submit(
+        self,
+        host: torch.Tensor,
+        spans: list[Span],
+        event: Any = None,
+        release: Callable[[], None] | None = None,
+        flags: torch.Tensor | None = None,
+    ) -> None:
+        """Rows [tokens, L, H] of one step (+ token_flags); event is waited on; release() frees the buffer."""
+        self._q.put(("step", host, spans, event, release, flags))
 
     def drain(self) -> list[dict[str, Any]]:
-        """Wait until everything submitted is processed; return (and forget) the finished-sample results."""
+        """Wait until everything submitted is written; return (and forget) the finished-sample results."""
         self._q.join()
+        with self._lock:
+            futures, self._futures = self._futures, []
+        wait(futures)
         with self._lock:
             out, self._results = self._results, []
         return out
@@ -95,9 +130,14 @@ class CaptureSink:
         return len(self._reqs)
 
     def close(self) -> None:
-        """Stop the writer thread after the queue empties."""
+        """Stop the threads after the queue empties."""
         self._q.put(None)
         self._thread.join(timeout=60)
+        self._pool.shutdown(wait=True)
+
+    def _error(self, e: BaseException) -> None:
+        with self._lock:
+            self._results.append({"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()})
 
     def _run(self) -> None:
         while True:
@@ -110,18 +150,20 @@ class CaptureSink:
                     self._reqs[rid] = _Request(idx, prompt)
                 else:
                     self._step(*item[1:])
-            except Exception as e:  # noqa: BLE001 - reported to the driver, never lost in a thread
-                with self._lock:
-                    self._results.append(
-                        {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-                    )
+            except Exception as e:  # reported to the driver, never lost in a thread
+                self._error(e)
             finally:
                 self._q.task_done()
 
-    def _step(self, host: torch.Tensor, spans: list[Span], event: Any, release: Any) -> None:
+    def _step(
+        self, host: torch.Tensor, spans: list[Span], event: Any, release: Any, flags: torch.Tensor | None
+    ) -> None:
         if event is not None:
             event.synchronize()
+        ref = _Ref(release)
         try:
+            if flags is None:
+                flags = token_flags(host)
             for sp in spans:
                 req = self._reqs.get(sp.req_id)
                 if req is None:
@@ -130,37 +172,55 @@ class CaptureSink:
                 n = min(sp.n, total - sp.start)  # rows past the prompt (decode) are not part of the sample
                 if n <= 0:
                     continue
+                rows = slice(sp.offset, sp.offset + n)
+                if req.buf is None and sp.start == 0 and n == total:
+                    del self._reqs[sp.req_id]
+                    ref.inc()
+                    self._spawn(req, host[rows], flags[rows], ref.dec)
+                    continue
                 if req.buf is None:
                     req.buf = torch.empty((total, *host.shape[1:]), dtype=host.dtype)
+                    req.flags = torch.zeros((total, 2), dtype=torch.bool)
                     req.mask = torch.zeros(total, dtype=torch.bool)
-                assert req.mask is not None
-                req.buf[sp.start : sp.start + n].copy_(host[sp.offset : sp.offset + n])
+                assert req.mask is not None and req.flags is not None
+                req.buf[sp.start : sp.start + n].copy_(host[rows])
+                req.flags[sp.start : sp.start + n] = flags[rows]
                 req.mask[sp.start : sp.start + n] = True
                 if bool(req.mask.all()):
                     del self._reqs[sp.req_id]
-                    self._finish(req)
+                    self._spawn(req, req.buf, req.flags, None)
         finally:
-            if release is not None:
-                release()
+            ref.dec()
 
-    def _finish(self, req: _Request) -> None:
-        assert req.buf is not None
-        cfg = self.cfg
-        token_ids = torch.tensor(req.prompt, dtype=torch.int64)
-        hidden = apply_fault(req.buf, cfg.fault)
-        name = sample_path(cfg.output_dir, req.idx).name
-        findings = check_sample(name, token_ids, hidden, req.prompt, cfg.layers, cfg.hidden_size)
-        written, nbytes = False, 0
-        if not (findings and cfg.stop_on_failure):
-            _, nbytes = write_sample(cfg.output_dir, req.idx, token_ids, hidden)
-            written = True
-        result = {
-            "idx": req.idx,
-            "file": name,
-            "tokens": len(req.prompt),
-            "bytes": nbytes,
-            "written": written,
-            "problems": [f.to_dict() for f in findings],
-        }
+    def _spawn(self, req: _Request, hidden: torch.Tensor, flags: torch.Tensor, done: Any) -> None:
+        fut = self._pool.submit(self._finish, req, hidden, flags, done)
         with self._lock:
-            self._results.append(result)
+            self._futures.append(fut)
+
+    def _finish(self, req: _Request, hidden: torch.Tensor, flags: torch.Tensor, done: Any) -> None:
+        try:
+            cfg = self.cfg
+            token_ids = torch.tensor(req.prompt, dtype=torch.int64)
+            if cfg.fault is not None:
+                hidden, flags = apply_fault(hidden, cfg.fault), None  # type: ignore[assignment]
+            name = sample_path(cfg.output_dir, req.idx).name
+            findings = check_sample(name, token_ids, hidden, req.prompt, cfg.layers, cfg.hidden_size, flags)
+            written, nbytes = False, 0
+            if not (findings and cfg.stop_on_failure):
+                _, nbytes = write_sample(cfg.output_dir, req.idx, token_ids, hidden)
+                written = True
+            result = {
+                "idx": req.idx,
+                "file": name,
+                "tokens": len(req.prompt),
+                "bytes": nbytes,
+                "written": written,
+                "problems": [f.to_dict() for f in findings],
+            }
+            with self._lock:
+                self._results.append(result)
+        except Exception as e:
+            self._error(e)
+        finally:
+            if done is not None:
+                done()

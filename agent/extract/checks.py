@@ -48,6 +48,14 @@ def apply_fault(hidden: torch.Tensor, fault: str | None) -> torch.Tensor:
     raise ValueError(f"unknown fault {fault!r}; expected one of {FAULTS}")
 
 
+def token_flags(hidden: torch.Tensor) -> torch.Tensor:
+    """Per token [T, 2] bool: (all values finite, any value non-zero); cheap on the GPU before the copy."""
+    import torch
+
+    flat = hidden.reshape(hidden.shape[0], -1)
+    return torch.stack([torch.isfinite(flat).all(dim=1), (flat != 0).any(dim=1)], dim=1)
+
+
 def check_sample(
     file: str,
     token_ids: torch.Tensor,
@@ -55,31 +63,25 @@ def check_sample(
     prompt: list[int],
     layers: int,
     hidden_size: int,
+    flags: torch.Tensor | None = None,
 ) -> list[Finding]:
-    """Shape problems (layer count, [T, H], T == tokens sent) then values (ids == prompt, finite, not zero)."""
-    import torch
+    """Shape problems (layer count, [T, H], T == tokens sent), then values: ids == prompt, finite, not zero.
 
+    flags: token_flags() computed earlier (on the device); None computes them here from hidden.
+    """
     expect = Expectation(layers=layers, hidden_size=hidden_size)
-    problems = check_shapes(
-        file,
-        tuple(token_ids.shape),
-        tuple(hidden.shape),
-        st_dtype(hidden.dtype),
-        expect,
-        st_dtype(token_ids.dtype),
-    )
+    tdt, hdt = st_dtype(token_ids.dtype), st_dtype(hidden.dtype)
+    problems = check_shapes(file, tuple(token_ids.shape), tuple(hidden.shape), hdt, expect, tdt)
     found = [Finding(p.code, p.message) for p in problems]
     if token_ids.numel() != len(prompt) or token_ids.tolist() != list(prompt):
-        found.append(
-            Finding(
-                "seq_len_mismatch",
-                f"token_ids ({token_ids.numel()} tokens) differ from the prompt sent ({len(prompt)})",
-            )
-        )
+        msg = f"token_ids ({token_ids.numel()} tokens) differ from the prompt sent ({len(prompt)} tokens)"
+        found.append(Finding("seq_len_mismatch", msg))
     if hidden.numel() and hidden.is_floating_point():
-        bad = int((~torch.isfinite(hidden)).sum())
+        if flags is None or flags.shape[0] != hidden.shape[0]:
+            flags = token_flags(hidden)
+        bad = int((~flags[:, 0]).sum())
         if bad:
-            found.append(Finding("non_finite", f"{bad} NaN/Inf values in hidden_states"))
-        elif not bool(hidden.any()):
+            found.append(Finding("non_finite", f"{bad} of {flags.shape[0]} tokens have NaN/Inf hidden states"))
+        elif not bool(flags[:, 1].any()):
             found.append(Finding("all_zero", "hidden_states is all zeros"))
     return found

@@ -18,7 +18,7 @@ class PinnedCopier:
     memory stays bounded however slow the disk is.
     """
 
-    def __init__(self, device: torch.device, max_buffers: int = 4, min_bytes: int = 1 << 20) -> None:
+    def __init__(self, device: torch.device, max_buffers: int = 6, min_bytes: int = 1 << 20) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
         self.max_buffers = max_buffers
@@ -37,17 +37,34 @@ class PinnedCopier:
             buf = torch.empty(max(nbytes, 2 * buf.numel()), dtype=torch.uint8, pin_memory=True)
         return buf
 
-    def copy_async(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event, Callable[[], None]]:
-        """Start copying t (on the current stream's device) to host; returns (host view, done event, release)."""
-        nbytes = t.numel() * t.element_size()
-        buf = self._buffer(nbytes)
+    def reserve(self, nbytes: int, count: int | None = None) -> None:
+        """Pin the pool up front (pinning takes long: better at start than in the middle of a step)."""
+        with self._lock:
+            while self._count < min(count or self.max_buffers, self.max_buffers):
+                self._count += 1
+                self._free.put(torch.empty(max(nbytes, self.min_bytes), dtype=torch.uint8, pin_memory=True))
+
+    def copy_async(
+        self, *tensors: torch.Tensor
+    ) -> tuple[list[torch.Tensor], torch.cuda.Event, Callable[[], None]]:
+        """Start copying tensors (current stream's work) to one pinned buffer; (host views, done, release)."""
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        starts, total = [], 0
+        for n in sizes:
+            starts.append(total)
+            total += n + (-n % 64)  # keep every view aligned
+        buf = self._buffer(total)
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(self.device))
+        hosts = []
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(ready)
-            host = buf[:nbytes].view(t.dtype).view(t.shape)
-            host.copy_(t, non_blocking=True)
+            for t, at, n in zip(tensors, starts, sizes, strict=True):
+                host = buf[at : at + n].view(t.dtype).view(t.shape)
+                host.copy_(t, non_blocking=True)
+                hosts.append(host)
             done = torch.cuda.Event()
             done.record(self.stream)
-        t.record_stream(self.stream)  # keep the allocator from reusing t before the copy ran
-        return host, done, lambda: self._free.put(buf)
+        for t in tensors:
+            t.record_stream(self.stream)  # keep the allocator from reusing t before the copy ran
+        return hosts, done, lambda: self._free.put(buf)

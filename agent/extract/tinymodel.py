@@ -37,7 +37,7 @@ def deepseek_v3_config() -> dict[str, Any]:
         "hidden_size": 128,
         "intermediate_size": 256,
         "moe_intermediate_size": 64,
-        "num_hidden_layers": 6,
+        "num_hidden_layers": 8,
         "num_attention_heads": 4,
         "num_key_value_heads": 4,
         "q_lora_rank": 64,

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
+from agent.extract.checks import token_flags
 
 IDX_KEY = "eaglewatch_idx"
 
@@ -90,6 +91,10 @@ class EagleWatchCapture:
             from agent.extract.gpu_copy import PinnedCopier
 
             self._ew_copier = PinnedCopier(torch.device(device))
+            sched = self.vllm_config.scheduler_config  # type: ignore[attr-defined]
+            elt = torch.empty((), dtype=self.vllm_config.model_config.dtype).element_size()  # type: ignore[attr-defined]
+            step_bytes = int(sched.max_num_batched_tokens) * (len(cfg["layer_ids"]) * hidden * elt + 64)
+            self._ew_copier.reserve(step_bytes)
         for li, kind, slot in plan_hooks(cfg["layer_ids"], cfg["convention"], n):
             if kind == "pre":
                 layers[li].register_forward_pre_hook(functools.partial(self._ew_pre, slot), with_kwargs=True)
@@ -175,9 +180,10 @@ class EagleWatchCapture:
             return  # no forward ran in this step (e.g. an empty or failed step)
         spans = spans_for_step(order[0], dict(so.num_scheduled_tokens), starts)
         step = torch.stack(caps, dim=1)  # [tokens, L, H], on the model's device
+        flags = token_flags(step)  # finite / non-zero per token, computed where the data is
         self._ew_tokens += step.shape[0]
         if self._ew_copier is not None:
-            host, event, release = self._ew_copier.copy_async(step)
-            self._ew_sink.submit(host, spans, event, release)
+            (host, host_flags), event, release = self._ew_copier.copy_async(step, flags)
+            self._ew_sink.submit(host, spans, event, release, host_flags)
         else:
-            self._ew_sink.submit(step, spans)
+            self._ew_sink.submit(step, spans, flags=flags)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import struct
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,19 +25,51 @@ def sample_path(out_dir: str | Path, idx: int) -> Path:
     return Path(out_dir) / f"hs_{idx}.safetensors"
 
 
+_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int64": "I64", "int32": "I32"}
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> int:
+    """Write a safetensors file straight from the tensors' memory (no serialised copy); returns its size.
+
+    Format: u64 little-endian header length, JSON header (dtype, shape, data_offsets), padded with spaces
+    to a multiple of 8, then the raw little-endian tensor bytes in header order.
+    """
+    import torch
+
+    header: dict[str, Any] = {}
+    offset = 0
+    views = []
+    for name, t in tensors.items():
+        t = t.detach().contiguous().cpu()
+        nbytes = t.numel() * t.element_size()
+        dtype = _ST_DTYPES[str(t.dtype).removeprefix("torch.")]
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+        views.append(t.reshape(-1).view(torch.uint8).numpy() if nbytes else b"")
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)))
+        fh.write(raw)
+        for v in views:
+            fh.write(memoryview(v) if not isinstance(v, bytes) else v)  # releases the GIL while writing
+    return 8 + len(raw) + offset
+
+
 def write_sample(
     out_dir: str | Path, idx: int, token_ids: torch.Tensor, hidden: torch.Tensor
 ) -> tuple[Path, int]:
-    """Write token_ids [T] + hidden_states [T, L, H] to a temp file, fsync, rename; returns (path, bytes)."""
-    from safetensors.torch import save_file
+    """Write token_ids [T] + hidden_states [T, L, H] to a temp file, then rename; returns (path, bytes).
+
+    The rename makes a file appear whole or not at all, which is what resume relies on after a kill.
+    """
+    import torch
 
     final = sample_path(out_dir, idx)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    save_file({"token_ids": token_ids.contiguous(), "hidden_states": hidden.contiguous()}, str(tmp))
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)  # a reader never sees a half-written hs_N
-    return final, final.stat().st_size
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    size = write_safetensors(tmp, {"token_ids": token_ids.to(torch.int64), "hidden_states": hidden})
+    os.replace(tmp, final)
+    return final, size
 
 
 def existing_valid(

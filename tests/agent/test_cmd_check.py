@@ -200,3 +200,29 @@ def test_control_characters_in_names_are_escaped(tmp_path: Path) -> None:
     out = check(tmp_path)
     assert out.returncode == 1
     assert "\x1b" not in out.stdout and "evil\\x1b[2J.safetensors" in out.stdout
+
+
+def test_through_the_agent_command_line(tmp_path: Path) -> None:
+    """The path the daemon and users take: `python -m agent check` (agent/cli.py dispatches to cmd_check)."""
+    hs_file(tmp_path / "hs_0.safetensors", layers=3)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-m", "agent", "check", str(tmp_path), "--layers", "2,30,58,61", "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stderr
+    assert [p["code"] for p in json.loads(out.stdout)["problems"]] == ["layer_count_mismatch"]
+
+
+def test_many_problems_are_summarised_in_human_output(tmp_path: Path) -> None:
+    for i in range(60):
+        (tmp_path / f"hs_{i}.safetensors").write_bytes(b"\x00")
+    out = check(tmp_path)
+    assert out.returncode == 1
+    assert "… and 10 more (--json lists all)" in out.stdout
+    assert "problems by code: unreadable × 60" in out.stdout
+    assert len(json.loads(check(tmp_path, "--json").stdout)["problems"]) == 60

@@ -39,7 +39,11 @@ def test_launch_follow_to_completion(agent_daemon: AgentProc, tmp_path: Path) ->
         msgs = c.wait_for(terminal_event)
         events = _events(msgs)
         assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-        assert events[0]["kind"] == "launched" and events[1] == {**events[1], "type": "state", "state": "running"}
+        assert events[0]["kind"] == "launched" and events[1] == {
+            **events[1],
+            "type": "state",
+            "state": "running",
+        }
         assert events[-1]["state"] == "completed" and events[-1]["exit"] == {"code": 0, "signal": None}
         kinds = [e.get("kind") for e in events if e["type"] == "milestone"]
         assert {"engine_config", "weights_loaded", "progress"} <= set(kinds)
@@ -66,7 +70,7 @@ def test_launch_rejects_bad_requests(agent_daemon: AgentProc, tmp_path: Path) ->
     with AgentClient(agent_daemon.socket) as c:
         argv = sleeper(tmp_path, seconds=30)
         c.result("launch", run="dup", spec=_cmd(argv))
-        cases = [
+        cases: list[tuple[dict[str, Any], str, str]] = [
             ({"run": "dup", "spec": _cmd(argv)}, "conflict", "already exists"),
             ({"run": "../x", "spec": _cmd(argv)}, "bad_args", "run id"),
             ({"run": "a" * 65, "spec": _cmd(argv)}, "bad_args", "run id"),
@@ -96,9 +100,13 @@ def test_launch_of_missing_program_is_a_failed_run(agent_daemon: AgentProc) -> N
         assert last["state"] == "failed" and "could not start" in last["reason"]
 
 
-def test_crash_with_oom_traceback_fails_naming_code_and_error(agent_daemon: AgentProc, tmp_path: Path) -> None:
+def test_crash_with_oom_traceback_fails_naming_code_and_error(
+    agent_daemon: AgentProc, tmp_path: Path
+) -> None:
     with AgentClient(agent_daemon.socket) as c:
-        c.result("launch", run="oom", spec=_cmd(printer(tmp_path, [VLLM_LINES[0], *OOM_TRACEBACK], exit_code=3)))
+        c.result(
+            "launch", run="oom", spec=_cmd(printer(tmp_path, [VLLM_LINES[0], *OOM_TRACEBACK], exit_code=3))
+        )
         c.result("follow", run="oom", after_seq=0)
         events = _events(c.wait_for(terminal_event))
         errors = [e for e in events if e.get("kind") == "error"]
@@ -166,12 +174,16 @@ def test_unfollow_and_refollow_from_a_seq(agent_daemon: AgentProc, tmp_path: Pat
 def test_shape_failure_with_stop_policy_stops_the_run(agent_daemon: AgentProc, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    argv = write_script(tmp_path, "badcap", f"""
+    argv = write_script(
+        tmp_path,
+        "badcap",
+        f"""
         import time
-        open({str(out / 'hs_0.safetensors')!r}, 'wb').write(b'x')
+        open({str(out / "hs_0.safetensors")!r}, 'wb').write(b'x')
         print('wrote a broken file', flush=True)
         time.sleep(120)
-    """)
+    """,
+    )
     with AgentClient(agent_daemon.socket) as c:
         c.result("launch", run="shape", spec=_cmd(argv, output_dir=str(out), on_shape_failure="stop"))
         c.result("follow", run="shape", after_seq=0)
@@ -196,7 +208,9 @@ def test_good_capture_file_passes_and_check_op(agent_daemon: AgentProc, tmp_path
         assert bad["ok"] is False and bad["problems"][0]["code"] == "layer_count_mismatch"
         assert c.request("check", path=str(tmp_path / "missing"))["code"] == "not_found"
         argv = printer(tmp_path, ["working"], end_sleep=5)
-        c.result("launch", run="cap", spec=_cmd(argv, output_dir=str(out), expect={"layers": 4, "hidden_size": 16}))
+        c.result(
+            "launch", run="cap", spec=_cmd(argv, output_dir=str(out), expect={"layers": 4, "hidden_size": 16})
+        )
         c.result("follow", run="cap", after_seq=0)
         events = _events(c.wait_for(terminal_event, timeout=40))
     passed = [e for e in events if e.get("kind") == "shape_check_passed"]
@@ -244,3 +258,80 @@ def _write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) ->
     for i in range(0, offset, 2):
         data[i] = 0x3F  # non-zero, finite values
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(data))
+
+
+def test_huge_and_invalid_utf8_lines_are_capped_and_delivered(
+    agent_daemon: AgentProc, tmp_path: Path
+) -> None:
+    argv = write_script(
+        tmp_path,
+        "messy",
+        """
+        import sys
+        out = sys.stdout.buffer
+        out.write(b"before\\n")
+        out.write(b"x" * (10 << 20) + b"\\n")  # one 10 MB line
+        out.write(b"bad \\xff\\xfe utf-8\\n")
+        out.write(b"\\x1b[32mgreen\\x1b[0m after\\n")
+        out.flush()
+    """,
+    )
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="messy", spec=_cmd(argv))
+        c.result("follow", run="messy", after_seq=0, log_offset=0)
+        msgs = c.wait_for(terminal_event, timeout=60)
+        if not any(t == "green after" for _, t in _log_lines(msgs)):
+            msgs += c.wait_for(lambda m: m.get("type") == "log" and m["lines"][-1][1] == "green after", 20)
+    got = _log_lines(msgs)
+    assert [o for o, _ in got] == [0, 7, 7 + (10 << 20) + 1, 7 + (10 << 20) + 1 + 13]
+    assert got[0][1] == "before"
+    assert len(got[1][1]) < 70_000 and got[1][1].startswith("xxxx")  # capped, with a marker
+    assert got[2][1] == "bad \ufffd\ufffd utf-8"
+    assert got[3][1] == "green after"  # ANSI colour stripped
+    assert _events(msgs)[-1]["state"] == "completed"
+
+
+def test_socket_is_private(agent_daemon: AgentProc) -> None:
+    assert agent_daemon.socket.stat().st_mode & 0o077 == 0
+    assert agent_daemon.state_dir.joinpath("runs").stat().st_mode & 0o077 == 0
+
+
+VLLM_LOG = str(Path(__file__).resolve().parents[1] / "helpers" / "vllm_log.py")
+
+
+def test_realistic_tp2_vllm_run_completes_with_deduped_milestones(agent_daemon: AgentProc) -> None:
+    argv = [sys.executable, VLLM_LOG, "--tp", "2", "--delay", "0.002"]
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="tp2", spec=_cmd(argv))
+        c.result("follow", run="tp2", after_seq=0)
+        events = _events(c.wait_for(terminal_event, timeout=60))
+    kinds = [e.get("kind") for e in events if e["type"] == "milestone"]
+    assert kinds.count("weights_loaded") == 1  # printed by both ranks, one milestone
+    weights = next(e for e in events if e.get("kind") == "weights_loaded")
+    assert weights["fields"]["ranks"] == [0, 1]
+    assert {"launched", "capture_configured", "progress", "completed"} <= set(kinds)
+    assert events[-1]["state"] == "completed"
+
+
+@pytest.mark.parametrize(
+    ("failure", "exit_code", "words"),
+    [
+        ("oom", 1, ["exit code 1", "oom"]),
+        ("nccl", 0, ["exited 0 after a fatal error", "nccl"]),  # NCCL failures that exit 0 are still failures
+        ("worker_died", 0, ["worker_died"]),
+    ],
+)
+def test_realistic_failures_fail_the_run(
+    agent_daemon: AgentProc, failure: str, exit_code: int, words: list[str]
+) -> None:
+    argv = [sys.executable, VLLM_LOG, "--tp", "2", "--failure", failure, "--exit-code", str(exit_code)]
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run=f"f-{failure}", spec=_cmd(argv))
+        c.result("follow", run=f"f-{failure}", after_seq=0)
+        events = _events(c.wait_for(terminal_event, timeout=60))
+    errors = [e for e in events if e.get("kind") == "error"]
+    assert failure in {e["fields"]["class"] for e in errors}
+    assert events[-1]["state"] == "failed"
+    for word in words:
+        assert word in events[-1]["reason"]
+    assert [e["kind"] for e in events if e.get("kind") == "failed"] == ["failed"]

@@ -1,4 +1,4 @@
-"""Jobs with real subprocesses: detached spawn through the supervisor, exit records, stop for real, liveness."""
+"""Jobs with real subprocesses: detached spawn via the supervisor, exit records, stop for real, liveness."""
 
 from __future__ import annotations
 
@@ -43,13 +43,17 @@ def _wait_exit(p: RunPaths, timeout: float = 20.0) -> dict[str, Any]:
 
 def test_spawn_records_job_env_log_and_exit(state: Path, tmp_path: Path) -> None:
     p = _new(state, "r1")
-    argv = write_script(tmp_path, "envjob", """
+    argv = write_script(
+        tmp_path,
+        "envjob",
+        """
         import os, sys
         print("run", os.environ["EAGLEWATCH_RUN_ID"], "extra", os.environ["EXTRA"], flush=True)
         print("stdin", repr(sys.stdin.read()), "sid", os.getsid(0) == os.getpid(), flush=True)
         print("to stderr", file=sys.stderr, flush=True)
         sys.exit(7)
-    """)
+    """,
+    )
     rec = jobs.spawn(p, argv, {"EXTRA": "x y"})
     assert rec["argv"] == argv and rec["boot_id"] == procfs.boot_id()
     assert rec["supervisor_pid"] != os.getpid()
@@ -76,7 +80,9 @@ def test_job_is_not_a_child_of_the_spawner(state: Path, tmp_path: Path) -> None:
 
 def test_signal_exit_is_recorded(state: Path, tmp_path: Path) -> None:
     p = _new(state, "r3")
-    jobs.spawn(p, write_script(tmp_path, "segv", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"), {})
+    jobs.spawn(
+        p, write_script(tmp_path, "segv", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"), {}
+    )
     rec = _wait_exit(p)
     assert (rec["code"], rec["signal"], rec["signal_name"]) == (None, signal.SIGSEGV, "SIGSEGV")
     assert jobs.classify(p).status == "finished"
@@ -110,7 +116,10 @@ def test_stop_kills_a_setsid_child_that_outlives_its_parent(state: Path, tmp_pat
     rec = jobs.spawn(p, forker(tmp_path, pidfile), {})
     _wait_log(p, "lives on")
     worker = int(pidfile.read_text())
-    assert procfs.stat(worker).pgid != rec["pid"]  # left the process group: only the run id finds it
+    worker_stat = procfs.stat(worker)
+    assert (
+        worker_stat is not None and worker_stat.pgid != rec["pid"]
+    )  # left the process group: only the run id finds it
     result = jobs.stop(p, grace_s=0.5)
     assert result["confirmed"] is True
     killed = {k["pid"]: k for k in result["killed"]}
@@ -175,5 +184,7 @@ def _wait_log(p: RunPaths, text: str, timeout: float = 20.0) -> None:
 def test_supervisor_usage_error() -> None:
     import subprocess
 
-    out = subprocess.run([sys.executable, "-m", "agent.supervise"], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "agent.supervise"], capture_output=True, text=True, check=False
+    )
     assert out.returncode == 2 and "usage" in out.stderr

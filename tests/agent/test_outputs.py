@@ -101,6 +101,10 @@ def truncated(data: bytes, keep: int) -> Callable[[Path], object]:
     return raw(data[:keep])
 
 
+class Gadget:
+    """An arbitrary class: weights_only loading must refuse to unpickle it (no code from capture files)."""
+
+
 RAND = torch.randn(T, L, H)
 GOOD = good_st_bytes()
 GOOD_HEAD_LEN = struct.unpack("<Q", GOOD[:8])[0]
@@ -219,6 +223,20 @@ CASES: list[tuple[str, str, Callable[[Path], object], set[str]]] = [
         lambda p: (pt(spec_pt())(p), p.write_bytes(p.read_bytes()[:300])),
         {"unreadable"},
     ),
+    ("pt-good-legacy-pickle", "data_0.pt", pt(spec_pt(), legacy=True), set()),
+    (
+        "pt-good-stacked-tensor",
+        "data_0.pt",
+        pt(spec_pt(hidden_states=torch.randn(L, T, H).bfloat16())),
+        set(),
+    ),
+    (
+        "pt-stacked-zero-layer",
+        "data_0.pt",
+        pt(spec_pt(hidden_states=torch.cat([torch.randn(L - 1, T, H), torch.zeros(1, T, H)]))),
+        {"all_zero"},
+    ),
+    ("pt-unsafe-pickle", "data_0.pt", pt(spec_pt(extra=Gadget())), {"unreadable"}),
     ("pt-not-dict", "data_0.pt", pt([torch.randn(T, H)]), {"unreadable"}),
     ("sf-good", "data_0.ckpt", pt(specforge()), set()),
     ("sf-good-gz", "data_0.ckpt.gz", pt(specforge(), gz=True), set()),
@@ -338,3 +356,20 @@ def test_unknown_expectation_checks_what_it_can(tmp_path: Path) -> None:
     assert check_path(path).ok  # 3 layers are fine when nobody said how many to expect
     st(torch.randn(T * L))(path)
     assert {p.code for p in check_path(path).problems} == {"hidden_dim_lost"}
+
+
+def test_weights_only_refusal_is_reported_not_executed(tmp_path: Path) -> None:
+    path = tmp_path / "data_0.pt"
+    pt(spec_pt(extra=Gadget()))(path)
+    (problem,) = check_path(path, EXPECT).problems
+    assert problem.code == "unreadable"
+    assert problem.message.startswith("torch.load failed: UnpicklingError: Weights only load failed")
+
+
+def test_value_scan_failure_keeps_the_shape_result(tmp_path: Path) -> None:
+    """Sparse tensors load fine but cannot be scanned like dense ones: a note, not a crash or a pass."""
+    path = tmp_path / "data_0.pt"
+    pt(spec_pt(hidden_states=[torch.randn(T, H).to_sparse()] * 3))(path)
+    report = check_path(path, EXPECT)
+    assert [p.code for p in report.problems] == ["layer_count_mismatch"] and report.files == 1
+    assert any("value scan skipped: NotImplementedError" in n for n in report.notes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,65 @@ def test_expectation_from_model(tmp_path: Path) -> None:
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
     assert expectation_from_model(broken, [1]) == Expectation(layers=1, hidden_size=None)
+
+
+def test_fifo_named_like_a_capture_file_does_not_block(tmp_path: Path) -> None:
+    hs_file(tmp_path / "hs_0.safetensors")
+    os.mkfifo(tmp_path / "hs_1.safetensors")
+    report = check_path(tmp_path, EXPECT)
+    assert [(p.code, p.message) for p in report.problems] == [("unreadable", "not a regular file")]
+
+
+def test_file_gone_before_its_check_is_unchecked_not_a_problem(tmp_path: Path) -> None:
+    """A dangling link is what a file moved away mid-walk looks like (speculators renames connector files)."""
+    hs_file(tmp_path / "hs_0.safetensors")
+    os.symlink(tmp_path / "moved-away", tmp_path / "cmpl-7.safetensors")
+    report = check_path(tmp_path, EXPECT)
+    assert report.ok and report.files == 1
+    assert report.unchecked == [str(tmp_path / "cmpl-7.safetensors")]
+    assert "1 file unchecked: vanished while being checked (moved or deleted)" in report.notes
+
+
+def test_far_apart_indices_are_cheap() -> None:
+    (p,) = index_gaps("/out", ["hs_0.safetensors", "hs_99999999999.safetensors"])
+    assert p.message == (
+        "index gap: 99999999998 files missing in hs_0.safetensors … hs_99999999999.safetensors: "
+        "hs_1–hs_99999999998"
+    )
+
+
+def pt_file(path: Path, t: int = T) -> None:
+    buf = io.BytesIO()
+    torch.save(
+        {"input_ids": torch.arange(t), "hidden_states": [torch.randn(t, H)] * L, "loss_mask": torch.ones(t)},
+        buf,
+    )
+    path.write_bytes(buf.getvalue())
+
+
+def test_sample_lengths_json_finds_lost_trailing_files_and_wrong_lengths(tmp_path: Path) -> None:
+    """speculators writes {"<idx>": tokens}; a crash that lost the last files is only visible through it."""
+    for i in range(3):
+        pt_file(tmp_path / f"data_{i}.pt", t=T if i != 1 else T + 1)
+    (tmp_path / "sample_lengths.json").write_text(json.dumps({str(i): T for i in range(5)}))
+    report = check_path(tmp_path, EXPECT)
+    assert [(p.code, Path(p.file).name, p.message) for p in report.problems] == [
+        ("seq_len_mismatch", "data_1.pt", f"{T + 1} tokens but sample_lengths.json records {T}"),
+        (
+            "index_gap",
+            tmp_path.name,
+            "index gap: 2 files missing in data_0.pt … data_4.pt: data_3–data_4 (sample_lengths.json lists 5)",
+        ),
+    ]
+    single = check_path(tmp_path / "data_1.pt", EXPECT)  # the daemon's per-file check sees it too
+    assert [p.code for p in single.problems] == ["seq_len_mismatch"]
+    assert check_path(tmp_path / "data_0.pt", EXPECT).ok
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"0": "eight"}', '{"x": 8}'])
+def test_unusable_sample_lengths_json_is_a_note_not_a_problem(tmp_path: Path, content: str) -> None:
+    pt_file(tmp_path / "data_0.pt")
+    (tmp_path / "sample_lengths.json").write_text(content)
+    report = check_path(tmp_path, EXPECT)
+    assert report.ok, report.problems
+    assert len(report.notes) == 1 and "sample_lengths.json: ignored" in report.notes[0]

@@ -119,3 +119,19 @@ def test_canonical_dtype() -> None:
         "F32",
         "I64",
     ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (
+            b'{"a": {"dtype": "U8", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 1]}}',
+            "impossible value",
+        ),
+        (b'{"a": {"dtype": "U8", "shape": [1], "data_offsets": [NaN, 1]}}', "with begin <= end"),
+    ],
+)
+def test_hostile_json_headers(raw: bytes, words: str) -> None:
+    with pytest.raises(HeaderError, match=words):
+        parse_header(raw, 8 + len(raw) + 1)

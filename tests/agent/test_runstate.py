@@ -21,19 +21,53 @@ CASES = [
     (EXIT0, None, [], "command", "completed", ["exit code 0"]),
     (EXIT0, None, [COMPLETED], "worker-extension", "completed", []),
     (EXIT0, None, [], "worker-extension", "failed", ["without a completion marker"]),
-    (EXIT0, None, [_err("nccl", "NCCL error: unhandled system error")], "command", "failed", ["nccl", "NCCL error"]),
+    (
+        EXIT0,
+        None,
+        [_err("nccl", "NCCL error: unhandled system error")],
+        "command",
+        "failed",
+        ["nccl", "NCCL error"],
+    ),
     (EXIT0, None, [COMPLETED, _err("oom")], "vllm-native", "failed", ["oom"]),
     (EXIT0, None, [_err("import", "No module named x")], "command", "completed", []),  # not fatal by itself
-    ({"code": 3, "signal": None}, None, [_err("oom", "CUDA out of memory")], "command", "failed",
-     ["exit code 3", "oom", "CUDA out of memory"]),
+    (
+        {"code": 3, "signal": None},
+        None,
+        [_err("oom", "CUDA out of memory")],
+        "command",
+        "failed",
+        ["exit code 3", "oom", "CUDA out of memory"],
+    ),
     ({"code": None, "signal": 9, "signal_name": "SIGKILL"}, None, [], "command", "failed", ["SIGKILL"]),
-    ({"code": 127, "signal": None, "error": "cannot start /nope: No such file"}, None, [], "command", "failed",
-     ["could not start", "/nope"]),
-    ({"code": None, "signal": 15, "ended_at": 12.0}, {"by": "client", "requested_at": 11.0}, [], "command",
-     "stopped", ["stopped by request"]),
-    ({"code": None, "signal": 15, "ended_at": 12.0},
-     {"by": "agent", "requested_at": 11.0, "reason": "shape check failed: hidden_dim_lost in hs_0.safetensors"},
-     [], "command", "failed", ["hidden_dim_lost", "hs_0.safetensors"]),
+    (
+        {"code": 127, "signal": None, "error": "cannot start /nope: No such file"},
+        None,
+        [],
+        "command",
+        "failed",
+        ["could not start", "/nope"],
+    ),
+    (
+        {"code": None, "signal": 15, "ended_at": 12.0},
+        {"by": "client", "requested_at": 11.0},
+        [],
+        "command",
+        "stopped",
+        ["stopped by request"],
+    ),
+    (
+        {"code": None, "signal": 15, "ended_at": 12.0},
+        {
+            "by": "agent",
+            "requested_at": 11.0,
+            "reason": "shape check failed: hidden_dim_lost in hs_0.safetensors",
+        },
+        [],
+        "command",
+        "failed",
+        ["hidden_dim_lost", "hs_0.safetensors"],
+    ),
     # The job had already finished on its own when the stop arrived: its own outcome stands.
     (EXIT0, {"by": "client", "requested_at": 20.0}, [], "command", "completed", []),
     (None, None, [], "command", "lost", ["no exit status"]),
@@ -41,8 +75,14 @@ CASES = [
 
 
 @pytest.mark.parametrize(("exit_rec", "stop_rec", "events", "backend", "state", "words"), CASES)
-def test_final_state(exit_rec: dict[str, Any] | None, stop_rec: dict[str, Any] | None,
-                     events: list[dict[str, Any]], backend: str, state: str, words: list[str]) -> None:
+def test_final_state(
+    exit_rec: dict[str, Any] | None,
+    stop_rec: dict[str, Any] | None,
+    events: list[dict[str, Any]],
+    backend: str,
+    state: str,
+    words: list[str],
+) -> None:
     got_state, reason = final_state(exit_rec, stop_rec, RunSummary.from_events(events), backend)
     assert got_state == state
     for word in words:
@@ -50,9 +90,11 @@ def test_final_state(exit_rec: dict[str, Any] | None, stop_rec: dict[str, Any] |
 
 
 def test_summary_keeps_first_terminal_state() -> None:
-    s = RunSummary.from_events([
-        {"type": "state", "state": "running"},
-        {"type": "state", "state": "failed", "reason": "exit code 1"},
-        {"type": "state", "state": "completed"},
-    ])
+    s = RunSummary.from_events(
+        [
+            {"type": "state", "state": "running"},
+            {"type": "state", "state": "failed", "reason": "exit code 1"},
+            {"type": "state", "state": "completed"},
+        ]
+    )
     assert (s.terminal, s.reason) == ("failed", "exit code 1")

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
 from agent.extract.capture import CaptureSink, SinkConfig, Span
+from agent.extract.checks import token_flags
 
 
 def build(args: argparse.Namespace, device: torch.device) -> Any:
@@ -88,11 +89,12 @@ class Capture:
 
     def end_step(self) -> torch.Tensor:
         step = torch.stack(self.caps, dim=1)  # type: ignore[arg-type]
+        flags = token_flags(step)
         if self.copier is not None:
-            host, ev, release = self.copier.copy_async(step)
-            self.sink.submit(host, self.spans, ev, release)
+            (host, host_flags), ev, release = self.copier.copy_async(step, flags)
+            self.sink.submit(host, self.spans, ev, release, host_flags)
         else:
-            self.sink.submit(step, self.spans)
+            self.sink.submit(step, self.spans, flags=flags)
         return step
 
 
@@ -161,6 +163,7 @@ def main() -> int:
         from agent.extract.gpu_copy import PinnedCopier
 
         copier = PinnedCopier(device)
+        copier.reserve(args.batch * args.seq * (len(layer_ids) * args.hidden * 2 + 64))
     next_req = [0]
     # warm-up (kernels, allocator, pinned pool) for both paths
     timed_steps(model, ids, 2, device, None, None, args.batch, args.seq, next_req)

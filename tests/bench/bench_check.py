@@ -47,13 +47,16 @@ def sparse_safetensors(path: Path, total_bytes: int) -> int:
     return t
 
 
-def timings(fn: Callable[[], object], reps: int) -> list[float]:
+def timings(
+    fn: Callable[[], object], reps: int, clock: Callable[[], float] = time.perf_counter
+) -> list[float]:
+    """Milliseconds per call; clock=time.process_time counts CPU spent, immune to other processes."""
     fn()  # warm the page cache and imports
     out = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        out.append((time.perf_counter() - t0) * 1000)
+        out.append((clock() - t0) * 1000)
     return out
 
 
@@ -71,7 +74,9 @@ def bench_header(tmp: Path, reps: int) -> None:
     print(
         f"header-only check, {path.stat().st_size / 2**30:.2f} GiB file ([{t}, {L}, {H}] BF16), {reps} reps:"
     )
-    print(f"  check_path(deep=False): median {med:.3f} ms, p99 {p99:.3f} ms (goal <= {GOAL_MS} ms)")
+    print(f"  check_path(deep=False) wall: median {med:.3f} ms, p99 {p99:.3f} ms (goal <= {GOAL_MS} ms)")
+    cmed, cp99 = summary(timings(lambda: check_path(path, expect, deep=False), reps, time.process_time))
+    print(f"  check_path(deep=False) CPU:  median {cmed:.3f} ms, p99 {cp99:.3f} ms")
     try:
         from safetensors import safe_open
     except ImportError:
@@ -85,7 +90,30 @@ def bench_header(tmp: Path, reps: int) -> None:
     bmed, bp99 = summary(timings(baseline, reps))
     print(f"  baseline safetensors.safe_open + shapes: median {bmed:.3f} ms, p99 {bp99:.3f} ms")
     print(f"  ratio (ours / baseline, median): {med / bmed:.2f}")
-    print(f"  verdict: {'PASS' if p99 <= GOAL_MS else 'FAIL'} (p99 vs goal)")
+    print(
+        f"  verdict: wall p99 {'PASS' if p99 <= GOAL_MS else 'FAIL'}, "
+        f"CPU p99 {'PASS' if cp99 <= GOAL_MS else 'FAIL'}"
+    )
+    print(
+        "  (on a shared machine, wall-clock spikes from other processes show in the baseline's p99 as well)"
+    )
+
+
+def bench_directory(tmp: Path, n_files: int) -> None:
+    """Header-only check of a directory of many small files: what the daemon's final sweep costs."""
+    import torch
+    from safetensors.torch import save
+
+    d = tmp / "many"
+    d.mkdir()
+    blob = save({"token_ids": torch.arange(64), "hidden_states": torch.randn(64, L, 256).bfloat16()})
+    for i in range(n_files):
+        (d / f"hs_{i}.safetensors").write_bytes(blob)
+    expect = Expectation(layers=L, hidden_size=256)
+    (ms,) = timings(lambda: check_path(d, expect, deep=False), 1)
+    report = check_path(d, expect, deep=False)
+    assert report.ok and report.files == n_files
+    print(f"directory of {n_files} files, header-only: {ms:.0f} ms = {n_files / (ms / 1000):.0f} files/s")
 
 
 def real_file(tmp: Path, mb: int) -> Path:
@@ -143,10 +171,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--deep-mb", type=int, default=256)
     ap.add_argument("--deep-reps", type=int, default=5)
+    ap.add_argument("--files", type=int, default=2000)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         bench_header(Path(d), args.reps)
         bench_deep(Path(d), args.deep_mb, args.deep_reps)
+        bench_directory(Path(d), args.files)
 
 
 if __name__ == "__main__":

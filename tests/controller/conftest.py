@@ -29,7 +29,7 @@ print("job done", flush=True)
 
 @pytest.fixture
 def reap(tmp_path: Path) -> Iterator[None]:
-    """Kill every process (daemon, bridge, job) whose command line or environment names this test's tmp dir."""
+    """Kill every process (daemon, bridge, job) whose cmdline or environment names this test's tmp dir."""
     yield
     kill_tree_matching(str(tmp_path) + "/")
 

@@ -1,4 +1,4 @@
-"""Alert rules (tables), dedupe with cooldown, and delivery through apprise json:// to a real HTTP receiver."""
+"""Alert rules (tables), dedupe with cooldown, delivery through apprise json:// to a real HTTP receiver."""
 
 from __future__ import annotations
 
@@ -24,12 +24,22 @@ RUN = {"id": "r-1", "name": "llama", "host": "gpu1", "state": "running"}
 @pytest.mark.parametrize(
     ("event", "rules"),
     [
-        ({"type": "milestone", "kind": "shape_check_failed", "fields": {"message": "flat"}}, ["shape_check_failed"]),
+        (
+            {"type": "milestone", "kind": "shape_check_failed", "fields": {"message": "flat"}},
+            ["shape_check_failed"],
+        ),
         ({"type": "milestone", "kind": "error", "fields": {"class": "oom"}, "text": "CUDA OOM"}, ["error"]),
         ({"type": "milestone", "kind": "progress", "fields": {}}, []),
         ({"type": "milestone", "kind": "warning", "fields": {}}, []),
-        ({"type": "check", "ok": False, "file": "hs_0", "problems": [{"code": "all_zero", "message": "z"}]},
-         ["shape_check_failed"]),
+        (
+            {
+                "type": "check",
+                "ok": False,
+                "file": "hs_0",
+                "problems": [{"code": "all_zero", "message": "z"}],
+            },
+            ["shape_check_failed"],
+        ),
         ({"type": "check", "ok": True, "file": "hs_0", "problems": []}, []),
         ({"type": "state", "state": "failed", "reason": "exit 1"}, ["run_failed"]),
         ({"type": "state", "state": "lost"}, ["run_lost"]),
@@ -43,19 +53,31 @@ def test_rules_for_event(event: dict[str, Any], rules: list[str]) -> None:
 
 
 def test_error_alert_names_class() -> None:
-    (d,) = alerts.rules_for_event(RUN, {"type": "milestone", "kind": "error", "fields": {"class": "nccl"},
-                                        "text": "NCCL error"})
+    (d,) = alerts.rules_for_event(
+        RUN, {"type": "milestone", "kind": "error", "fields": {"class": "nccl"}, "text": "NCCL error"}
+    )
     assert "nccl" in d.message and d.dedupe_key == "run:r-1:error"
 
 
 @pytest.mark.parametrize(
     ("last_progress_ago", "interval", "state", "fires"),
-    [(100, 10, "running", True), (30, 10, "running", False), (100, 10, "completed", False),
-     (100, None, "running", False), (61, 1, "running", True), (59, 1, "running", False)],
+    [
+        (100, 10, "running", True),
+        (30, 10, "running", False),
+        (100, 10, "completed", False),
+        (100, None, "running", False),
+        (61, 1, "running", True),
+        (59, 1, "running", False),
+    ],
 )
 def test_stall(last_progress_ago: float, interval: float | None, state: str, fires: bool) -> None:
     now = 10_000.0
-    run = {**RUN, "state": state, "last_progress_at": now - last_progress_ago, "progress_interval_s": interval}
+    run = {
+        **RUN,
+        "state": state,
+        "last_progress_at": now - last_progress_ago,
+        "progress_interval_s": interval,
+    }
     d = alerts.stall(run, now, factor=5, min_s=60)
     assert (d is not None) == fires
     if d:
@@ -82,7 +104,7 @@ class Receiver:
         bodies = self.bodies
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 bodies.append(json.loads(self.rfile.read(length)))
                 self.send_response(200)
@@ -147,7 +169,9 @@ async def test_outbox_survives_receiver_down_and_restart(tmp_path: Path, receive
     store = Store(settings.database, Bus())
     await store.open()
     try:
-        alert_id = await _raise(store, alerts.AlertDraft("run_failed", "error", "llama failed", "r-1", "gpu1"))
+        alert_id = await _raise(
+            store, alerts.AlertDraft("run_failed", "error", "llama failed", "r-1", "gpu1")
+        )
         assert alert_id is not None
         assert await alerts.OutboxWorker(settings, store).deliver_due() == 0
         row = await store.read(lambda c: dict(c.execute("SELECT * FROM outbox").fetchone()))
@@ -158,7 +182,9 @@ async def test_outbox_survives_receiver_down_and_restart(tmp_path: Path, receive
     store = Store(settings.database, Bus())  # a restarted controller
     await store.open()
     try:
-        await store.write(lambda tx: tx.conn.execute("UPDATE outbox SET next_attempt_at=0"))  # skip the backoff
+        await store.write(
+            lambda tx: tx.conn.execute("UPDATE outbox SET next_attempt_at=0")
+        )  # skip the backoff
         assert await alerts.OutboxWorker(settings, store).deliver_due() == 1
         assert [b["message"] for b in receiver.bodies] == ["llama failed"]
         assert (await store.read(queries.get_alert, alert_id)).delivered is True

@@ -30,38 +30,57 @@ def _assert_complete(db: Path, run_id: str, agent_state: Path) -> None:
     """Events 1..N exactly once in insertion order, and the stored log equals output.log."""
     conn = sqlite3.connect(db)
     try:
-        seqs = [r[0] for r in conn.execute("SELECT seq FROM events WHERE run_id=? AND seq IS NOT NULL ORDER BY id",
-                                           (run_id,))]
-        journal = [json.loads(line) for line in (agent_state / "runs" / run_id / "events.jsonl").read_text()
-                   .splitlines() if line.strip()]
+        seqs = [
+            r[0]
+            for r in conn.execute(
+                "SELECT seq FROM events WHERE run_id=? AND seq IS NOT NULL ORDER BY id", (run_id,)
+            )
+        ]
+        journal = [
+            json.loads(line)
+            for line in (agent_state / "runs" / run_id / "events.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
         assert seqs == [e["seq"] for e in journal] == list(range(1, len(journal) + 1))
         ms = [r[0] for r in conn.execute("SELECT seq FROM milestones WHERE run_id=? ORDER BY id", (run_id,))]
         assert ms == [e["seq"] for e in journal if e["type"] == "milestone"]
-        stored = [r[0] for r in conn.execute("SELECT text FROM log_lines WHERE run_id=? ORDER BY offset",
-                                             (run_id,))]
+        stored = [
+            r[0] for r in conn.execute("SELECT text FROM log_lines WHERE run_id=? ORDER BY offset", (run_id,))
+        ]
         assert stored == (agent_state / "runs" / run_id / "output.log").read_text().splitlines()
         assert conn.execute("SELECT state FROM runs WHERE id=?", (run_id,)).fetchone()[0] == "completed"
     finally:
         conn.close()
 
 
-async def test_link_killed_20_times_mid_run(tmp_path: Path, sshd: SSHD, ssh_settings: Settings,
-                                            job_script: Path) -> None:
+async def test_link_killed_20_times_mid_run(
+    tmp_path: Path, sshd: SSHD, ssh_settings: Settings, job_script: Path
+) -> None:
     stop = tmp_path / "stop"
-    host = HostCreate(name="gpu1", ssh="eaglehost", python="/usr/bin/python3", state_dir=str(tmp_path / "agent"))
+    host = HostCreate(
+        name="gpu1", ssh="eaglehost", python="/usr/bin/python3", state_dir=str(tmp_path / "agent")
+    )
     async with Controller(ssh_settings) as ctl:
         await ctl.add_host(host)
         sup = ctl.supervisors.hosts["gpu1"]
         await sup.connected.wait()
-        run_id = await ctl.create_run({"host": "gpu1", "backend": "command",
-                                       "command": ["/usr/bin/python3", str(job_script), str(stop), "0.02"]})
+        run_id = await ctl.create_run(
+            {
+                "host": "gpu1",
+                "backend": "command",
+                "command": ["/usr/bin/python3", str(job_script), str(stop), "0.02"],
+            }
+        )
         kills = 0
         while kills < 20:
             seen = len((await ctl.get_run(run_id)).milestones)
 
             async def progressed(seen: int = seen) -> bool:
-                return (sup.connected.is_set() and run_id in sup.following
-                        and len((await ctl.get_run(run_id)).milestones) > seen)
+                return (
+                    sup.connected.is_set()
+                    and run_id in sup.following
+                    and len((await ctl.get_run(run_id)).milestones) > seen
+                )
 
             await wait_for(progressed, what=f"new milestones after kill {kills}")
             kills += sshd.kill_sessions() > 0
@@ -93,12 +112,23 @@ asyncio.run(main())
 
 
 def _spawn_controller(settings: Settings) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), EAGLEWATCH_HOME=str(settings.home),
-               EAGLEWATCH_KNOWN_HOSTS=str(settings.known_hosts), EAGLEWATCH_SSH_CONFIG=str(settings.ssh_config),
-               EAGLEWATCH_REMOTE_BASE=settings.remote_base, EAGLEWATCH_RECONNECT_MAX_S="0.5")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        EAGLEWATCH_HOME=str(settings.home),
+        EAGLEWATCH_KNOWN_HOSTS=str(settings.known_hosts),
+        EAGLEWATCH_SSH_CONFIG=str(settings.ssh_config),
+        EAGLEWATCH_REMOTE_BASE=settings.remote_base,
+        EAGLEWATCH_RECONNECT_MAX_S="0.5",
+    )
     with open(settings.home / "ctl.log", "ab") as log:
-        return subprocess.Popen([sys.executable, "-c", CONTROLLER], env=env, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=log)
+        return subprocess.Popen(
+            [sys.executable, "-c", CONTROLLER],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
 
 
 def _milestone_count(db: Path, run_id: str) -> int:
@@ -109,14 +139,22 @@ def _milestone_count(db: Path, run_id: str) -> int:
         conn.close()
 
 
-async def test_controller_sigkilled_and_restarted_mid_run(tmp_path: Path, sshd: SSHD, ssh_settings: Settings,
-                                                          job_script: Path) -> None:
+async def test_controller_sigkilled_and_restarted_mid_run(
+    tmp_path: Path, sshd: SSHD, ssh_settings: Settings, job_script: Path
+) -> None:
     stop = tmp_path / "stop"
-    host = HostCreate(name="gpu1", ssh="eaglehost", python="/usr/bin/python3", state_dir=str(tmp_path / "agent"))
+    host = HostCreate(
+        name="gpu1", ssh="eaglehost", python="/usr/bin/python3", state_dir=str(tmp_path / "agent")
+    )
     async with Controller(ssh_settings, supervise=False) as ctl:  # the CLI's way: one-shot link
         await ctl.add_host(host)
-        run_id = await ctl.create_run({"host": "gpu1", "backend": "command",
-                                       "command": ["/usr/bin/python3", str(job_script), str(stop), "0.02"]})
+        run_id = await ctl.create_run(
+            {
+                "host": "gpu1",
+                "backend": "command",
+                "command": ["/usr/bin/python3", str(job_script), str(stop), "0.02"],
+            }
+        )
         assert (await ctl.get_run(run_id)).state == "running"
     db = ssh_settings.database
     proc = _spawn_controller(ssh_settings)

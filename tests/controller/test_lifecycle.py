@@ -79,8 +79,13 @@ def test_link_down_never_fails_a_run() -> None:
 
 @pytest.mark.parametrize(
     ("agent_state", "event"),
-    [("running", E.JOB_RUNNING), ("completed", E.JOB_COMPLETED), ("failed", E.JOB_FAILED),
-     ("stopped", E.JOB_STOPPED), ("lost", E.JOB_LOST)],
+    [
+        ("running", E.JOB_RUNNING),
+        ("completed", E.JOB_COMPLETED),
+        ("failed", E.JOB_FAILED),
+        ("stopped", E.JOB_STOPPED),
+        ("lost", E.JOB_LOST),
+    ],
 )
 def test_agent_states(agent_state: str, event: RunEvent) -> None:
     assert event_for_agent_state(agent_state) == event

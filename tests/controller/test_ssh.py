@@ -21,8 +21,9 @@ HOST = HostCreate(name="gpu1", ssh="eaglehost", python="/usr/bin/python3")
 
 
 def _fingerprint(pub: Path) -> str:
-    out = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(pub)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["ssh-keygen", "-l", "-E", "sha256", "-f", str(pub)], capture_output=True, text=True, check=True
+    ).stdout
     return out.split()[1]
 
 
@@ -30,8 +31,9 @@ def _host(tmp_path: Path) -> HostCreate:
     return HOST.model_copy(update={"state_dir": str(tmp_path / "agent")})
 
 
-async def test_add_check_bootstraps_agent_with_system_python(tmp_path: Path, sshd: SSHD,
-                                                            ssh_settings: Settings) -> None:
+async def test_add_check_bootstraps_agent_with_system_python(
+    tmp_path: Path, sshd: SSHD, ssh_settings: Settings
+) -> None:
     """The alias resolves through ssh_config; the stdlib agent is uploaded and run by /usr/bin/python3."""
     async with Controller(ssh_settings, supervise=False) as ctl:
         await ctl.add_host(_host(tmp_path))
@@ -57,7 +59,9 @@ async def test_unknown_host_key_is_not_accepted(tmp_path: Path, sshd: SSHD, ssh_
     assert not (tmp_path / "remote").exists()  # nothing uploaded to an untrusted host
 
 
-async def test_changed_host_key_refused_and_alerted(tmp_path: Path, sshd: SSHD, ssh_settings: Settings) -> None:
+async def test_changed_host_key_refused_and_alerted(
+    tmp_path: Path, sshd: SSHD, ssh_settings: Settings
+) -> None:
     async with Controller(ssh_settings) as ctl:
         await ctl.add_host(_host(tmp_path))
         await wait_for(lambda: _reachable(ctl, True), what="first connection")
@@ -80,14 +84,20 @@ async def _reachable(ctl: Controller, value: bool) -> bool:
     return (await ctl.get_host("gpu1")).reachable is value
 
 
-async def test_dropped_link_makes_runs_unknown_never_failed(tmp_path: Path, sshd: SSHD, ssh_settings: Settings,
-                                                            job_script: Path) -> None:
+async def test_dropped_link_makes_runs_unknown_never_failed(
+    tmp_path: Path, sshd: SSHD, ssh_settings: Settings, job_script: Path
+) -> None:
     stop = tmp_path / "stop"
     async with Controller(ssh_settings) as ctl:
         await ctl.add_host(_host(tmp_path))
         await wait_for(lambda: _reachable(ctl, True), what="connection")
-        run_id = await ctl.create_run({"host": "gpu1", "backend": "command",
-                                       "command": ["/usr/bin/python3", str(job_script), str(stop), "0.05"]})
+        run_id = await ctl.create_run(
+            {
+                "host": "gpu1",
+                "backend": "command",
+                "command": ["/usr/bin/python3", str(job_script), str(stop), "0.05"],
+            }
+        )
         await wait_for(lambda: _milestones(ctl, run_id, 3), what="milestones")
         sshd.stop()
         sshd.kill_sessions()

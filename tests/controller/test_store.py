@@ -17,19 +17,31 @@ from controller.store import Store, Tx
 
 
 def _run(tx: Tx, run_id: str = "r-1", spec: dict[str, Any] | None = None) -> None:
-    tx.conn.execute("INSERT INTO hosts(name, ssh, python, created_at, gpus_json) VALUES ('h','local','python3',0,'[]')"
-                    " ON CONFLICT DO NOTHING")
+    tx.conn.execute(
+        "INSERT INTO hosts(name, ssh, python, created_at, gpus_json) VALUES ('h','local','python3',0,'[]')"
+        " ON CONFLICT DO NOTHING"
+    )
     spec = spec or {"host": "h", "backend": "command", "command": ["true"]}
     tx.conn.execute(
         "INSERT INTO runs(id, name, host, backend, spec_json, state, created_at, last_seq, log_offset)"
-        " VALUES (?,?,?,?,?,'pending',?,0,0)", (run_id, "run", "h", "command", json.dumps(spec), tx.now))
+        " VALUES (?,?,?,?,?,'pending',?,0,0)",
+        (run_id, "run", "h", "command", json.dumps(spec), tx.now),
+    )
     ingest.transition(tx, run_id, RunEvent.LAUNCH)
     ingest.transition(tx, run_id, RunEvent.LAUNCHED)
 
 
 def _milestone(seq: int, kind: str = "progress", **fields: Any) -> dict[str, Any]:
-    return {"seq": seq, "ts": 1000.0 + seq, "type": "milestone", "kind": kind, "line": seq, "rank": None,
-            "fields": fields, "text": f"line {seq}"}
+    return {
+        "seq": seq,
+        "ts": 1000.0 + seq,
+        "type": "milestone",
+        "kind": kind,
+        "line": seq,
+        "rank": None,
+        "fields": fields,
+        "text": f"line {seq}",
+    }
 
 
 @pytest.fixture
@@ -65,19 +77,34 @@ async def test_events_exactly_once_in_order(store: Store) -> None:
 
 async def test_state_events_and_terminal(store: Store) -> None:
     await store.write(_run)
-    evs = [_milestone(1), {"seq": 2, "ts": 5.0, "type": "state", "state": "completed", "exit": {"code": 0}},
-           {"seq": 3, "ts": 6.0, "type": "state", "state": "running"}]
+    evs = [
+        _milestone(1),
+        {"seq": 2, "ts": 5.0, "type": "state", "state": "completed", "exit": {"code": 0}},
+        {"seq": 3, "ts": 6.0, "type": "state", "state": "running"},
+    ]
     await store.write(lambda tx: ingest.apply_events(tx, "r-1", evs, cooldown_s=0, deliver=False))
     run = await store.read(queries.get_run_public, "r-1")
     assert run.state == "completed" and run.exit == {"code": 0} and run.ended_at == 5.0
 
 
 async def test_failed_check_raises_alert_and_stop_action(store: Store) -> None:
-    await store.write(lambda tx: _run(tx, spec={"host": "h", "backend": "command", "command": ["x"],
-                                                "on_shape_failure": "stop"}))
-    check = {"seq": 1, "ts": 2.0, "type": "check", "file": "/o/hs_0.safetensors", "ok": False, "format": "x",
-             "problems": [{"code": "hidden_dim_lost", "file": "/o/hs_0.safetensors", "message": "flat"}]}
-    actions = await store.write(lambda tx: ingest.apply_events(tx, "r-1", [check], cooldown_s=60, deliver=True))
+    await store.write(
+        lambda tx: _run(
+            tx, spec={"host": "h", "backend": "command", "command": ["x"], "on_shape_failure": "stop"}
+        )
+    )
+    check = {
+        "seq": 1,
+        "ts": 2.0,
+        "type": "check",
+        "file": "/o/hs_0.safetensors",
+        "ok": False,
+        "format": "x",
+        "problems": [{"code": "hidden_dim_lost", "file": "/o/hs_0.safetensors", "message": "flat"}],
+    }
+    actions = await store.write(
+        lambda tx: ingest.apply_events(tx, "r-1", [check], cooldown_s=60, deliver=True)
+    )
     assert actions == ["stop"]
     detail = await store.read(queries.get_run_detail, "r-1")
     assert [p.code for p in detail.problems] == ["hidden_dim_lost"]
@@ -96,6 +123,8 @@ async def test_log_lines_idempotent_and_offset(store: Store) -> None:
     assert (await store.read(queries.run_row, "r-1"))["log_offset"] == 1000
     tail = await store.read(queries.read_log, "r-1", 950, 10, None, False)
     assert [g["text"] for g in tail] == ["line 96", "line 97", "line 98", "line 99"]
+    back = await store.read(queries.read_log, "r-1", -1, 3, None, False, 500)
+    assert [g["text"] for g in back] == ["line 47", "line 48", "line 49"]
     found = await store.read(queries.read_log, "r-1", -1, 10, "LINE 7", False)
     assert [g["text"] for g in found][:2] == ["line 7", "line 70"]
 
@@ -120,10 +149,14 @@ async def test_feed_since_replays_what_the_bus_published(store: Store) -> None:
     sub = store.bus.subscribe()
     await store.write(_run)
     for i in range(1, 6):
-        await store.write(lambda tx, i=i: ingest.apply_events(tx, "r-1", [_milestone(i)], cooldown_s=0,
-                                                               deliver=False))
-        await store.write(lambda tx, i=i: tx.add_log_lines("r-1", [[i * 100, f"l{i}a"], [i * 100 + 5, f"l{i}b"]],
-                                                           i * 100 + 10))
+        await store.write(
+            lambda tx, i=i: ingest.apply_events(tx, "r-1", [_milestone(i)], cooldown_s=0, deliver=False)
+        )
+        await store.write(
+            lambda tx, i=i: tx.add_log_lines(
+                "r-1", [[i * 100, f"l{i}a"], [i * 100 + 5, f"l{i}b"]], i * 100 + 10
+            )
+        )
     live: list[BusEvent] = []
     while not sub._queue.empty():
         item = sub._queue.get_nowait()
@@ -136,7 +169,7 @@ async def test_feed_since_replays_what_the_bus_published(store: Store) -> None:
     # resume from the middle: exactly the rest
     mid = live[len(live) // 2]
     rest = await store.read(queries.feed_since, "r-1", mid.cursor, 1000)
-    assert [e.cursor for e in rest] == cursors[len(live) // 2 + 1:]
+    assert [e.cursor for e in rest] == cursors[len(live) // 2 + 1 :]
     assert parse_cursor(mid.cursor)[0] > 0
 
 

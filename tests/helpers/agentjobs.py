@@ -39,10 +39,19 @@ def write_script(tmp: Path, name: str, body: str) -> list[str]:
     return [sys.executable, str(path)]
 
 
-def printer(tmp: Path, lines: list[str], delay: float = 0.0, exit_code: int = 0, name: str = "printer",
-            end_sleep: float = 0.0) -> list[str]:
+def printer(
+    tmp: Path,
+    lines: list[str],
+    delay: float = 0.0,
+    exit_code: int = 0,
+    name: str = "printer",
+    end_sleep: float = 0.0,
+) -> list[str]:
     """A job printing ``lines`` (``delay`` s apart), sleeping ``end_sleep``, then exiting ``exit_code``."""
-    return write_script(tmp, name, f"""
+    return write_script(
+        tmp,
+        name,
+        f"""
         import sys, time
         LINES = {lines!r}
         for i, line in enumerate(LINES):
@@ -51,23 +60,31 @@ def printer(tmp: Path, lines: list[str], delay: float = 0.0, exit_code: int = 0,
                 time.sleep({delay!r})
         time.sleep({end_sleep!r})
         sys.exit({exit_code!r})
-    """)
+    """,
+    )
 
 
 def sleeper(tmp: Path, seconds: float = 300.0, ignore_term: bool = False, name: str = "sleeper") -> list[str]:
     """A job that sleeps (optionally ignoring SIGTERM, so stop has to SIGKILL it)."""
-    return write_script(tmp, name, f"""
+    return write_script(
+        tmp,
+        name,
+        f"""
         import signal, time
         if {ignore_term!r}:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("sleeping", flush=True)
         time.sleep({seconds!r})
-    """)
+    """,
+    )
 
 
 def forker(tmp: Path, pidfile: Path, name: str = "forker") -> list[str]:
     """A job whose child setsid's away (like a vLLM worker), ignores SIGTERM and outlives its parent."""
-    return write_script(tmp, name, f"""
+    return write_script(
+        tmp,
+        name,
+        f"""
         import os, signal, sys, time
         pid = os.fork()
         if pid == 0:
@@ -82,4 +99,5 @@ def forker(tmp: Path, pidfile: Path, name: str = "forker") -> list[str]:
             time.sleep(0.01)
         print("parent exits, worker", pid, "lives on", flush=True)
         time.sleep(300)
-    """)
+    """,
+    )

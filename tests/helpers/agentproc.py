@@ -1,10 +1,10 @@
 """Test helpers: a real agent daemon subprocess on a tmp state dir, and a small sync JSON-lines client.
 
-    from tests.helpers.agentproc import agent_daemon, AgentClient   # agent_daemon is a pytest fixture
+from tests.helpers.agentproc import agent_daemon, AgentClient   # agent_daemon is a pytest fixture
 
-    def test_x(agent_daemon):
-        with AgentClient(agent_daemon.socket) as c:
-            c.result("launch", run="r1", spec={"backend": "command", "command": [...]})
+def test_x(agent_daemon):
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="r1", spec={"backend": "command", "command": [...]})
 """
 
 from __future__ import annotations
@@ -58,22 +58,38 @@ class AgentProc:
             self.proc.wait(10)
 
 
-def start_agent(state_dir: Path, socket_path: Path | None = None, timeout: float = 15.0,
-                env: dict[str, str] | None = None) -> AgentProc:
+def start_agent(
+    state_dir: Path, socket_path: Path | None = None, timeout: float = 15.0, env: dict[str, str] | None = None
+) -> AgentProc:
     """Start ``python -m agent daemon`` and wait until its socket answers."""
     socket_path = socket_path or state_dir / "agent.sock"
     state_dir.mkdir(parents=True, exist_ok=True)
     err = open(state_dir / "daemon.stderr", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "daemon", "--state-dir", str(state_dir), "--socket", str(socket_path)],
-        stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "agent",
+            "daemon",
+            "--state-dir",
+            str(state_dir),
+            "--socket",
+            str(socket_path),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=err,
+        stderr=err,
+        start_new_session=True,
+        cwd=REPO,
         env={**os.environ, **(env or {})},
     )
     err.close()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited {proc.returncode}: {(state_dir / 'daemon.stderr').read_text()}")
+            raise RuntimeError(
+                f"daemon exited {proc.returncode}: {(state_dir / 'daemon.stderr').read_text()}"
+            )
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(str(socket_path))
@@ -209,11 +225,15 @@ class AgentClient:
 
 def state_event(state: str) -> Callable[[dict[str, Any]], bool]:
     """Predicate: a streamed journal state event with ``state``."""
-    return lambda m: m.get("type") == "event" and m["event"].get("type") == "state" and m["event"].get(
-        "state") == state
+    return lambda m: (
+        m.get("type") == "event" and m["event"].get("type") == "state" and m["event"].get("state") == state
+    )
 
 
 def terminal_event(m: dict[str, Any]) -> bool:
     """Predicate: a streamed journal state event with a terminal state."""
-    return m.get("type") == "event" and m["event"].get("type") == "state" and m["event"].get("state") in (
-        "completed", "failed", "stopped", "lost")
+    return (
+        m.get("type") == "event"
+        and m["event"].get("type") == "state"
+        and m["event"].get("state") in ("completed", "failed", "stopped", "lost")
+    )

@@ -3,8 +3,9 @@
 ``SSHD.start(dir)`` writes everything under ``dir`` and runs ``/usr/sbin/sshd -D`` in its own process group
 as the current user; ``alias`` (``eaglehost``) is a Host entry of ``ssh_config`` that a client reads with
 ``-F`` (OpenSSH) or ``config=[path]`` (asyncssh).  ``kill_sessions()`` SIGKILLs the per-connection sshd
-children (drops every link); ``stop()`` kills the whole group.  ``kill_tree_matching(text)`` ends the processes
-(daemons, bridges, jobs) whose command line or environment mentions ``text`` — tests pass their tmp dir.
+children (drops every link); ``stop()`` kills the whole group.  ``kill_tree_matching(text)`` ends the
+processes (daemons, bridges, jobs) whose command line or environment mentions ``text`` (tests pass
+their tmp dir).
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ def free_port() -> int:
 
 def keygen(path: Path) -> str:
     """Generate an ed25519 key pair at ``path``; returns the public key line."""
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "eaglewatch-test", "-f", str(path)],
-                   check=True, stdin=subprocess.DEVNULL)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "eaglewatch-test", "-f", str(path)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
     return path.with_suffix(".pub").read_text().strip()
 
 
@@ -107,8 +111,13 @@ class SSHD:
                 "ClientAliveInterval 0\n"
             )
             log = open(root / "sshd.log", "ab")  # noqa: SIM115 (kept open for the process's lifetime)
-            proc = subprocess.Popen([SSHD_BIN, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=log, start_new_session=True)
+            proc = subprocess.Popen(
+                [SSHD_BIN, "-D", "-e", "-f", str(cfg)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
             log.close()
             if _wait_port(port, proc):
                 break
@@ -133,8 +142,13 @@ class SSHD:
     def restart(self) -> None:
         """Start sshd again on the same port with the same keys (after ``stop``)."""
         log = open(self.dir / "sshd.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen([SSHD_BIN, "-D", "-e", "-f", str(self.dir / "sshd_config")],
-                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [SSHD_BIN, "-D", "-e", "-f", str(self.dir / "sshd_config")],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
         log.close()
         if not _wait_port(self.port, self.proc):
             raise RuntimeError(f"sshd did not restart: {(self.dir / 'sshd.log').read_text()[-2000:]}")

@@ -1,7 +1,7 @@
 """Realistic vLLM logs written from the format strings of shared/domain/vllm-log-lines.md (tests, bench).
 
 ``make_log(tp=8, failure="oom")`` returns the bytes a TP=8 vLLM run with the eaglewatch worker extension
-would write to its log: process prefixes (``(Worker_TP3 pid=…)`` or the old ``(VllmWorkerProcess pid=…)``),
+would write to its log: process prefixes (``(Worker_TP3 pid=…)``, old ``(VllmWorkerProcess pid=…)``),
 every worker line once per rank in a shuffled order, tqdm bars redrawn with ``\\r``, optional colour codes,
 throughput lines, EAGLEWATCH marker lines and, with ``failure``, the lines of that failure (tracebacks
 logged with a prefix and header on each line, the way vLLM's formatter prints them).
@@ -19,9 +19,18 @@ import sys
 import time
 
 FAILURES = (
-    "oom", "nccl", "import", "api_mismatch", "rpc_timeout", "worker_died", "engine_failed", "shm_stall",
-    "kv_cache", "killed", "segfault",
-)  # fmt: skip
+    "oom",
+    "nccl",
+    "import",
+    "api_mismatch",
+    "rpc_timeout",
+    "worker_died",
+    "engine_failed",
+    "shm_stall",
+    "kv_cache",
+    "killed",
+    "segfault",
+)
 #: The error class the engine must report for each ``failure`` (the root cause).
 FAILURE_CLASS = {f: f for f in FAILURES}
 #: Formats: "new" = ``INFO 02-21 22:48:03 [file.py:12] msg`` + ``(Worker_TP3 pid=…)``; "old" =
@@ -113,7 +122,8 @@ _EXC = {
     "ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
     "import": "ModuleNotFoundError: No module named 'speculators'",
     "api_mismatch": "AttributeError: 'Worker' object has no attribute 'model_runner'",
-    "kv_cache": "ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB "
+    "kv_cache": "ValueError: To serve at least one request with the models's max seq len (131072), "
+    "(16.00 GiB "
     "KV cache is needed, which is larger than the available KV cache memory (9.50 GiB). Based on the "
     "available memory, the estimated maximum model length is 77824.",
 }
@@ -123,30 +133,59 @@ def _startup(w: LogWriter, stop_after: str | None) -> bool:
     """Engine start-up up to ``stop_after`` (a step name); False when it stopped early."""
     tp = w.tp
     w.log("api", "INFO", "utils.py:279", f"vLLM server version 0.19.1, serving model {MODEL}")
-    w.log("api", "INFO", "utils.py:233", f"non-default args: {{'model': '{MODEL}', 'tensor_parallel_size': {tp}}}")
+    w.log(
+        "api",
+        "INFO",
+        "utils.py:233",
+        f"non-default args: {{'model': '{MODEL}', 'tensor_parallel_size': {tp}}}",
+    )
     w.log("api", "INFO", "model.py:549", "Resolved architecture: LlamaForCausalLM")
     w.log("api", "INFO", "model.py:1678", "Using max model len 4096")
-    w.log("engine", "INFO", "core.py:105", f"Initializing a V1 LLM engine (v0.19.1) with config: model='{MODEL}', "
-          f"speculative_config=None, tokenizer='{MODEL}', tensor_parallel_size={tp}, dtype=torch.bfloat16")  # fmt: skip
+    w.log(
+        "engine",
+        "INFO",
+        "core.py:105",
+        f"Initializing a V1 LLM engine (v0.19.1) with config: model='{MODEL}', "
+        f"speculative_config=None, tokenizer='{MODEL}', tensor_parallel_size={tp}, dtype=torch.bfloat16",
+    )
     if tp > 1:
-        w.per_rank("INFO", "parallel_state.py:1400", "world_size={tp} rank={r} local_rank={r} "
-                   "distributed_init_method=tcp://127.0.0.1:29500 backend=nccl")  # fmt: skip
+        w.per_rank(
+            "INFO",
+            "parallel_state.py:1400",
+            "world_size={tp} rank={r} local_rank={r} "
+            "distributed_init_method=tcp://127.0.0.1:29500 backend=nccl",
+        )
         w.per_rank("INFO", "pynccl.py:111", "vLLM is using nccl==2.27.3")
         if tp > 2:
-            w.per_rank("WARNING", "custom_all_reduce.py:154", "Custom allreduce is disabled because it's not "
-                       "supported on more than two PCIe-only GPUs. To silence this warning, specify "
-                       "disable_custom_all_reduce=True explicitly.")  # fmt: skip
-        w.per_rank("INFO", "parallel_state.py:1716", "rank {r} in world size {tp} is assigned as DP rank 0, "
-                   "PP rank 0, PCP rank 0, TP rank {r}, EP rank {r}, EPLB rank N/A")  # fmt: skip
+            w.per_rank(
+                "WARNING",
+                "custom_all_reduce.py:154",
+                "Custom allreduce is disabled because it's not "
+                "supported on more than two PCIe-only GPUs. To silence this warning, specify "
+                "disable_custom_all_reduce=True explicitly.",
+            )
+        w.per_rank(
+            "INFO",
+            "parallel_state.py:1716",
+            "rank {r} in world size {tp} is assigned as DP rank 0, "
+            "PP rank 0, PCP rank 0, TP rank {r}, EP rank {r}, EPLB rank N/A",
+        )
     if stop_after == "distributed":
         return False
-    w.per_rank("INFO", "worker_base.py:269", "Injected <class 'speculators.data_generation.custom_worker."
-               "HiddenStatesWorkerExtension'> into <class 'vllm.v1.worker.gpu_worker.Worker'> for extended "
-               "collective_rpc calls ['_get_captured_states', '_reset_capture', '_setup_hidden_states_capture', "
-               "'_store_captured_states']")  # fmt: skip
+    w.per_rank(
+        "INFO",
+        "worker_base.py:269",
+        "Injected <class 'speculators.data_generation.custom_worker."
+        "HiddenStatesWorkerExtension'> into <class 'vllm.v1.worker.gpu_worker.Worker'> for extended "
+        "collective_rpc calls ['_get_captured_states', '_reset_capture', '_setup_hidden_states_capture', "
+        "'_store_captured_states']",
+    )
     w.per_rank("INFO", "gpu_model_runner.py:4735", f"Starting to load model {MODEL}...")
-    w.per_rank("INFO", "cuda.py:334", "Using FLASH_ATTN attention backend out of potential backends: "
-               "['FLASH_ATTN', 'FLEX_ATTENTION'].")  # fmt: skip
+    w.per_rank(
+        "INFO",
+        "cuda.py:334",
+        "Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLEX_ATTENTION'].",
+    )
     if stop_after == "load_start":
         return False
     bar = "".join(
@@ -154,8 +193,10 @@ def _startup(w: LogWriter, stop_after: str | None) -> bool:
         f"[00:0{i}<00:0{4 - i}, 1.02it/s]\r"
         for i in range(5)
     )
-    w.raw(bar + f"{w.prefix('worker', 0)}Loading safetensors checkpoint shards: 100% Completed | 4/4 "
-          "[00:04<00:00, 1.01it/s]")  # fmt: skip
+    w.raw(
+        bar + f"{w.prefix('worker', 0)}Loading safetensors checkpoint shards: 100% Completed | 4/4 "
+        "[00:04<00:00, 1.01it/s]"
+    )
     w.per_rank("INFO", "default_loader.py:384", "Loading weights took 3.21 seconds")
     w.per_rank("INFO", "gpu_model_runner.py:4820", "Model loading took 15.2 GiB memory and 4.123456 seconds")
     w.per_rank("INFO", "backends.py:1111", "Dynamo bytecode transform time: 5.12 s")
@@ -165,9 +206,16 @@ def _startup(w: LogWriter, stop_after: str | None) -> bool:
         return False
     w.per_rank("INFO", "gpu_worker.py:436", "Available KV cache memory: 50.12 GiB")
     w.log("engine", "INFO", "kv_cache_utils.py:1319", "GPU KV cache size: 262,144 tokens")
-    w.log("engine", "INFO", "kv_cache_utils.py:1324", "Maximum concurrency for 4,096 tokens per request: 64.00x")
+    w.log(
+        "engine", "INFO", "kv_cache_utils.py:1324", "Maximum concurrency for 4,096 tokens per request: 64.00x"
+    )
     w.per_rank("INFO", "gpu_model_runner.py:6046", "Graph capturing finished in 12 secs, took 0.52 GiB")
-    w.log("engine", "INFO", "core.py:283", "init engine (profile, create kv cache, warmup model) took 45.67 seconds")
+    w.log(
+        "engine",
+        "INFO",
+        "core.py:283",
+        "init engine (profile, create kv cache, warmup model) took 45.67 seconds",
+    )
     return True
 
 
@@ -179,20 +227,38 @@ def _failure(w: LogWriter, failure: str) -> None:
             w.log("worker", "ERROR", "multiproc_executor.py:597", "WorkerProc failed to start.", rank=r)
             w.log("worker", "ERROR", "multiproc_executor.py:597", traceback_text(exc, _WORKER_FRAMES), rank=r)
         w.log("engine", "ERROR", "core.py:708", "EngineCore failed to start.")
-        w.log("api", "ERROR", "core_client.py:512", "Engine core initialization failed. See root cause above. "
-              "Failed core proc(s): {'EngineCore_DP0': 1}")  # fmt: skip
+        w.log(
+            "api",
+            "ERROR",
+            "core_client.py:512",
+            "Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {'EngineCore_DP0': 1}",
+        )
     elif failure == "rpc_timeout":
         w.log("engine", "ERROR", "multiproc_executor.py:260", "RPC call to _store_captured_states timed out.")
     elif failure == "worker_died":
-        w.log("engine", "ERROR", "multiproc_executor.py:150", "Worker proc VllmWorker-3 died unexpectedly, "
-              "shutting down executor.")  # fmt: skip
+        w.log(
+            "engine",
+            "ERROR",
+            "multiproc_executor.py:150",
+            "Worker proc VllmWorker-3 died unexpectedly, shutting down executor.",
+        )
     elif failure == "engine_failed":
-        w.log("api", "ERROR", "core_client.py:564", "Engine core proc EngineCore_DP0 died unexpectedly, "
-              "shutting down client.")  # fmt: skip
+        w.log(
+            "api",
+            "ERROR",
+            "core_client.py:564",
+            "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
+        )
     elif failure == "shm_stall":
-        w.log("engine", "WARNING", "shm_broadcast.py:466", "No available shared memory broadcast block found in "
-              "60 seconds. This typically happens when some processes are hanging or doing some "
-              "time-consuming work (e.g. compilation, weight/kv cache quantization).")  # fmt: skip
+        w.log(
+            "engine",
+            "WARNING",
+            "shm_broadcast.py:466",
+            "No available shared memory broadcast block found in "
+            "60 seconds. This typically happens when some processes are hanging or doing some "
+            "time-consuming work (e.g. compilation, weight/kv cache quantization).",
+        )
     elif failure == "killed":
         w.raw("Killed")
     elif failure == "segfault":
@@ -202,15 +268,25 @@ def _failure(w: LogWriter, failure: str) -> None:
 
 
 #: Where each failure strikes: the start-up step it interrupts (None: after the engine is ready).
-_STOP = {"oom": "load_start", "nccl": "distributed", "import": "distributed", "api_mismatch": "load_start",
-         "kv_cache": "profile"}  # fmt: skip
+_STOP = {
+    "oom": "load_start",
+    "nccl": "distributed",
+    "import": "distributed",
+    "api_mismatch": "load_start",
+    "kv_cache": "profile",
+}
 
 
 def throughput_line(w: LogWriter, i: int) -> None:
     """One periodic stats line of vllm/v1/metrics/loggers.py."""
-    w.log("api", "INFO", "loggers.py:220", f"Engine 000: Avg prompt throughput: {1000 + i:.1f} tokens/s, Avg "
-          f"generation throughput: {1.5 + i:.1f} tokens/s, Running: {8 + i % 4} reqs, Waiting: {i % 3} reqs, "
-          f"GPU KV cache usage: {12.5 + i % 10:.1f}%, Prefix cache hit rate: 0.0%")  # fmt: skip
+    w.log(
+        "api",
+        "INFO",
+        "loggers.py:220",
+        f"Engine 000: Avg prompt throughput: {1000 + i:.1f} tokens/s, Avg "
+        f"generation throughput: {1.5 + i:.1f} tokens/s, Running: {8 + i % 4} reqs, Waiting: {i % 3} reqs, "
+        f"GPU KV cache usage: {12.5 + i % 10:.1f}%, Prefix cache hit rate: 0.0%",
+    )
 
 
 def make_log(
@@ -227,11 +303,19 @@ def make_log(
     w = LogWriter(tp, fmt=fmt, colours=colours, seed=seed)
     ready = _startup(w, _STOP.get(failure or ""))
     if ready:
-        w.marker("capture_configured", layers=[2, 16, 29, 32], output_dir="/data/hs", backend="worker-extension")
+        w.marker(
+            "capture_configured", layers=[2, 16, 29, 32], output_dir="/data/hs", backend="worker-extension"
+        )
         for i in range(steps):
             throughput_line(w, i)
-            w.marker("progress", samples_done=(i + 1) * 8, samples_total=steps * 8, tokens_per_s=1234.5,
-                     files_written=i + 1, bytes_written=(i + 1) * 1048576)  # fmt: skip
+            w.marker(
+                "progress",
+                samples_done=(i + 1) * 8,
+                samples_total=steps * 8,
+                tokens_per_s=1234.5,
+                files_written=i + 1,
+                bytes_written=(i + 1) * 1048576,
+            )
     if failure is not None:
         _failure(w, failure)
     else:
@@ -245,16 +329,32 @@ def steady_lines(n: int, tp: int = 8, seed: int = 0) -> list[str]:
     i = 0
     while len(w.lines) < n:
         for r in range(tp):
-            w.log("worker", "DEBUG", "gpu_model_runner.py:2210", f"Captured hidden states for batch {i}: "
-                  f"{8 * 512} tokens, 4 layers, hidden size 4096", rank=r)  # fmt: skip
+            w.log(
+                "worker",
+                "DEBUG",
+                "gpu_model_runner.py:2210",
+                f"Captured hidden states for batch {i}: {8 * 512} tokens, 4 layers, hidden size 4096",
+                rank=r,
+            )
         w.log("engine", "DEBUG", "scheduler.py:601", f"Scheduled {8} requests, {4096} tokens, step {i}")
-        w.log("api", "INFO", "logger.py:41", f"Received request req-{i}: prompt: 'Write a haiku about {i}', "
-              "params: SamplingParams(n=1, temperature=0.0, max_tokens=1)")  # fmt: skip
+        w.log(
+            "api",
+            "INFO",
+            "logger.py:41",
+            f"Received request req-{i}: prompt: 'Write a haiku about {i}', "
+            "params: SamplingParams(n=1, temperature=0.0, max_tokens=1)",
+        )
         w.log("api", "INFO", "logger.py:77", f"Added request req-{i}.")
         if i % 10 == 0:
             throughput_line(w, i)
-            w.marker("progress", samples_done=i * 8, samples_total=10**9, tokens_per_s=1234.5, files_written=i,
-                     bytes_written=i * 1048576)  # fmt: skip
+            w.marker(
+                "progress",
+                samples_done=i * 8,
+                samples_total=10**9,
+                tokens_per_s=1234.5,
+                files_written=i,
+                bytes_written=i * 1048576,
+            )
         i += 1
     return w.lines[:n]
 

@@ -129,21 +129,35 @@ def test_agent_core_imports_with_the_standard_library_only(
     assert result.stdout.strip() == "ok"
 
 
-def test_versions_agree(agent_venv: tuple[Path, dict[str, object]]) -> None:
+@pytest.fixture(scope="module")
+def controller_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel (no deps resolved) that borrows this venv's third-party packages.
+
+    The borrowed site-packages comes in through a .pth line, which adds the folder to sys.path without
+    running the .pth files inside it, so this project's editable install does not shadow the wheel.
+    """
+    venv = tmp_path_factory.mktemp("cvenv")
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-index",
+         "--no-deps", str(wheel)])  # fmt: skip
+    [site] = (venv / "lib").glob("python3*/site-packages")
+    borrowed = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    (site / "zz-borrowed.pth").write_text("\n".join(borrowed) + "\n")
+    return venv
+
+
+def test_versions_agree(agent_venv: tuple[Path, dict[str, object]], controller_venv: Path) -> None:
     venv, _ = agent_venv
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["version"] == agent.__version__
     out = run([str(venv / "bin" / "eaglewatch-agent"), "--version"]).stdout
     assert agent.__version__ in out.split()
-    meta = run(
-        [
-            str(venv / "bin" / "python"),
-            "-I",
-            "-c",
-            "import importlib.metadata as m; print(m.version('eaglewatch'))",
-        ]
-    ).stdout.strip()
+    meta = run([str(venv / "bin" / "python"), "-I", "-c",
+                "import importlib.metadata as m; print(m.version('eaglewatch'))"]).stdout.strip()  # fmt: skip
     assert meta == agent.__version__
-    # The controller needs its extra's packages, so its script is checked in this project's venv.
-    controller = run([str(Path(sys.executable).parent / "eaglewatch"), "--version"]).stdout
+    controller = run([str(controller_venv / "bin" / "eaglewatch"), "--version"]).stdout
     assert agent.__version__ in controller.split()
+    where = run(
+        [str(controller_venv / "bin" / "python"), "-I", "-c", "import controller; print(controller.__file__)"]
+    )
+    assert str(controller_venv) in where.stdout  # the wheel's code ran, not a checkout's

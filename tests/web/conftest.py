@@ -99,9 +99,10 @@ class LiveServer:
             self.thread.join(5)
 
 
-def start_server(home: Path, **app_kwargs: Any) -> LiveServer:
+def start_server(home: Path, *, supervise: bool = True, **app_kwargs: Any) -> LiveServer:
     """Start uvicorn in a thread (its own event loop runs the app's lifespan: controller start/stop)."""
-    app = create_app(settings=settings_for(home), **app_kwargs)
+    ctl = Controller(settings_for(home), supervise=supervise)
+    app = create_app(ctl, manage_controller=True, **app_kwargs)
     config = uvicorn.Config(
         app, host="127.0.0.1", port=0, log_level="warning", ws="none", lifespan="on",
         timeout_graceful_shutdown=2,
@@ -137,3 +138,31 @@ def wait_until(pred: Any, timeout: float = 30.0, interval: float = 0.1, what: st
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+CHROMIUM_ARGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+SHOTS = Path(__file__).resolve().parents[2] / "test-output"
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Debian's headless Chromium driven by Playwright (Playwright's own browser download is not used)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def screenshot(page: Any, name: str) -> Path:
+    """Save a full-page screenshot under test-output/ (gitignored) for a human to look at."""
+    SHOTS.mkdir(exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

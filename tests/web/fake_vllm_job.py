@@ -55,7 +55,7 @@ def main() -> int:
     ap.add_argument("--hang", action="store_true")
     ap.add_argument("--payload", default="")
     ap.add_argument("--wait-file", default="")
-    args = ap.parse_args()
+    args, _ignored = ap.parse_known_args()
     os.makedirs(args.out, exist_ok=True)
     say("core.py:105", "Initializing a V1 LLM engine (v0.19.1) with config: model='/models/tiny', tensor_parallel_size=1")
     time.sleep(args.delay)
@@ -70,6 +70,7 @@ def main() -> int:
     if args.payload:
         print(args.payload, flush=True)
         print("ERROR " + args.payload, flush=True)
+        print("EAGLEWATCH " + json.dumps({"kind": "warning", "note": args.payload}), flush=True)
     total = max(1, args.progress)
     for i in range(1, args.progress + 1):
         if args.wait_file:

@@ -35,6 +35,11 @@
     if (m < 60) return "+" + m + "m " + s.toFixed(1).padStart(4, "0") + "s";
     return "+" + Math.floor(m / 60) + "h " + String(m % 60).padStart(2, "0") + "m";
   }
+  const LABELS = {
+    gib: "GiB", memory_gib: "GiB", weights_gib: "GiB loaded", kv_tokens: "KV tokens", tokens: "tokens", ranks: "ranks",
+    seconds: "s", samples_done: "samples", samples_total: "of", tokens_per_s: "tok/s", samples_per_s: "samples/s",
+    files_written: "files", bytes_written: "bytes",
+  };
   function gib(mib) { return typeof mib === "number" ? (mib / 1024).toFixed(1) : "?"; }
 
   // ---- browser notifications (opt-in), only while the tab is in the background
@@ -67,7 +72,12 @@
         handlers[kind](data);
       });
     });
-    es.addEventListener("end", function () { es.close(); setLive("finished"); });
+    es.addEventListener("end", function () {
+      es.close();
+      setLive("finished");
+      // the last lines of a finished job may be committed just after its state: look once more, twice
+      if (handlers.open) { handlers.open(); setTimeout(handlers.open, 1500); }
+    });
     return es;
   }
 
@@ -244,6 +254,10 @@
           if (view !== all && matches(line)) view.push(line);
           added++;
         });
+        if (added && all.length > added && all[all.length - added - 1].o > all[all.length - added].o) {
+          all.sort(function (a, b) { return a.o - b.o; });  // a catch-up page raced the live stream
+          if (view !== all) view.sort(function (a, b) { return a.o - b.o; });
+        }
         if (all.length > MAX) { all.splice(0, all.length - MAX); }
         if (paused) { pending += added; info.textContent = "paused · " + pending + " new lines"; return; }
         if (added) schedule();
@@ -285,7 +299,7 @@
       for (let i = 0; i < progress.length; i++) {
         const p = progress[i];
         if (typeof p.samples_per_s === "number") sps.push([p.at, p.samples_per_s]);
-        else if (i > 0 && typeof p.samples_done === "number" && typeof progress[i - 1].samples_done === "number" && p.at > progress[i - 1].at) {
+        else if (i > 0 && typeof p.samples_done === "number" && typeof progress[i - 1].samples_done === "number" && p.at - progress[i - 1].at >= 0.05) {
           sps.push([p.at, (p.samples_done - progress[i - 1].samples_done) / (p.at - progress[i - 1].at)]);
         }
         if (typeof p.tokens_per_s === "number") tps.push([p.at, p.tokens_per_s]);
@@ -315,12 +329,15 @@
       li.append(el("span", "t", since(m.at, data.t0)), " ", el("span", "kind", m.kind));
       if (m.rank !== null && m.rank !== undefined) li.append(" ", el("span", "rank", "rank " + m.rank));
       const fields = el("span", "fields");
-      Object.keys(m.fields || {}).forEach(function (k) {
+      Object.keys(m.fields || {}).sort(function (a, b) {
+        return (LABELS[a] ? 0 : 1) - (LABELS[b] ? 0 : 1) || (a < b ? -1 : a > b ? 1 : 0);
+      }).forEach(function (k) {
         if (k === "rule" || k === "processes") return;
         const v = m.fields[k];
         const f = el("span", "f");
-        f.append(el("b", null, k.replace(/_/g, " ")), " ", Array.isArray(v) ? v.join(", ") : typeof v === "object" ? JSON.stringify(v) : num(v));
-        fields.append(f);
+        f.append(el("b", null, LABELS[k] || k.replace(/_/g, " ")), " ",
+          Array.isArray(v) ? v.join(", ") : v !== null && typeof v === "object" ? JSON.stringify(v) : num(v));
+        fields.append(f, " ");
       });
       li.append(" ", fields);
       if (m.text) li.append(el("div", "text", m.text));

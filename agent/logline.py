@@ -1,0 +1,109 @@
+"""Anatomy of a vLLM log line (process prefix, rank, header, message) and the rules' cheap prefilter."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.rulefile import Rule, RuleSet
+
+_PREFIX_RE = re.compile(r"\((?P<proc>[A-Za-z][\w.-]*)(?: rank=(?P<rank>\d+))? pid=(?P<pid>\d+)\) ")
+_HEADER_RE = re.compile(
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
+    r"\[?(?P<src>[^\s\]]+:\d+)\] ?"
+)
+_TP_RE = re.compile(r"_TP(\d+)|-(\d+)$")
+
+
+@dataclass(frozen=True)
+class ParsedLine:
+    """A log line cut into process prefix, rank, level, source and message."""
+
+    proc: str  # "Worker_TP3 pid=7", "" without a prefix
+    rank: int | None
+    level: str | None
+    source: str | None
+    message: str
+
+
+def parse_line(text: str) -> ParsedLine:
+    """Split a (stripped) vLLM log line into prefix, header and message."""
+    proc, rank, pos = "", None, 0
+    m = _PREFIX_RE.match(text)
+    if m:
+        name = m.group("proc")
+        proc = f"{name} pid={m.group('pid')}"
+        if m.group("rank"):
+            rank = int(m.group("rank"))
+        else:
+            t = _TP_RE.search(name)
+            if t:
+                rank = int(t.group(1) or t.group(2))
+        pos = m.end()
+    h = _HEADER_RE.match(text, pos)
+    if h:
+        return ParsedLine(proc, rank, h.group("level"), h.group("src"), text[h.end() :])
+    return ParsedLine(proc, rank, None, None, text[pos:])
+
+
+def _anchor(literal: str) -> str | None:
+    """The longest whitespace-delimited word that every line containing ``literal`` must also contain."""
+    words = literal.split()
+    whole = [
+        w
+        for i, w in enumerate(words)
+        if (i > 0 or literal[:1].isspace()) and (i < len(words) - 1 or literal[-1:].isspace())
+    ]
+    return max(whole, key=len) if whole else None
+
+
+class Gate:
+    """Cheap prefilter: one split into words and a set test per line, plus a few plain substring tests.
+
+    A rule's ``words`` are looked up directly; each ``contains`` literal is reduced to an anchor word (a
+    word of the literal bounded by whitespace inside it, so any line holding the literal holds that word
+    whole) and confirmed with ``in``; literals without one are tested with ``in`` on every line.
+    """
+
+    def __init__(self, rules: RuleSet, always_literals: Sequence[str] = ()) -> None:
+        self.by_word: dict[str, list[tuple[int, str | None]]] = {}
+        self.by_literal: dict[str, list[int]] = {}
+        self.always: list[int] = []
+        self.rules = rules.rules
+        for i, rule in enumerate(rules.rules):
+            if not rule.contains and not rule.words:
+                self.always.append(i)
+            for word in rule.words:
+                self.by_word.setdefault(word, []).append((i, None))
+            for lit in rule.contains:
+                anchor = _anchor(lit)
+                if anchor is None:
+                    self.by_literal.setdefault(lit, []).append(i)
+                else:
+                    self.by_word.setdefault(anchor, []).append((i, lit))
+        for lit in always_literals:
+            always = _anchor(lit)
+            if always is None:
+                raise ValueError(f"gate literal {lit!r} needs a whitespace-bounded word")
+            self.by_word.setdefault(always, [])
+        self.words = frozenset(self.by_word)
+        self.literals = tuple(self.by_literal)
+
+    def passes(self, text: str) -> bool:
+        """Whether ``text`` may match some rule (no false negatives)."""
+        if self.always or not self.words.isdisjoint(text.split()):
+            return True
+        return any(lit in text for lit in self.literals)
+
+    def candidates(self, text: str) -> list[Rule]:
+        """The rules whose prefilter ``text`` passes, in rule order."""
+        idx = set(self.always)
+        for word in self.words.intersection(text.split()):
+            for i, lit in self.by_word[word]:
+                if lit is None or lit in text:
+                    idx.add(i)
+        for lit, rules in self.by_literal.items():
+            if lit in text:
+                idx.update(rules)
+        return [self.rules[i] for i in sorted(idx)]

@@ -1,0 +1,149 @@
+"""Directory-level output checks: which files are capture files, locks, index gaps, sample_lengths.json."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from agent.output_shapes import Problem
+
+CAPTURE = re.compile(
+    r"^(?:(?P<hs>hs)_(?P<hs_i>\d+)\.safetensors(?:\.zst)?"
+    r"|(?P<data>data)_(?P<data_i>\d+)\.(?P<ext>pt|ckpt|ckpt\.gz)"
+    r"|[^/]+\.safetensors(?:\.zst)?)$"
+)
+SAMPLE_LENGTHS = "sample_lengths.json"  # speculators: {"<idx>": tokens} beside data_<idx>.pt
+_MAX_LENGTHS_BYTES = 64 << 20
+
+
+def is_capture_file(name: str) -> bool:
+    """True for file names a capture run writes: hs_N/*.safetensors[.zst], data_N.pt, data_N.ckpt[.gz]."""
+    base = os.path.basename(name)
+    return not base.startswith(".") and CAPTURE.match(base) is not None
+
+
+def family(name: str) -> tuple[str, int] | None:
+    """('hs_{}.safetensors', N) / ('data_{}.pt', N) / ('data_{}.ckpt', N) for indexed names, else None."""
+    m = CAPTURE.match(os.path.basename(name))
+    if m is None:
+        return None
+    if m["hs"]:
+        return "hs_{}.safetensors", int(m["hs_i"])
+    if m["data"]:
+        return "data_{}." + ("pt" if m["ext"] == "pt" else "ckpt"), int(m["data_i"])
+    return None
+
+
+def lock_names(name: str) -> tuple[str, ...]:
+    """Names of the lock files that mean `name` is still being written."""
+    # vLLM's connector holds "<file>.lock"; other writers lock "<stem>.lock" or the uncompressed name
+    names = (name + ".lock", name.split(".", 1)[0] + ".lock", name.removesuffix(".zst") + ".lock")
+    return tuple(dict.fromkeys(names))
+
+
+def is_locked(path: Path) -> bool:
+    """True when a lock file for path exists beside it."""
+    folder = os.path.dirname(path)
+    return any(os.path.exists(os.path.join(folder, lk)) for lk in lock_names(path.name))
+
+
+def _natural(name: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def walk(root: Path) -> list[tuple[Path, bool]]:
+    """Every capture file under root (hidden directories skipped), in natural order, with its locked flag."""
+    found: list[tuple[Path, bool]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        names = set(filenames)
+        for name in sorted(filenames, key=_natural):
+            if is_capture_file(name):
+                found.append((Path(dirpath) / name, any(lk in names for lk in lock_names(name))))
+    return found
+
+
+def _spans(ids: set[int], listed: Collection[int]) -> list[tuple[int, int]]:
+    # from the sorted ids, never from range(lo, hi): a stray hs_99999999999 must not cost a billion steps
+    ordered = sorted(ids)
+    spans = [(a + 1, b - 1) for a, b in itertools.pairwise(ordered) if b - a > 1]
+    spans += [(i, i) for i in set(listed) - ids]
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _ranges(spans: list[tuple[int, int]], family: str) -> str:
+    prefix = family.split("{}")[0]
+    words = [f"{prefix}{a}" if a == b else f"{prefix}{a}–{prefix}{b}" for a, b in spans[:10]]
+    return ", ".join(words) + (f", … ({len(spans) - 10} more ranges)" if len(spans) > 10 else "")
+
+
+def index_gaps(root: str, names: list[str], listed: Collection[int] = ()) -> list[Problem]:
+    """index_gap problems: holes between the lowest and highest hs_N / data_N index (pure).
+
+    listed: indices a manifest (sample_lengths.json) says exist; those missing count too, so a crash that
+    lost the last files shows up as well.
+    """
+    families: dict[str, set[int]] = {}
+    for name in names:
+        fam = family(name)
+        if fam is not None:
+            families.setdefault(fam[0], set()).add(fam[1])
+    problems = []
+    for fam_name, ids in sorted(families.items()):
+        spans = _spans(ids, listed)
+        if spans:
+            n = sum(b - a + 1 for a, b in spans)
+            everything = ids | set(listed)
+            span = f"{fam_name.format(min(everything))} … {fam_name.format(max(everything))}"
+            source = f" ({SAMPLE_LENGTHS} lists {len(listed)})" if listed else ""
+            problems.append(
+                Problem(
+                    "index_gap",
+                    root,
+                    f"index gap: {n} file{'s' if n > 1 else ''} missing in {span}: "
+                    + _ranges(spans, fam_name)
+                    + source,
+                )
+            )
+    return problems
+
+
+def read_sample_lengths(folder: Path) -> tuple[dict[int, int], str | None]:
+    """The {index: tokens} manifest in folder, if any, and a note when it exists but cannot be used."""
+    path = folder / SAMPLE_LENGTHS
+    try:
+        if path.stat().st_size > _MAX_LENGTHS_BYTES:
+            return {}, f"{path}: ignored, larger than {_MAX_LENGTHS_BYTES >> 20} MiB"
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, ValueError) as e:
+        return {}, f"{path}: ignored, not readable JSON ({e})"
+    if not isinstance(raw, dict):
+        return {}, f"{path}: ignored, expected an object of index -> length"
+    out: dict[int, int] = {}
+    for key, value in raw.items():
+        if not (str(key).isdigit() and isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return {}, f"{path}: ignored, entry {key!r}: {value!r} is not index -> token count"
+        out[int(key)] = value
+    return out, None
+
+
+def length_problem(file: str, tokens: int | None, lengths: dict[int, int]) -> list[Problem]:
+    """seq_len_mismatch when a file's token count differs from what sample_lengths.json recorded for it."""
+    fam = family(file)
+    if fam is None or tokens is None or fam[1] not in lengths or lengths[fam[1]] == tokens:
+        return []
+    want = lengths[fam[1]]
+    return [Problem("seq_len_mismatch", file, f"{tokens} tokens but {SAMPLE_LENGTHS} records {want}")]

@@ -1,0 +1,90 @@
+"""Journal recovery (torn last line, seq continuity), offset reads across truncation, inotify wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from agent.journal import Journal, read_events, scan
+from agent.tail import Broadcast, Inotify, Pulse, read_from
+
+
+def test_journal_seq_and_recovery_of_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    j = Journal(path)
+    heard: list[int] = []
+    j.subscribe(lambda ev: heard.append(ev["seq"]))
+    assert j.append({"type": "state", "state": "running"})["seq"] == 1
+    assert [e["seq"] for e in j.append_many([{"type": "x"}, {"type": "y"}])] == [2, 3]
+    assert heard == [1, 2, 3]
+    j.close()
+    with open(path, "ab") as fh:
+        fh.write(b'{"seq": 4, "type": "tor')
+    j2 = Journal(path)
+    assert j2.last_seq == 3
+    assert path.read_bytes().endswith(b"}\n")  # the torn tail is gone
+    j2.append({"type": "z"})
+    j2.close()
+    assert [e["seq"] for e in scan(path)] == [1, 2, 3, 4]
+
+
+def test_journal_recovers_seq_from_a_long_file(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    j = Journal(path)
+    j.append_many([{"type": "milestone", "text": "x" * 5000} for _ in range(100)])
+    j.close()
+    assert Journal(path).last_seq == 100
+    only_torn = tmp_path / "torn.jsonl"
+    only_torn.write_bytes(b'{"seq": 1, "ty')
+    assert Journal(only_torn).last_seq == 0 and only_torn.read_bytes() == b""
+
+
+def test_read_events_stops_at_the_last_complete_line(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    path.write_bytes(json.dumps({"seq": 1}).encode() + b"\n" + b'{"seq": 2')
+    events, offset = read_events(path, 0)
+    assert [e["seq"] for e in events] == [1] and offset == len(json.dumps({"seq": 1})) + 1
+    assert read_events(tmp_path / "missing", 5) == ([], 5)
+
+
+def test_read_from_follows_growth_and_resets_on_truncation(tmp_path: Path) -> None:
+    log = tmp_path / "output.log"
+    assert read_from(log, 0, 100).data == b""  # not there yet
+    log.write_bytes(b"hello\nworld\n")
+    r = read_from(log, 6, 100)
+    assert (r.data, r.offset, r.reset, r.size) == (b"world\n", 6, False, 12)
+    assert read_from(log, 0, 3).data == b"hel"
+    log.write_bytes(b"new\n")  # truncated and rewritten (rotation)
+    r = read_from(log, 12, 100)
+    assert (r.data, r.offset, r.reset) == (b"new\n", 0, True)
+
+
+async def test_inotify_wakes_on_file_changes(tmp_path: Path) -> None:
+    loop = asyncio.get_running_loop()
+    ino = Inotify(loop)
+    pulse = Pulse()
+    try:
+        ino.watch("run", tmp_path, pulse.notify)
+        assert await pulse.wait(0.05) is False
+        (tmp_path / "output.log").write_text("x\n")
+        assert await pulse.wait(5) is True
+        ino.unwatch("run")
+        while await pulse.wait(0.1):  # drain what arrived before unwatching
+            pass
+        (tmp_path / "output.log").write_text("y\n")
+        assert await pulse.wait(0.2) is False
+    finally:
+        ino.close()
+
+
+async def test_broadcast_wakes_every_waiter_and_misses_nothing() -> None:
+    b = Broadcast()
+    gen = b.generation
+    b.notify()  # before anyone waits: a waiter that read `gen` earlier still returns at once
+    assert await b.wait_past(gen, 5) == gen + 1
+    waiters = [asyncio.create_task(b.wait_past(b.generation, 5)) for _ in range(3)]
+    await asyncio.sleep(0)
+    b.notify()
+    assert await asyncio.gather(*waiters) == [gen + 2] * 3
+    assert await b.wait_past(b.generation, 0.01) == gen + 2  # times out quietly

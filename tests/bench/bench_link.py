@@ -1,0 +1,229 @@
+"""Benchmark: log line on the "remote" host → committed in SQLite, through a real loopback sshd.
+
+1. Latency: a job appends 10k timestamped lines (at a steady rate) to its log; we measure, per line, the time
+   until the controller has committed it (the BusEvent is published right after the commit), and in the same
+   run the time until the same line comes out of a raw ``ssh -F cfg host tail -F output.log``.
+2. Sustained ingestion: a job writes 200k lines as fast as it can; lines/s from first to last committed,
+   checking that every line arrived exactly once.
+3. The store alone: batched idempotent inserts of log lines (the writer's ceiling).
+
+Run: ``.venv/bin/python tests/bench/bench_link.py [--lines 10000] [--rate 2000] [--bulk 200000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from controller.bus import Bus  # noqa: E402
+from controller.models import HostCreate  # noqa: E402
+from controller.service import Controller  # noqa: E402
+from controller.settings import Settings  # noqa: E402
+from controller.store import Store  # noqa: E402
+from tests.helpers.sshd import SSHD, kill_tree_matching  # noqa: E402
+
+JOB = """\
+import os, sys, time
+go, n, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+while not os.path.exists(go):
+    time.sleep(0.005)
+start = time.time()
+out = sys.stdout
+for i in range(n):
+    if rate > 0:
+        delay = start + i / rate - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        out.write(f"lat {i} {time.time():.6f}\\n")
+        out.flush()
+    else:
+        out.write(f"bulk {i} {'x' * 60}\\n")
+out.flush()
+"""
+
+
+def pct(values: list[float], p: float) -> float:
+    """The p-th percentile (nearest rank)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(p / 100 * len(s)) - 1))]
+
+
+async def start_job(ctl: Controller, job: Path, go: Path, n: int, rate: float) -> str:
+    return await ctl.create_run(
+        {
+            "host": "h",
+            "backend": "command",
+            "name": "bench",
+            "command": ["/usr/bin/python3", str(job), str(go), str(n), str(rate)],
+        }
+    )
+
+
+async def latency(ctl: Controller, sshd: SSHD, tmp: Path, job: Path, n: int, rate: float) -> None:
+    go = tmp / "go-lat"
+    run_id = await start_job(ctl, job, go, n, rate)
+    log = tmp / "agent" / "runs" / run_id / "output.log"
+    ours: dict[int, float] = {}
+    raw: dict[int, float] = {}
+    sub = ctl.bus.subscribe()
+
+    async def consume() -> None:
+        async for ev in sub:
+            if ev.kind == "log" and ev.run_id == run_id:
+                now = time.time()
+                for line in ev.data["lines"]:
+                    parts = line["text"].split()
+                    if len(parts) == 3 and parts[0] == "lat":
+                        ours[int(parts[1])] = now - float(parts[2])
+                if len(ours) >= n:
+                    return
+
+    tail = await asyncio.create_subprocess_exec(
+        *sshd.ssh_argv("tail", "-n", "+1", "-F", str(log)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+
+    async def consume_raw() -> None:
+        assert tail.stdout is not None
+        while len(raw) < n:
+            line = await tail.stdout.readline()
+            if not line:
+                return
+            now = time.time()
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == b"lat":
+                raw[int(parts[1])] = now - float(parts[2])
+
+    await asyncio.sleep(1.0)  # let tail and the follow start
+    go.write_text("")
+    try:
+        await asyncio.wait_for(asyncio.gather(consume(), consume_raw()), timeout=n / rate + 60)
+    finally:
+        tail.kill()
+        await tail.wait()
+        sub.close()
+    o = [v * 1000 for v in ours.values()]
+    r = [v * 1000 for v in raw.values()]
+    print(f"latency over {len(o)} lines at {rate:.0f} lines/s (ms):")
+    print(
+        f"  controller (line appended -> committed in SQLite): p50 {pct(o, 50):7.2f}  p99 {pct(o, 99):7.2f}"
+        f"  max {max(o):7.2f}"
+    )
+    print(
+        f"  raw ssh tail -F                                  : p50 {pct(r, 50):7.2f}  p99 {pct(r, 99):7.2f}"
+        f"  max {max(r):7.2f}"
+    )
+    print(f"  ratio p99 controller/raw: {pct(o, 99) / pct(r, 99):.2f}x   (goal: p99 <= 150 ms and <= 2x raw)")
+
+
+async def bulk(ctl: Controller, tmp: Path, job: Path, n: int) -> None:
+    go = tmp / "go-bulk"
+    run_id = await start_job(ctl, job, go, n, 0)
+    sub = ctl.bus.subscribe()
+    seen: set[int] = set()
+    dup = 0
+    first = last = 0.0
+
+    async def consume() -> None:
+        nonlocal first, last, dup
+        async for ev in sub:
+            if ev.kind == "log" and ev.run_id == run_id:
+                if not first:
+                    first = time.time()
+                for line in ev.data["lines"]:
+                    off = line["offset"]
+                    dup += off in seen
+                    seen.add(off)
+                last = time.time()
+                if len(seen) >= n:
+                    return
+
+    task = asyncio.create_task(consume())
+    t0 = time.time()
+    go.write_text("")
+    await asyncio.wait_for(task, timeout=300)
+    sub.close()
+    stored = await ctl.store.read(
+        lambda conn: conn.execute("SELECT count(*) FROM log_lines WHERE run_id=?", (run_id,)).fetchone()[0]
+    )
+    print(
+        f"sustained ingestion: {n} lines in {last - first:.2f}s from first to last commit = "
+        f"{n / max(last - first, 1e-9):,.0f} lines/s ({n / (last - t0):,.0f} lines/s incl. start)"
+    )
+    print(
+        f"  stored {stored} lines, duplicates seen {dup}, lost {n - len(seen)}"
+        "  (goal >= 50,000 lines/s, no loss)"
+    )
+
+
+async def store_only(tmp: Path, n: int = 200_000, batch: int = 500) -> None:
+    store = Store(tmp / "store-only.db", Bus())
+    await store.open()
+    await store.write(
+        lambda tx: tx.conn.execute(
+            "INSERT INTO runs(id, name, host, backend, spec_json, state, created_at, last_seq, log_offset)"
+            " VALUES ('r','r','h','c','{}',"
+            "'running',0,0,0)"
+        )
+    )
+    t0 = time.perf_counter()
+    futs = []
+    for start in range(0, n, batch):
+        lines = [[i * 80, f"bulk {i} {'x' * 60}"] for i in range(start, start + batch)]
+        futs.append(
+            store.submit(lambda tx, lines=lines, end=start + batch: tx.add_log_lines("r", lines, end * 80))
+        )
+    await asyncio.gather(*futs)
+    dt = time.perf_counter() - t0
+    await store.close()
+    print(f"store alone: {n} lines in batches of {batch}: {n / dt:,.0f} lines/s")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lines", type=int, default=10_000)
+    ap.add_argument("--rate", type=float, default=2000)
+    ap.add_argument("--bulk", type=int, default=200_000)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="ew-bench-"))
+    sshd = SSHD.start(tmp / "sshd")
+    job = tmp / "job.py"
+    job.write_text(JOB)
+    settings = Settings(
+        home=tmp / "home",
+        known_hosts=sshd.known_hosts,
+        ssh_config=sshd.ssh_config,
+        remote_base=str(tmp / "remote"),
+    )
+    try:
+        async with Controller(settings) as ctl:
+            await ctl.add_host(
+                HostCreate(name="h", ssh=sshd.alias, python="/usr/bin/python3", state_dir=str(tmp / "agent"))
+            )
+            await ctl.supervisors.hosts["h"].connected.wait()
+            await latency(ctl, sshd, tmp, job, args.lines, args.rate)
+            await bulk(ctl, tmp, job, args.bulk)
+        await store_only(tmp)
+    finally:
+        sshd.stop()
+        kill_tree_matching(str(tmp) + "/")
+
+
+if __name__ == "__main__":
+    if "--profile" in sys.argv:
+        import cProfile
+        import pstats
+
+        sys.argv.remove("--profile")
+        cProfile.run("asyncio.run(main())", "/tmp/bench.prof")
+        pstats.Stats("/tmp/bench.prof").sort_stats("tottime").print_stats(25)
+    else:
+        asyncio.run(main())

@@ -1,0 +1,66 @@
+"""Test-only worker extension: also records vLLM's own EAGLE-3 aux hidden states on the same engine steps.
+
+It turns on the model's `set_aux_hidden_state_layers` (the mechanism that defines the "input" convention),
+strips the aux list from the backbone's return value so the runner sees a plain tensor, and assembles the
+aux tensors per request with the same spans into a second directory (env EAGLEWATCH_AUX_DIR).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
+from agent.extract.worker_ext import IDX_KEY, EagleWatchCapture
+
+
+class AuxCompareCapture(EagleWatchCapture):
+    """EagleWatchCapture plus a second sink fed from vLLM's aux hidden states."""
+
+    def eaglewatch_setup(self, cfg: dict[str, Any]) -> dict[str, Any] | None:
+        info = super().eaglewatch_setup(cfg)
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        model.set_aux_hidden_state_layers(tuple(cfg["layer_ids"]))
+        hidden = int(self.vllm_config.model_config.hf_text_config.hidden_size)  # type: ignore[attr-defined]
+        self._aux_sink = CaptureSink(SinkConfig(os.environ["EAGLEWATCH_AUX_DIR"], len(cfg["layer_ids"]), hidden))
+        self._aux_step: torch.Tensor | None = None
+        inner = model.model
+        orig = inner.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            out = orig(*args, **kwargs)
+            if isinstance(out, tuple):
+                self._aux_step = torch.stack(list(out[1]), dim=1)
+                return out[0]
+            return out
+
+        inner.forward = forward
+        return info
+
+    def eaglewatch_drain(self) -> dict[str, Any] | None:
+        """Drain both sinks, so the aux files are complete whenever the driver's batch is."""
+        out = super().eaglewatch_drain()
+        aux = self._aux_sink.drain()
+        errors = [r["error"] for r in aux if "error" in r]
+        if errors:
+            raise RuntimeError(f"aux sink failed: {errors[0]}")
+        return out
+
+    def _ew_begin(self, so: Any) -> None:
+        super()._ew_begin(so)
+        for new in so.scheduled_new_reqs:
+            extra = getattr(new.sampling_params, "extra_args", None) or {}
+            if IDX_KEY in extra and new.prompt_token_ids is not None:
+                self._aux_sink.register(new.req_id, int(extra[IDX_KEY]), list(new.prompt_token_ids))
+
+    def _ew_end(self) -> None:
+        active = self._ew_active
+        super()._ew_end()
+        aux, self._aux_step = self._aux_step, None
+        if active is None or aux is None or active[3][0] is None:
+            return
+        so, starts, _, order = active
+        spans = spans_for_step(order[0], dict(so.num_scheduled_tokens), starts)
+        self._aux_sink.submit(aux[: so.total_num_scheduled_tokens].clone(), spans)

@@ -1,0 +1,188 @@
+"""`eaglewatch demo` end to end: a real demo process (uvicorn, SQLite, a local agent daemon, real jobs).
+
+The fast test runs the demo with --no-extract (a backend-command job printing milestone lines instead of
+vLLM); the vllm-marked test runs the real CPU extraction, then a broken run that must raise an alert.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers.agentproc import cleanup_runs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Demo:
+    """A running demo process, its URL and token, and everything it printed so far."""
+
+    proc: subprocess.Popen[str]
+    home: Path
+    url: str = ""
+    token: str = ""
+    first_run: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    def client(self, auth: bool = True) -> httpx.Client:
+        """An HTTP client for the demo's web UI."""
+        headers = {"Authorization": f"Bearer {self.token}"} if auth else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def output(self) -> str:
+        """What the demo printed."""
+        return "".join(self.lines)
+
+
+def _reader(demo: Demo) -> None:
+    assert demo.proc.stdout is not None
+    for line in demo.proc.stdout:
+        demo.lines.append(line)
+
+
+def daemon_pid(home: Path) -> int | None:
+    """The demo agent daemon's pid from its lock file, if it is alive."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int((home / "agent" / "daemon.lock").read_text().split()[0])
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+            return pid
+    return None
+
+
+def start_demo(home: Path, *args: str, timeout: float = 600) -> Iterator[Demo]:
+    """Start `python -m controller.demo --home HOME --port 0 ARGS`; wait for its URL, token and first run."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.demo", "--home", str(home), "--port", "0", *args],
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env, start_new_session=True,
+    )  # fmt: skip
+    demo = Demo(proc, home)
+    reader = threading.Thread(target=_reader, args=(demo,), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            out = demo.output()
+            url, token, run = (
+                re.search(p, out) for p in (r"URL:\s+(\S+)", r"token:\s+(\S+)", r"runs/(\S+)\n")
+            )
+            if url and token and run:
+                demo.url, demo.token, demo.first_run = url[1], token[1], run[1]
+                break
+            time.sleep(0.1)
+        assert demo.first_run, f"demo did not start:\n{demo.output()}"
+        yield demo
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        reader.join(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        # The agent daemon runs in its own session: make sure nothing of the demo is left behind.
+        pid = daemon_pid(home)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        cleanup_runs(home / "agent")
+
+
+@pytest.fixture
+def command_demo(tmp_path: Path) -> Iterator[Demo]:
+    """The demo with a command job instead of vLLM."""
+    yield from start_demo(tmp_path / "demo", "--no-extract", timeout=90)
+
+
+def wait_run(demo: Demo, run: str, pred: Any, timeout: float) -> dict[str, Any]:
+    """Poll GET /api/runs/{run} until pred(detail) holds."""
+    deadline = time.monotonic() + timeout
+    detail: dict[str, Any] = {}
+    with demo.client() as http:
+        while time.monotonic() < deadline:
+            detail = http.get(f"/api/runs/{run}").json()
+            if pred(detail):
+                return detail
+            time.sleep(0.5)
+    raise AssertionError(f"run {run} never got there: {detail}\n--- demo output:\n{demo.output()}")
+
+
+def kinds(detail: dict[str, Any]) -> list[str]:
+    """Milestone kinds of a run detail."""
+    return [m["kind"] for m in detail.get("milestones", [])]
+
+
+@pytest.mark.slow
+def test_demo_serves_and_a_run_reaches_milestones(command_demo: Demo) -> None:
+    demo = command_demo
+    assert demo.url.startswith("http://127.0.0.1:")
+    with demo.client(auth=False) as anonymous:
+        health = anonymous.get("/api/health")
+        assert health.status_code == 200 and health.json()["ok"] is True
+        assert anonymous.get("/api/runs").status_code == 401  # the printed token is needed
+    detail = wait_run(demo, demo.first_run, lambda d: d.get("state") == "completed", 60)
+    assert "progress" in kinds(detail) and "completed" in kinds(detail)
+    assert detail["spec"]["host"] == "local"
+    with demo.client() as http:
+        hosts = http.get("/api/hosts").json()
+        assert [h["name"] for h in (hosts if isinstance(hosts, list) else hosts["hosts"])] == ["local"]
+    assert "progress" in demo.output()  # milestones are echoed on the terminal too
+
+
+@pytest.mark.slow
+def test_demo_starts_another_run_from_the_api_and_stops_everything(command_demo: Demo) -> None:
+    demo = command_demo
+    job = 'import time\nprint(\'EAGLEWATCH {"kind": "progress"}\', flush=True)\ntime.sleep(120)'
+    spec = {"name": "second", "host": "local", "backend": "command", "command": [sys.executable, "-c", job]}
+    with demo.client() as http:
+        created = http.post("/api/runs", json=spec, headers={"Origin": demo.url.rstrip("/")})
+        assert created.status_code == 201, created.text
+        run = created.json()["id"]
+    wait_run(demo, run, lambda d: d.get("state") == "running" and "progress" in kinds(d), 60)
+    daemon = daemon_pid(demo.home)
+    assert daemon is not None
+    demo.proc.send_signal(signal.SIGINT)  # Ctrl-C
+    assert demo.proc.wait(60) == 0
+    assert f"stopped run {run}" in demo.output()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and daemon_pid(demo.home) is not None:
+        time.sleep(0.1)
+    assert daemon_pid(demo.home) is None, "the demo left its agent daemon running"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path) -> None:
+    """The real thing: tiny model, vLLM on CPU, shape checks pass; a run dropping a layer raises an alert."""
+    for demo in start_demo(tmp_path / "demo", timeout=600):
+        detail = wait_run(demo, demo.first_run, lambda d: d.get("state") in ("completed", "failed"), 600)
+        assert detail["state"] == "completed", detail
+        assert {"capture_configured", "shape_check_passed", "completed"} <= set(kinds(detail))
+        assert "shape_check_failed" not in kinds(detail)
+        with demo.client() as http:
+            spec = http.get(f"/api/runs/{demo.first_run}").json()["spec"]
+            broken = {**spec, "name": "broken", "inject_fault": "drop_layer",
+                      "output_dir": str(tmp_path / "demo" / "outputs" / "broken")}  # fmt: skip
+            created = http.post("/api/runs", json=broken, headers={"Origin": demo.url.rstrip("/")})
+            assert created.status_code == 201, created.text
+            run = created.json()["id"]
+        detail = wait_run(demo, run, lambda d: "shape_check_failed" in kinds(d) and d.get("alerts"), 600)
+        assert any("layer" in str(p).lower() for p in detail.get("problems", [])) or detail["alerts"]
