@@ -1,7 +1,7 @@
 """``python -m agent.checkrun '<json>'``: check one path in a child process and print the report as JSON.
 
 The daemon checks capture files this way so that torch/numpy (deep checks) never load into it.
-The argument: {"path", "layers"?, "hidden_size"?, "model"?, "layer_ids"?}.
+The argument: {"path", "layers"?, "hidden_size"?, "model"?, "layer_ids"?, "deep"? (default true)}.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
         return 2
     from agent.outputs import check_path
 
-    report = check_path(arg["path"], expectation(arg), deep=True)
+    report = check_path(arg["path"], expectation(arg), deep=bool(arg.get("deep", True)))
     print(json.dumps(report.to_dict()))
     return 0
 

@@ -247,7 +247,7 @@ class Connection:
 
     async def op_check(self, args: dict[str, Any]) -> dict[str, Any]:
         """Check a capture file or directory (in a child process)."""
-        from agent.watch import check_file
+        from agent.outwatch import check_file
 
         path = args["path"]
         if not isinstance(path, str) or not path or "\0" in path:

@@ -131,7 +131,7 @@ class LineSplitter:
             self._dropped += len(piece) - max(room, 0)
 
     def _complete_lines(self, data: bytes, parts: list[bytes], cur: int, tail: int, out: list[Line]) -> int:
-        """Append parts[1:] (complete, \n-terminated, starting at ``cur``) to ``out``; return the next offset."""
+        """Append the lines parts[1:] (from offset ``cur``) to ``out``; return the offset after them."""
         cap = self.max_line_bytes
         if data.isascii() and b"\x1b" not in data:
             # Plain ASCII: decode the whole run of lines at once; byte offsets equal character offsets.
@@ -171,7 +171,6 @@ class LineSplitter:
             self._start = base
             if not data:
                 return out
-        cap = self.max_line_bytes
         make = self._make
         if b"\r" not in data:
             parts = data.split(b"\n")

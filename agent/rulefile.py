@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -93,8 +94,22 @@ def _number(raw: str) -> str:
 
 
 def _to_int(raw: str) -> int:
+    try:
+        return int(raw)  # the common case, without the regex
+    except ValueError:
+        pass
     num = _number(raw)
     return int(num) if re.fullmatch(r"[-+]?\d+", num) else int(float(num))
+
+
+def _to_float(raw: str) -> float:
+    try:
+        value = float(raw)  # the common case, without the regex
+    except ValueError:
+        value = float(_number(raw))
+    if not math.isfinite(value):  # nan/inf would not be valid JSON
+        raise ValueError(f"not a finite number: {raw!r}")
+    return value
 
 
 def _to_gib(raw: str) -> float:
@@ -120,10 +135,10 @@ def _to_list(raw: str) -> list[Any]:
 CONVERTERS: dict[str, Callable[[str], Any]] = {
     "str": str,
     "int": _to_int,
-    "float": lambda raw: float(_number(raw)),
+    "float": _to_float,
     "gib": _to_gib,
-    "percent": lambda raw: float(_number(raw)),
-    "seconds": lambda raw: float(_number(raw)),
+    "percent": _to_float,
+    "seconds": _to_float,
     "list": _to_list,
 }
 

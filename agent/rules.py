@@ -121,6 +121,7 @@ class MilestoneEngine:
         self._gate = Gate(rules, (TRACEBACK_START,))
         self._gate_words = self._gate.words
         self._gate_literals = self._gate.literals
+        self._gate_always = bool(self._gate.always)
         self._error_rules = [r for r in rules.rules if r.kind == "error"]
         self._groups: dict[str, _Group] = {}
         self._traces: dict[str, _Trace] = {}
@@ -139,7 +140,7 @@ class MilestoneEngine:
                     return self._release()
                 return self._classify(text, line, parsed)
         # The gate, inlined: this is the per-line hot path.
-        if self._gate_words.isdisjoint(text.split()) and not self._gate.always:
+        if not self._gate_always and self._gate_words.isdisjoint(text.split()):
             for lit in self._gate_literals:
                 if lit in text:
                     break
@@ -170,14 +171,30 @@ class MilestoneEngine:
 
     @classmethod
     def restore(cls, rules: RuleSet, snap: dict[str, Any]) -> MilestoneEngine:
-        """Rebuild an engine from ``snapshot()``'s output."""
-        eng = cls(rules, world_size=snap.get("world_size"))
+        """Rebuild an engine from ``snapshot()``'s output; malformed parts (another version's) are skipped."""
+        ws = snap.get("world_size") if isinstance(snap, dict) else None
+        eng = cls(rules, world_size=ws if isinstance(ws, int) else None)
+        if not isinstance(snap, dict):
+            return eng
+        bad = (KeyError, TypeError, ValueError, AttributeError)
         for g in snap.get("groups", []):
-            eng._groups[g["key"]] = _Group(g["key"], Milestone.from_dict(g["first"]), g["procs"], g["ranks"])
+            try:
+                eng._groups[g["key"]] = _Group(
+                    g["key"], Milestone.from_dict(g["first"]), g["procs"], g["ranks"]
+                )
+            except bad:
+                continue
         for t in snap.get("traces", []):
-            eng._traces[t["proc"]] = _Trace(**t)
-        eng._held = [Milestone.from_dict(m) for m in snap.get("held", [])]
-        eng._fired = set(snap.get("fired", []))
+            try:
+                eng._traces[t["proc"]] = _Trace(**t)
+            except bad:
+                continue
+        for m in snap.get("held", []):
+            try:
+                eng._held.append(Milestone.from_dict(m))
+            except bad:
+                continue
+        eng._fired = {f for f in snap.get("fired", []) if isinstance(f, str)}
         return eng
 
     # ---- classification -----------------------------------------------------------------------------

@@ -10,12 +10,25 @@ TERMINAL = ("completed", "failed", "stopped", "lost")
 FATAL_CLASSES = frozenset(
     {"oom", "nccl", "worker_died", "engine_failed", "rpc_timeout", "segfault", "killed"}
 )
+#: Classes that say "something else failed first": a reason names the specific error before them.
+CONSEQUENCE_CLASSES = frozenset({"engine_failed", "worker_died", "traceback"})
 
 
 def _describe(ms: dict[str, Any]) -> str:
     fields = ms.get("fields") or {}
-    text = str(ms.get("text") or "").strip()
-    return f"{fields.get('class', 'error')}: {text[:200]}"
+    text = str(fields.get("message") or ms.get("text") or "").strip()
+    return f"{fields.get('class', 'error')}: {text[:160]}"
+
+
+def _errors(summary: RunSummary) -> str:
+    """The root cause (first specific error, else first fatal, else last) and, if other, the last error."""
+    root = summary.first_specific or summary.first_fatal or summary.last_error
+    if root is None:
+        return ""
+    out = f"; error: {_describe(root)}"
+    if summary.last_error is not None and summary.last_error is not root:
+        out += f"; last error: {_describe(summary.last_error)}"
+    return out
 
 
 @dataclass
@@ -25,7 +38,8 @@ class RunSummary:
     terminal: str | None = None
     reason: str | None = None
     last_error: dict[str, Any] | None = None
-    fatal: dict[str, Any] | None = None
+    first_fatal: dict[str, Any] | None = None
+    first_specific: dict[str, Any] | None = None
     completed_seen: bool = False
     failed_seen: bool = False
 
@@ -48,7 +62,9 @@ class RunSummary:
             if kind == "error":
                 self.last_error = ev
                 if (ev.get("fields") or {}).get("class") in FATAL_CLASSES:
-                    self.fatal = ev
+                    self.first_fatal = self.first_fatal or ev
+                if (ev.get("fields") or {}).get("class") not in CONSEQUENCE_CLASSES:
+                    self.first_specific = self.first_specific or ev
             elif kind == "completed":
                 self.completed_seen = True
             elif kind == "failed":
@@ -70,7 +86,7 @@ def final_state(
             return ("failed", reason) if stop_rec.get("by") == "agent" else ("stopped", reason)
     if exit_rec is None:
         return "lost", "the job is gone and no exit status was recorded (host rebooted or supervisor killed)"
-    last = f"; last error: {_describe(summary.last_error)}" if summary.last_error else ""
+    last = _errors(summary)
     if exit_rec.get("error"):
         return "failed", f"could not start: {exit_rec['error']}"
     if exit_rec.get("signal"):
@@ -79,8 +95,8 @@ def final_state(
     code = exit_rec.get("code")
     if code != 0:
         return "failed", f"exit code {code}{last}"
-    if summary.fatal is not None:
-        return "failed", f"exited 0 after a fatal error ({_describe(summary.fatal)})"
+    if summary.first_fatal is not None:
+        return "failed", f"exited 0 after a fatal error{_errors(summary)}"
     if backend != "command" and not summary.completed_seen:
         return "failed", "exited 0 without a completion marker"
     return "completed", "exit code 0"

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 from agent import jobs
 from agent.journal import Journal, scan
 from agent.lines import LineSplitter
+from agent.outwatch import check_events, check_file, complete_files
 from agent.paths import RunPaths, atomic_write_json, read_json
 from agent.rules import Milestone, MilestoneEngine, RuleError, load_rules
 from agent.runstate import RunSummary, final_state
@@ -72,6 +72,7 @@ class RunWatcher:
         self._cursor_at = 0.0
         self._pending_files: dict[str, tuple[int, int]] = {}
         self._checking = False
+        self._stop_requested = False
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -260,34 +261,7 @@ class RunWatcher:
         out = self.spec.get("output_dir")
         if not out or self._checking or not os.path.isdir(out):
             return
-        try:
-            from agent.outputs import is_capture_file
-        except ImportError:
-            return
-        try:
-            names = sorted(os.listdir(out))
-        except OSError:
-            return
-        present = set(names)
-        ready = []
-        for name in names:
-            if not is_capture_file(name) or f"{name}.lock" in present:
-                continue
-            try:
-                st = os.stat(os.path.join(out, name))
-            except OSError:
-                continue
-            sig = (st.st_size, st.st_mtime_ns)
-            if self.checked.get(name) == list(sig):
-                continue
-            if name in self._recovered_checks:
-                self._recovered_checks.discard(name)
-                self.checked[name] = list(sig)
-                continue
-            if final or self._pending_files.get(name) == sig:
-                ready.append((name, sig))
-            else:
-                self._pending_files[name] = sig
+        ready = complete_files(out, self.checked, self._pending_files, self._recovered_checks, final)
         if not ready:
             return
         self._checking = True
@@ -302,47 +276,26 @@ class RunWatcher:
         self._save_cursor(force=True)
 
     def _record_check(self, name: str, report: dict[str, Any]) -> None:
+        for ev in check_events(name, report, self.line):
+            self._append(ev)
         problems = list(report.get("problems") or [])
-        unchecked = bool(report.get("unchecked"))
-        ev: dict[str, Any] = {
-            "type": "check",
-            "file": name,
-            "ok": bool(report.get("ok")) and not problems,
-            "format": report.get("format"),
-            "problems": problems,
-        }
-        if unchecked:
-            ev["unchecked"] = report.get("unchecked")
-        self._append(ev)
-        base = {"line": self.line, "rank": None}
-        for p in problems:
-            self._append(
-                {
-                    "type": "milestone",
-                    "kind": "shape_check_failed",
-                    **base,
-                    "fields": {
-                        "file": p.get("file", name),
-                        "code": p.get("code"),
-                        "message": p.get("message"),
-                        "source": "agent",
-                    },
-                    "text": f"{p.get('code')}: {p.get('file', name)}: {p.get('message')}",
-                }
-            )
-        if not problems and not unchecked:
-            self._append(
-                {
-                    "type": "milestone",
-                    "kind": "shape_check_passed",
-                    **base,
-                    "fields": {"file": name, "format": report.get("format"), "source": "agent"},
-                    "text": f"{name}: shapes ok",
-                }
-            )
-        if problems and self.spec.get("on_shape_failure") == "stop" and self.summary.terminal is None:
+        if problems and self.spec.get("on_shape_failure") == "stop" and not self._stop_requested:
+            self._stop_requested = True
             p = problems[0]
             self.stopper(self.paths.run, f"shape check failed: {p.get('code')} in {p.get('file', name)}")
+
+    async def _check_index_gaps(self) -> None:
+        """Once, at the end: a header-only look at the whole output dir for missing hs_N/data_N indices."""
+        out = self.spec.get("output_dir")
+        if not out or not os.path.isdir(out) or "." in self.checked:
+            return
+        self.checked["."] = [0, 0]
+        if "." in self._recovered_checks:
+            return
+        report = await check_file(out, self.spec, deep=False)
+        gaps = [p for p in report.get("problems") or [] if p.get("code") == "index_gap"]
+        if gaps:
+            self._record_check(".", {"ok": False, "format": report.get("format"), "problems": gaps})
 
     # --- the end ---------------------------------------------------------------------------------
     async def _finish(self, lost: bool = False) -> None:
@@ -354,7 +307,9 @@ class RunWatcher:
         self._journal_milestones(self.engine.flush())
         self._flushed = True
         self.log_changed.notify()
+        self._stop_requested = True  # the job has ended: nothing left to stop
         await self._scan_outputs(final=True)
+        await self._check_index_gaps()
         self._commit()
         if self.summary.terminal is None:
             stop_rec = read_json(self.paths.stop)
@@ -383,54 +338,3 @@ class RunWatcher:
         self._save_cursor(force=True)
         self.journal.close()
         self.log_changed.notify()  # log followers flush the job's unterminated last line now
-
-
-async def check_file(path: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """Run the output checker on one file in a child process (keeps torch/numpy out of the daemon)."""
-    import json
-
-    expect = dict(spec.get("expect") or {})
-    arg = json.dumps(
-        {
-            "path": path,
-            "layers": expect.get("layers"),
-            "hidden_size": expect.get("hidden_size"),
-            "model": spec.get("model"),
-            "layer_ids": spec.get("layers"),
-        }
-    )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "agent.checkrun",
-        arg,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        async with asyncio.timeout(300):
-            out, err = await proc.communicate()
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return _unchecked(path, "the check took longer than 300 s")
-    try:
-        report = json.loads(out)
-        if isinstance(report, dict):
-            return report
-    except ValueError:
-        pass
-    return _unchecked(path, f"checker failed: {err.decode('utf-8', 'replace')[-300:]}")
-
-
-def _unchecked(path: str, message: str) -> dict[str, Any]:
-    """A report for a file the checker could not judge (not a problem of the file, not a pass either)."""
-    return {
-        "ok": False,
-        "files": 0,
-        "format": None,
-        "problems": [],
-        "unchecked": [os.path.basename(path)],
-        "error": message,
-    }

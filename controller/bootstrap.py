@@ -20,6 +20,7 @@ import agent
 from controller.errors import HostKeyRejected, Unreachable
 from controller.link import Link, LocalTransport, SSHTransport, StreamHandler
 from controller.settings import Settings
+from controller.sshdest import parse_destination
 
 log = logging.getLogger(__name__)
 AGENT_DIR = Path(agent.__file__).resolve().parent
@@ -35,6 +36,21 @@ def agent_files() -> tuple[tuple[str, bytes], ...]:
         if path.is_file() and "__pycache__" not in rel.parts and path.suffix in (".py", ".toml", ".json"):
             out.append((rel.as_posix(), path.read_bytes()))
     return tuple(out)
+
+
+def is_older(version: str, than: str) -> bool:
+    """True when dotted ``version`` sorts before ``than`` (numeric parts; unparsable counts as older)."""
+
+    def key(v: str) -> tuple[int, ...]:
+        parts = []
+        for p in v.split("."):
+            digits = p[: len(p) - len(p.lstrip("0123456789"))]  # the leading number: "0rc1" -> 0
+            parts.append(int(digits) if digits else -1)
+        return tuple(parts)
+
+    if not version:
+        return True
+    return key(version) < key(than)
 
 
 def agent_digest() -> str:
@@ -59,6 +75,16 @@ def connect_argv(python: str, pythonpath: str | None, state_dir: str | None) -> 
     return argv
 
 
+def _target(dest: str) -> dict[str, Any]:
+    host, port, user = parse_destination(dest)
+    target: dict[str, Any] = {"host": host}
+    if port is not None:
+        target["port"] = port
+    if user is not None:
+        target["username"] = user
+    return target
+
+
 def fingerprint(key: Any) -> str:
     """SHA256 fingerprint of an asyncssh public key."""
     return str(key.get_fingerprint("sha256"))
@@ -68,10 +94,12 @@ async def fetch_host_key(dest: str, settings: Settings) -> str:
     """The fingerprint the host presents, fetched without trusting it (for ``hosts add``)."""
     import asyncssh
 
-    host, port = dest, ()
+    target = _target(dest)
     opts = settings.ssh_options()
     try:
-        key = await asyncssh.get_server_host_key(host, port, config=opts.get("config", ()))
+        key = await asyncssh.get_server_host_key(
+            target["host"], target.get("port", ()), config=opts.get("config", ())
+        )
     except (OSError, asyncssh.Error) as exc:
         raise Unreachable(f"cannot reach {dest}: {exc}") from None
     if key is None:
@@ -84,7 +112,7 @@ async def ssh_connect(name: str, dest: str, settings: Settings) -> Any:
     import asyncssh
 
     try:
-        return await asyncssh.connect(dest, **settings.ssh_options())
+        return await asyncssh.connect(**_target(dest), **settings.ssh_options())
     except asyncssh.HostKeyNotVerifiable as exc:
         try:
             fp: str | None = await fetch_host_key(dest, settings)
@@ -148,9 +176,9 @@ async def open_link(
                 ) from None
             link = Link(SSHTransport(conn, process, command), on_stream)
         hello = await link.start()
-        if hello.get("agent_version") == agent.__version__ or attempt == 1:
+        if attempt == 1 or not is_older(str(hello.get("agent_version", "")), agent.__version__):
             return link, fp
-        # An older (or newer) daemon: ask it to exit, leaving its jobs running, and start ours.
+        # An older daemon: ask it to exit, leaving its jobs running; the next connect starts ours.
         log.info(
             "host %s runs agent %s, upgrading to %s",
             host["name"],

@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,11 @@ class DemoPaths:
         """A small JSONL dataset of prompts."""
         return self.home / "data" / "prompts.jsonl"
 
+    @property
+    def fake_job(self) -> Path:
+        """The script of the --no-extract job."""
+        return self.home / "demo_job.py"
+
     def output(self, name: str) -> Path:
         """Capture output directory of one run."""
         return self.home / "outputs" / name
@@ -88,7 +94,7 @@ def write_dataset(path: Path, samples: int = 24) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def extraction_spec(paths: DemoPaths, name: str, fault: str | None = None) -> dict[str, Any]:
+def extraction_spec(paths: DemoPaths, name: str, fault: str | None = None, out: str = "") -> dict[str, Any]:
     """A worker-extension run of the tiny model over the demo dataset (optionally with a fault injected)."""
     spec: dict[str, Any] = {
         "name": name,
@@ -96,7 +102,7 @@ def extraction_spec(paths: DemoPaths, name: str, fault: str | None = None) -> di
         "backend": "worker-extension",
         "model": str(paths.model),
         "dataset": str(paths.dataset),
-        "output_dir": str(paths.output(name)),
+        "output_dir": str(paths.output(out or name)),
         "max_samples": 24,
         "seq_len": 64,
         "batch_size": 4,
@@ -107,13 +113,14 @@ def extraction_spec(paths: DemoPaths, name: str, fault: str | None = None) -> di
     return spec
 
 
-def command_spec(name: str, samples: int = 6) -> dict[str, Any]:
+def command_spec(paths: DemoPaths, name: str, samples: int = 6) -> dict[str, Any]:
     """The --no-extract run: a backend-command job printing milestones (no vLLM, a few seconds)."""
     return {
         "name": name,
         "host": DEMO_HOST,
         "backend": "command",
-        "command": [sys.executable, "-c", FAKE_JOB, str(samples)],
+        # A script file rather than `-c CODE`: the New-run form keeps one argument per line.
+        "command": [sys.executable, str(paths.fake_job), str(samples)],
     }
 
 
@@ -139,7 +146,7 @@ def save_templates(home: Path, paths: DemoPaths, extract: bool) -> None:
         # the good run under another name, and the broken run is started with `--broken` instead.
         store.save("demo broken - drops a layer", {**spec_to_form(broken), "inject_fault": "drop_layer"})
     else:
-        store.save("demo command job", spec_to_form(command_spec("demo-2")))
+        store.save("demo command job", spec_to_form(command_spec(paths, "demo-2")))
 
 
 def fresh_token(home: Path) -> str:
@@ -192,10 +199,9 @@ async def _echo_milestones(ctl: Any) -> None:
     """Print each milestone and alert on the terminal as it arrives (the page shows the same)."""
     async for event in ctl.bus.subscribe():
         if event.kind == "milestone":
-            print(
-                f"  run {event.run_id}: {event.data.get('kind')}  {event.data.get('text', '')[:100]}",
-                flush=True,
-            )
+            lines = str(event.data.get("text") or "").splitlines()
+            brief = lines[0].removeprefix("EAGLEWATCH ")[:90] if lines else ""
+            print(f"  run {event.run_id}: {event.data.get('kind')!s:<20} {brief}", flush=True)
         elif event.kind == "alert":
             print(f"  ALERT run {event.run_id}: {event.data.get('message', event.data)}", flush=True)
 
@@ -251,17 +257,22 @@ async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool) -
         except NotFound:
             await ctl.add_host(HostCreate(name=DEMO_HOST, ssh="local", state_dir=str(paths.agent_state)))
         write_dataset(paths.dataset)
+        paths.fake_job.write_text(FAKE_JOB)
         if extract:
             await asyncio.to_thread(build_model, paths)
         save_templates(home, paths, extract)
         url = f"http://{bind}:{bound}/"
         print(f"\neaglewatch demo is running (home {home})\n  URL:   {url}\n  token: {token}\n", flush=True)
         if extract:
-            first = await ctl.create_run(extraction_spec(paths, "demo-1"))
+            # A fresh output directory per start: a finished one would be resumed (nothing left to do).
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            first = await ctl.create_run(extraction_spec(paths, "demo-1", out=f"demo-1-{stamp}"))
             if broken:
-                await ctl.create_run(extraction_spec(paths, "demo-broken", "drop_layer"))
+                await ctl.create_run(
+                    extraction_spec(paths, "demo-broken", "drop_layer", f"demo-broken-{stamp}")
+                )
         else:
-            first = await ctl.create_run(command_spec("demo-1"))
+            first = await ctl.create_run(command_spec(paths, "demo-1"))
         print(f"  first run: {url}runs/{first}\n  Ctrl-C stops the demo and its runs.\n", flush=True)
         await serve_task
     finally:

@@ -13,6 +13,8 @@ from pydantic import Field as PField
 from sqlalchemy import Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
+from controller.sshdest import parse_destination
+
 SCHEMA_VERSION = 1
 
 RUN_STATES = ("pending", "starting", "running", "completed", "failed", "stopped", "lost", "unknown")
@@ -174,6 +176,8 @@ class HostCreate(BaseModel):
     def _ssh(cls, v: str) -> str:
         if v.startswith("-") or any(c.isspace() or c == "\x00" for c in v):
             raise ValueError("ssh destination must not start with '-' or contain spaces")
+        if v != "local":
+            parse_destination(v)
         return v
 
 

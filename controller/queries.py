@@ -110,6 +110,15 @@ def nonterminal_runs(conn: sqlite3.Connection, host: str) -> list[dict[str, Any]
     return [dict(r) for r in rows]
 
 
+def recently_ended_runs(conn: sqlite3.Connection, host: str, since: float) -> list[dict[str, Any]]:
+    """Finished runs of ``host`` that ended after ``since``."""
+    rows = conn.execute(
+        f"SELECT * FROM runs WHERE host=? AND state IN {TERMINAL_SQL} AND ended_at > ? ORDER BY ended_at",
+        (host, since),
+    )
+    return [dict(r) for r in rows]
+
+
 def _alert(row: sqlite3.Row) -> AlertPublic:
     return AlertPublic(
         id=row["id"],

@@ -13,10 +13,10 @@ from pydantic import ValidationError
 from agent.spec import RunSpec
 from controller import ingest, queries
 from controller.errors import AgentError, Conflict, NotFound, SpecInvalid, Unreachable
+from controller.fleet import Supervisors
 from controller.lifecycle import RunEvent, event_for_agent_state, is_terminal
 from controller.settings import Settings
 from controller.store import Store, Tx
-from controller.supervisor import Supervisors
 
 
 def new_run_id(now: float | None = None) -> str:

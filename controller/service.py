@@ -50,11 +50,11 @@ from controller import queries
 from controller.alerts import OutboxWorker
 from controller.bus import Bus, BusEvent
 from controller.errors import Conflict, NotFound
+from controller.fleet import Supervisors
 from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic
 from controller.runs import RunOps
 from controller.settings import Settings
 from controller.store import Store
-from controller.supervisor import Supervisors
 
 
 class Controller:

@@ -43,6 +43,7 @@ class Settings(BaseSettings):
     connect_timeout: float = Field(default=15.0, gt=0)
     reconnect_initial_s: float = Field(default=0.5, gt=0)
     reconnect_max_s: float = Field(default=30.0, gt=0)
+    sweep_interval_s: float = Field(default=5.0, gt=0, description="how often stall/unreachable rules run")
     remote_base: str = Field(
         default=".local/share/eaglewatch",
         description="where the agent is uploaded on hosts (relative to the remote home, or absolute)",

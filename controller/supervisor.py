@@ -13,11 +13,10 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from controller import alerts, ingest, queries
-from controller.bootstrap import fetch_host_key, open_link
+from controller.bootstrap import open_link
 from controller.errors import AgentError, HostKeyRejected, NotFound, Unreachable
 from controller.lifecycle import RunEvent, event_for_agent_state
 from controller.link import Link
@@ -27,6 +26,8 @@ from controller.store import Store, Tx
 log = logging.getLogger(__name__)
 #: Queue this many writes before the link reader waits for the writer (backpressure).
 MAX_PENDING_WRITES = 2000
+#: After a reconnect, runs that ended this recently are checked for undelivered events and log lines.
+RECENT_S = 3600.0
 
 
 class HostSupervisor:
@@ -129,6 +130,7 @@ class HostSupervisor:
         self.connected.set()
 
     async def _serve(self, link: Link) -> None:
+        await self._catch_up_ended(link)
         while not link.closed.is_set():
             for run in await self.store.read(queries.nonterminal_runs, self.name):
                 if run["id"] in self.following or run["state"] == "pending":
@@ -144,6 +146,24 @@ class HostSupervisor:
                 lambda tx: tx.conn.execute("UPDATE hosts SET last_seen=? WHERE name=?", (tx.now, self.name))
             )
 
+    async def _catch_up_ended(self, link: Link) -> None:
+        """Runs that ended recently may have journal events or log lines the last link did not deliver."""
+        since = time.time() - RECENT_S
+        for run in await self.store.read(queries.recently_ended_runs, self.name, since):
+            try:
+                status = await link.request("status", run=run["id"])
+            except AgentError:
+                continue
+            if (
+                int(status.get("last_seq") or 0) > run["last_seq"]
+                or int(status.get("log_size") or 0) > run["log_offset"]
+            ):
+                self.following.add(run["id"])
+                with contextlib.suppress(AgentError):
+                    await link.request(
+                        "follow", run=run["id"], after_seq=run["last_seq"], log_offset=run["log_offset"]
+                    )
+
     @staticmethod
     async def _race(*aws: Any) -> None:
         tasks = [asyncio.ensure_future(a) for a in aws]
@@ -158,13 +178,20 @@ class HostSupervisor:
         try:
             status = await link.request("status", run=run_id)
         except AgentError as exc:
-            if exc.agent_code == "not_found" and run["state"] in ("unknown", "running"):
+            if exc.agent_code == "not_found" and run["state"] != "pending":
+                # Never launched (a controller died mid-launch) or forgotten by the host: it cannot run.
+                event = RunEvent.LAUNCH_FAILED if run["state"] == "starting" else RunEvent.JOB_LOST
+                reason = (
+                    "launch was interrupted: the agent never received it"
+                    if event is RunEvent.LAUNCH_FAILED
+                    else "the agent has no record of this job"
+                )
                 await self.store.write(
                     lambda tx: ingest.transition(
                         tx,
                         run_id,
-                        RunEvent.JOB_LOST,
-                        reason="the agent has no record of this job",
+                        event,
+                        reason=reason,
                         cooldown_s=self.settings.cooldown_s,
                         deliver=self.deliver,
                     )
@@ -173,7 +200,12 @@ class HostSupervisor:
             log.warning("run %s: status failed: %s", run_id, exc)
             return
         self.following.add(run_id)
-        await link.request("follow", run=run_id, after_seq=run["last_seq"], log_offset=run["log_offset"])
+        try:
+            await link.request("follow", run=run_id, after_seq=run["last_seq"], log_offset=run["log_offset"])
+        except AgentError as exc:
+            # Stays in `following` so this does not repeat every second; the next connection retries.
+            log.warning("run %s: follow failed: %s", run_id, exc)
+            return
         if status.get("state") == "running" and run["state"] in ("unknown", "starting"):
             await self.store.write(lambda tx: ingest.transition(tx, run_id, RunEvent.JOB_RUNNING))
         elif status.get("state") in ("lost",) and run["state"] in ("unknown", "running", "starting"):
@@ -264,118 +296,3 @@ class HostSupervisor:
 def _log_failure(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.error("store write from link failed: %s", fut.exception())
-
-
-class Supervisors:
-    """All host supervisors of this process, plus one-shot links for processes that do not supervise."""
-
-    def __init__(
-        self, settings: Settings, store: Store, *, supervise: bool = True, only_hosts: list[str] | None = None
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.supervise = supervise
-        self.only_hosts = only_hosts
-        self.hosts: dict[str, HostSupervisor] = {}
-        self._sweeper: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        """Start a supervisor per host (or per host in ``only_hosts``) and the alert sweep."""
-        for host in await self.store.read(queries.list_hosts):
-            if self.only_hosts is None or host.name in self.only_hosts:
-                await self.ensure(host.name)
-        self._sweeper = asyncio.create_task(self._sweep_forever(), name="alert-sweep")
-
-    async def ensure(self, name: str) -> None:
-        """Supervise ``name`` if not already."""
-        if self.supervise and name not in self.hosts:
-            sup = HostSupervisor(name, self.settings, self.store)
-            self.hosts[name] = sup
-            sup.start()
-
-    async def drop(self, name: str) -> None:
-        """Stop supervising a removed host."""
-        sup = self.hosts.pop(name, None)
-        if sup is not None:
-            await sup.stop()
-
-    async def stop(self) -> None:
-        """Stop every supervisor and the sweep."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._sweeper
-        for name in list(self.hosts):
-            await self.drop(name)
-
-    def poke(self, name: str) -> None:
-        """Tell a host's supervisor to pick up new runs now."""
-        sup = self.hosts.get(name)
-        if sup is not None:
-            sup.poke()
-
-    @contextlib.asynccontextmanager
-    async def link_for(self, name: str) -> AsyncIterator[Link]:
-        """The supervised live link when up, else a one-shot link closed afterwards (Unreachable if down)."""
-        sup = self.hosts.get(name)
-        if sup is not None and sup.link is not None and not sup.link.closed.is_set():
-            yield sup.link
-            return
-        host = await self.store.read(queries.host_row, name)
-        link, _ = await open_link(host, self.settings, None)
-        try:
-            yield link
-        finally:
-            await link.close()
-
-    async def check(self, name: str) -> None:
-        """Connect now and refresh the host's version and GPUs (raises Unreachable/HostKeyRejected)."""
-        tmp = HostSupervisor(name, self.settings, self.store)
-        host = await self.store.read(queries.host_row, name)
-        try:
-            link, fp = await open_link(host, self.settings, None)
-        except Unreachable as exc:
-            if isinstance(exc, HostKeyRejected):
-                await tmp._key_rejected(exc)
-            message = exc.message
-            await self.store.write(lambda tx: _set_error(tx, name, message))
-            raise
-        try:
-            await tmp._connected(link, fp)
-        finally:
-            await link.close()
-
-    async def fetch_fingerprint(self, dest: str) -> str:
-        """Host key fingerprint presented at ``dest``."""
-        return await fetch_host_key(dest, self.settings)
-
-    async def _sweep_forever(self, every_s: float = 5.0) -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            try:
-                await self.store.write(self._sweep)
-            except Exception:
-                log.exception("alert sweep failed")
-
-    def _sweep(self, tx: Tx) -> None:
-        s, now = self.settings, time.time()
-        deliver = bool(s.apprise_urls)
-        for h in tx.conn.execute("SELECT name, unreachable_since FROM hosts WHERE reachable=0").fetchall():
-            if self.only_hosts is not None and h[0] not in self.only_hosts:
-                continue
-            d = alerts.host_unreachable(h[0], h[1], now, s.unreachable_minutes)
-            if d:
-                alerts.raise_alert(tx, d, cooldown_s=s.cooldown_s, deliver=deliver)
-        for r in tx.conn.execute("SELECT * FROM runs WHERE state='running'").fetchall():
-            d = alerts.stall(dict(r), now, s.stall_factor, s.stall_min_s)
-            if d:
-                alerts.raise_alert(tx, d, cooldown_s=s.cooldown_s, deliver=deliver)
-
-
-def _set_error(tx: Tx, name: str, message: str) -> None:
-    tx.conn.execute(
-        "UPDATE hosts SET reachable=0, last_error=?, unreachable_since=coalesce(unreachable_since, ?)"
-        " WHERE name=?",
-        (message, tx.now, name),
-    )
-    tx.host_changed(name)

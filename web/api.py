@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Query
+from fastapi import APIRouter, Body, Depends, Header, Path, Query
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
@@ -15,6 +15,7 @@ from controller.errors import NotFound
 from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic
 from web import sse
 from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep
+from web.logpage import read_log_page
 
 
 class Health(BaseModel):
@@ -58,6 +59,8 @@ class CsrfOut(BaseModel):
     csrf_token: str
 
 
+#: SQLite integers are signed 64-bit: larger ids or offsets are refused with 422, not a crash.
+AlertId = Annotated[int, Path(ge=0, le=2**63 - 1)]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorOut, "description": "CSRF token or Origin refused"},
     404: {"model": ErrorOut, "description": "no such host, run or alert"},
@@ -133,40 +136,21 @@ async def stop_run(ctl: ControllerDep, run_id: str) -> RunPublic:
 async def read_log(
     ctl: ControllerDep,
     run_id: str,
-    after: Annotated[int, Query(ge=-1, description="byte offset; lines after it (-1: the last lines)")] = -1,
-    before: Annotated[int | None, Query(ge=0, description="page backwards: lines before this offset")] = None,
+    after: Annotated[
+        int, Query(ge=-1, le=2**62, description="byte offset: lines after it; -1: the last `limit` lines")
+    ] = -1,
+    before: Annotated[
+        int | None, Query(ge=0, le=2**62, description="page backwards: lines before this offset")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
     q: Annotated[str | None, Query(max_length=200, description="only lines containing this text")] = None,
     errors_only: bool = False,
 ) -> list[dict[str, Any]]:
     """A page of the run's stored log (for the log viewer's paging and search)."""
     await ctl.get_run(run_id)
-    return await read_log_page(ctl, run_id, after=after, before=before, limit=limit, q=q, errors_only=errors_only)
-
-
-async def read_log_page(
-    ctl: Any, run_id: str, *, after: int, before: int | None, limit: int, q: str | None, errors_only: bool
-) -> list[dict[str, Any]]:
-    """Lines after ``after``, or the last ``limit`` lines before ``before`` (facade-side when it can)."""
-    kwargs = {"query": q or None, "errors_only": errors_only}
-    if before is None:
-        lines: list[dict[str, Any]] = await ctl.read_log(run_id, after_offset=after, limit=limit, **kwargs)
-        return lines
-    try:
-        lines = await ctl.read_log(run_id, before_offset=before, limit=limit, **kwargs)
-        return lines
-    except TypeError:
-        pass  # facade without before_offset: scan forward in pages (bounded), keep the tail
-    window: list[dict[str, Any]] = []
-    cursor = -1
-    for _ in range(400):
-        page = await ctl.read_log(run_id, after_offset=cursor, limit=5000, **kwargs)
-        page = [ln for ln in page if ln["offset"] < before]
-        if not page:
-            break
-        window = (window + page)[-limit:]
-        cursor = page[-1]["offset"]
-    return window
+    return await read_log_page(
+        ctl, run_id, after=after, before=before, limit=limit, q=q, errors_only=errors_only
+    )
 
 
 @router.get("/alerts", response_model=list[AlertPublic])
@@ -176,14 +160,14 @@ async def list_alerts(ctl: ControllerDep) -> list[AlertPublic]:
 
 
 @post_router.post("/alerts/{alert_id}/ack", response_model=AlertPublic)
-async def ack_alert(ctl: ControllerDep, alert_id: int) -> AlertPublic:
+async def ack_alert(ctl: ControllerDep, alert_id: AlertId) -> AlertPublic:
     """Acknowledge an alert."""
     result: AlertPublic = await ctl.ack_alert(alert_id)
     return result
 
 
 @post_router.post("/alerts/{alert_id}/mute", response_model=AlertPublic)
-async def mute_alert(ctl: ControllerDep, alert_id: int) -> AlertPublic:
+async def mute_alert(ctl: ControllerDep, alert_id: AlertId) -> AlertPublic:
     """Mute an alert (drops its pending notification)."""
     result: AlertPublic = await ctl.mute_alert(alert_id)
     return result
@@ -198,7 +182,9 @@ async def _existing_run(ctl: ControllerDep, run_id: str) -> RunDetail:
     return run
 
 
-@router.get("/runs/{run_id}/events", response_class=EventSourceResponse, responses=_ERRORS, description=_SSE_DOC)
+@router.get(
+    "/runs/{run_id}/events", response_class=EventSourceResponse, responses=_ERRORS, description=_SSE_DOC
+)
 async def run_events(
     ctl: ControllerDep,
     run_id: str,
@@ -217,7 +203,9 @@ async def run_events(
 
     from_now = cursor == "now"
     cursor = None if from_now else cursor
-    async for item in sse.event_stream(ctl, run_id, cursor, host=run.host, from_now=from_now, run_state=state):
+    async for item in sse.event_stream(
+        ctl, run_id, cursor, host=run.host, from_now=from_now, run_state=state
+    ):
         yield item
 
 

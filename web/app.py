@@ -39,7 +39,9 @@ def _jinja() -> jinja2.Environment:
 
 def _allowed_hosts(bind: str, extra: Iterable[str]) -> frozenset[str]:
     names = {h.strip().lower() for h in extra if h.strip()}
-    names.update(h.strip().lower() for h in os.environ.get("EAGLEWATCH_ALLOWED_HOSTS", "").split(",") if h.strip())
+    names.update(
+        h.strip().lower() for h in os.environ.get("EAGLEWATCH_ALLOWED_HOSTS", "").split(",") if h.strip()
+    )
     if not security.is_loopback(bind):
         names.update({socket.gethostname().lower(), socket.getfqdn().lower()})
         if bind not in ("0.0.0.0", "::", ""):
@@ -98,7 +100,9 @@ def create_app(
     app.state.template_store = TemplateStore(home)
     app.state.metrics = metrics.Metrics()
     if auth and app.state.token_hash is None:
-        raise RuntimeError(f"the web UI needs a login token but none is stored under {home}; run serve() first")
+        raise RuntimeError(
+            f"the web UI needs a login token but none is stored under {home}; run serve() first"
+        )
     app.add_middleware(
         WebSecurity, signer=signer, require_auth=auth, token_hash=app.state.token_hash,
         allowed_hosts=_allowed_hosts(bind, allowed_hosts), metrics=app.state.metrics,
@@ -161,4 +165,3 @@ def serve(settings: Settings, bind: str, port: int) -> None:
             print(f"eaglewatch web login token (shown once, stored hashed): {token}", flush=True)
     app = create_app(settings=settings, bind=bind)
     uvicorn.run(app, host=bind, port=port, log_level="info", proxy_headers=False)
-

@@ -21,8 +21,8 @@ PROBLEM_WORDS = {
     "index_gap": "missing file indices (gap)",
 }
 FIELD_LABELS = {
-    "gib": "GiB", "memory_gib": "GiB", "weights_gib": "GiB loaded", "kv_tokens": "KV tokens", "tokens": "tokens",
-    "ranks": "ranks", "seconds": "s", "samples_done": "samples", "samples_total": "of",
+    "gib": "GiB", "memory_gib": "GiB", "weights_gib": "GiB loaded", "kv_tokens": "KV tokens",
+    "tokens": "tokens", "ranks": "ranks", "seconds": "s", "samples_done": "samples", "samples_total": "of",
     "tokens_per_s": "tok/s", "samples_per_s": "samples/s", "files_written": "files", "bytes_written": "bytes",
 }  # fmt: skip
 #: Bookkeeping fields of the rule engine, not worth a reader's attention.

@@ -22,7 +22,9 @@ class Metrics:
         self.sse_clients = Gauge("eaglewatch_sse_clients", "open event streams", registry=self.registry)
         self.runs = Gauge("eaglewatch_runs", "runs by state", ["state"], registry=self.registry)
         self.hosts = Gauge("eaglewatch_hosts", "hosts by reachability", ["reachable"], registry=self.registry)
-        self.open_alerts = Gauge("eaglewatch_open_alerts", "alerts neither acked nor muted", registry=self.registry)
+        self.open_alerts = Gauge(
+            "eaglewatch_open_alerts", "alerts neither acked nor muted", registry=self.registry
+        )
         self.samples = Gauge(
             "eaglewatch_run_samples_done", "samples captured by running runs", ["run"], registry=self.registry
         )

@@ -6,21 +6,22 @@ import time
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Form, Query, Request
+from fastapi import APIRouter, Form, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
 from agent.spec import parse_spec
 from controller.errors import SpecInvalid
 from web import forms, security
-from web.api import read_log_page
 from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep, TemplateStoreDep
+from web.logpage import read_log_page
 from web.run_templates import TemplateError
 from web.sse import TERMINAL_STATES
 
 router = APIRouter(include_in_schema=False)
 post_router = APIRouter(include_in_schema=False, dependencies=CSRF_REQUIRED)
 LOG_PAGE = 200
+PERIODIC_KINDS = frozenset({"progress", "throughput", "batch_captured"})
 
 
 def render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -106,7 +107,8 @@ async def run_page(
     run_id: str,
     q: Annotated[str | None, Query(max_length=200)] = None,
     errors: bool = False,
-    before: Annotated[int | None, Query(ge=0)] = None,
+    before: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+    all_milestones: bool = False,
 ) -> HTMLResponse:
     """One run: verdict, alerts, timeline, checks, charts, log tail."""
     run = await ctl.get_run(run_id)
@@ -121,17 +123,28 @@ async def run_page(
         for m in run.milestones
         if m.kind in ("progress", "throughput")
     ]
+    timeline = run.milestones if all_milestones else timeline_window(run.milestones)
     t0 = run.started_at or run.created_at
     data = {
         "run_id": run.id, "state": run.state, "t0": t0, "progress": progress,
         "log_last": lines[-1]["offset"] if lines else -1, "terminal": run.state in TERMINAL_STATES,
         "milestone_seq": max((m.seq for m in run.milestones), default=0), "host": run.host,
+        "milestone_count": len(run.milestones),
         "gpus": host.gpus if host else [],
     }  # fmt: skip
     return render(
         request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
-        data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE,
+        data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE, timeline=timeline,
+        hidden_milestones=len(run.milestones) - len(timeline),
     )  # fmt: skip
+
+
+def timeline_window(milestones: list[Any], keep_progress: int = 20, keep_other: int = 300) -> list[Any]:
+    """What the timeline shows by default: the latest other milestones and only the last few progress ones
+    (the chart carries all progress; a 1,000-milestone run must stay light)."""
+    periodic = [m for m in milestones if m.kind in PERIODIC_KINDS][-keep_progress:]
+    other = [m for m in milestones if m.kind not in PERIODIC_KINDS][-keep_other:]
+    return sorted(periodic + other, key=lambda m: m.seq)
 
 
 @post_router.post("/runs/{run_id}/stop")
@@ -148,7 +161,9 @@ async def alerts_page(request: Request, ctl: ControllerDep) -> HTMLResponse:
 
 
 @post_router.post("/alerts/{alert_id}/{action}")
-async def alert_action(ctl: ControllerDep, alert_id: int, action: str) -> Response:
+async def alert_action(
+    ctl: ControllerDep, alert_id: Annotated[int, Path(ge=0, le=2**63 - 1)], action: str
+) -> Response:
     """Acknowledge or mute an alert, then go back to the list."""
     if action == "ack":
         await ctl.ack_alert(alert_id)
@@ -176,7 +191,9 @@ async def login(
     signer: security.Signer = request.app.state.signer
     response = _redirect(_safe_next(next))
     session = signer.new_session(authed=True)
-    response.headers.append("set-cookie", security.session_cookie(signer, session, request.app.state.secure_cookie))
+    response.headers.append(
+        "set-cookie", security.session_cookie(signer, session, request.app.state.secure_cookie)
+    )
     return response
 
 
@@ -185,7 +202,10 @@ async def logout(request: Request, _token: CsrfTokenDep) -> Response:
     """Forget the session."""
     signer: security.Signer = request.app.state.signer
     response = _redirect("/login")
-    response.headers.append("set-cookie", security.session_cookie(signer, signer.new_session(False), request.app.state.secure_cookie))
+    response.headers.append(
+        "set-cookie",
+        security.session_cookie(signer, signer.new_session(False), request.app.state.secure_cookie),
+    )
     return response
 
 

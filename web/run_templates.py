@@ -33,7 +33,9 @@ class TemplateStore:
         if not isinstance(data, dict):
             return {}
         return {
-            str(k): {str(f): str(v) for f, v in val.items()} for k, val in data.items() if isinstance(val, dict)
+            str(k): {str(f): str(v) for f, v in val.items()}
+            for k, val in data.items()
+            if isinstance(val, dict)
         }
 
     def names(self) -> list[str]:

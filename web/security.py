@@ -84,7 +84,11 @@ def hash_token(token: str, salt: bytes | None = None) -> dict[str, str]:
     """A storable scrypt hash of ``token``."""
     salt = salt or secrets.token_bytes(16)
     digest = hashlib.scrypt(token.encode(), salt=salt, **_SCRYPT)
-    return {"algo": "scrypt", "salt": base64.b64encode(salt).decode(), "hash": base64.b64encode(digest).decode()}
+    return {
+        "algo": "scrypt",
+        "salt": base64.b64encode(salt).decode(),
+        "hash": base64.b64encode(digest).decode(),
+    }
 
 
 def verify_token(token: str, stored: dict[str, str]) -> bool:

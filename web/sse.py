@@ -49,7 +49,9 @@ def encode(sse: ServerSentEvent) -> bytes:
     return format_sse_event(data_str=data, event=sse.event, id=sse.id, retry=sse.retry, comment=sse.comment)
 
 
-def wanted(event: BusEvent, run_id: str | None, host: str | None, kinds: frozenset[str] | None = None) -> bool:
+def wanted(
+    event: BusEvent, run_id: str | None, host: str | None, kinds: frozenset[str] | None = None
+) -> bool:
     """Whether a stream for ``run_id`` (None: every run) and its ``host`` forwards ``event``."""
     if kinds is not None and event.kind not in kinds:
         return False

@@ -1,1 +1,1 @@
-"""The extraction job: vLLM hidden-state capture (worker extension or vLLM-native), writer, dataset, tiny models."""
+"""The extraction job: vLLM hidden-state capture (worker extension or vLLM-native), writer, tiny models."""

@@ -12,7 +12,7 @@ def main(argv: list[str]) -> int:
     commands = {"extract": run_extract, "tiny-model": run_tiny_model}
     if not argv or argv[0] not in commands:
         print(
-            "usage: python -m agent.extract {extract --spec RUN.json | tiny-model DIR --arch llama|deepseek_v3}"
+        print("usage: python -m agent.extract {extract --spec RUN.json | tiny-model DIR --arch ARCH}")
         )
         return 2
     return commands[argv[0]](argv[1:])

@@ -1,4 +1,4 @@
-"""In-process checks of one captured sample before it is written: shapes (agent's pure checker) plus values."""
+"""In-process checks of a captured sample before it is written: shapes (agent's pure checker) + values."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def check_sample(
             flags = token_flags(hidden)
         bad = int((~flags[:, 0]).sum())
         if bad:
-            found.append(Finding("non_finite", f"{bad} of {flags.shape[0]} tokens have NaN/Inf hidden states"))
+            found.append(Finding("non_finite", f"{bad} of {flags.shape[0]} tokens have NaN/Inf states"))
         elif not bool(flags[:, 1].any()):
             found.append(Finding("all_zero", "hidden_states is all zeros"))
     return found

@@ -9,7 +9,7 @@ import traceback
 
 
 def run_extract(argv: list[str]) -> int:
-    """Run one extraction job; 0 done, 1 failed (a `failed` line says why), 2 cannot start (bad spec/paths)."""
+    """Run one extraction job; 0 done, 1 failed (a `failed` line says why), 2 cannot start (bad spec)."""
     p = argparse.ArgumentParser(prog="eaglewatch-agent extract", description="hidden-state extraction job")
     p.add_argument("--spec", required=True, help="run spec JSON file")
     args = p.parse_args(argv)
@@ -83,7 +83,7 @@ def _run(plan: object, samples: list) -> int:  # type: ignore[type-arg]
         signals.emit("failed", reason=str(e))
         signals.say(f"FAILED: {e}")
         return 1
-    except Exception as e:  # noqa: BLE001 - the job's last word must be a `failed` line
+    except Exception as e:
         traceback.print_exc()
         signals.emit("failed", reason=f"{type(e).__name__}: {e}")
         return 1

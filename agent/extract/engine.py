@@ -13,7 +13,7 @@ from agent.extract.dataset import Sample
 from agent.extract.preflight import Plan
 from agent.extract.writer import Manifest
 
-#: Tests may point this at a subclass (env EAGLEWATCH_WORKER_EXTENSION) to compare against vLLM's own aux states.
+#: Tests may point env EAGLEWATCH_WORKER_EXTENSION at a subclass (to compare with vLLM's own aux states).
 WORKER_EXTENSION = "agent.extract.worker_ext.EagleWatchCapture"
 
 
@@ -22,7 +22,7 @@ class CaptureFailed(RuntimeError):
 
 
 def engine_kwargs(model: str, vllm_args: list[str]) -> dict[str, Any]:
-    """Turn the spec's vllm_args (CLI-style argv) into LLM(...) keyword arguments that differ from defaults."""
+    """Turn the spec's vllm_args (CLI-style argv) into LLM(...) keyword arguments (non-defaults only)."""
     if not vllm_args:
         return {}
     from vllm.engine.arg_utils import EngineArgs
@@ -35,7 +35,7 @@ def engine_kwargs(model: str, vllm_args: list[str]) -> dict[str, Any]:
 
 
 def one_result(results: Any) -> Any:
-    """collective_rpc returns a list (one entry per worker) or one value (unique reply rank): rank 0's entry."""
+    """collective_rpc gives a list (one entry per worker) or one value (unique reply rank): rank 0's."""
     if isinstance(results, list):
         found = [r for r in results if r is not None]
         if len(found) != 1:

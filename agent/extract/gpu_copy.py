@@ -1,4 +1,4 @@
-"""CUDA device->host path: async copies into pinned buffers on a side stream, recycled through a small pool."""
+"""CUDA device->host path: async copies into pinned buffers on a side stream, from a small pool."""
 
 from __future__ import annotations
 

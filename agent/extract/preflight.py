@@ -130,7 +130,7 @@ def backend_support() -> dict[str, str | None]:
         out["worker-extension"] = None
     if _vllm_file("distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py") is None:
         out["vllm-native"] = (
-            f"vLLM {version} has no ExampleHiddenStatesConnector / extract_hidden_states method (needs vLLM >= 0.18)"
+            f"vLLM {version} has no ExampleHiddenStatesConnector (extract_hidden_states needs vLLM >= 0.18)"
         )
     elif not _contains("config/speculative.py", "extract_hidden_states"):
         out["vllm-native"] = f"vLLM {version} has no 'extract_hidden_states' speculative method"

@@ -1,4 +1,4 @@
-"""vLLM worker extension: hooks the decoder layers and writes hidden states per request from inside the worker.
+"""vLLM worker extension: hooks the decoder layers; writes hidden states per request from the worker.
 
 Loaded by vLLM through `worker_extension_cls="agent.extract.worker_ext.EagleWatchCapture"`; vLLM appends
 the class to the worker's bases, so its methods are reachable with `collective_rpc("eaglewatch_...")`.
@@ -49,7 +49,7 @@ def plan_hooks(layer_ids: list[int], convention: str, n: int) -> list[tuple[int,
 
 
 class EagleWatchCapture:
-    """Mixin added to vLLM's worker class; every public method is an RPC entry point (prefixed, no clashes)."""
+    """Mixin added to vLLM's worker class; public methods are RPC entry points (prefixed: no clashes)."""
 
     def eaglewatch_setup(self, cfg: dict[str, Any]) -> dict[str, Any] | None:
         """Install the hooks; cfg: layer_ids, convention, output_dir, fault, stop_on_failure."""

@@ -95,7 +95,7 @@ def existing_valid(
             if hs.get_dtype() != dtype if dtype else hs.get_dtype() not in ("F32", "BF16", "F16"):
                 return False
             return bool(f.get_tensor("token_ids").tolist() == list(prompt))
-    except Exception:  # noqa: BLE001 - any unreadable file is simply rewritten
+    except Exception:
         return False
 
 

@@ -207,6 +207,9 @@ def test_good_capture_file_passes_and_check_op(agent_daemon: AgentProc, tmp_path
         bad = c.result("check", path=str(good), layers=3, hidden_size=16)
         assert bad["ok"] is False and bad["problems"][0]["code"] == "layer_count_mismatch"
         assert c.request("check", path=str(tmp_path / "missing"))["code"] == "not_found"
+        _write_safetensors(
+            out / "hs_2.safetensors", {"token_ids": ("I64", [3]), "hidden_states": ("BF16", [3, 4, 16])}
+        )
         argv = printer(tmp_path, ["working"], end_sleep=5)
         c.result(
             "launch", run="cap", spec=_cmd(argv, output_dir=str(out), expect={"layers": 4, "hidden_size": 16})
@@ -214,8 +217,10 @@ def test_good_capture_file_passes_and_check_op(agent_daemon: AgentProc, tmp_path
         c.result("follow", run="cap", after_seq=0)
         events = _events(c.wait_for(terminal_event, timeout=40))
     passed = [e for e in events if e.get("kind") == "shape_check_passed"]
-    assert [p["fields"]["file"] for p in passed] == ["hs_0.safetensors"]
-    assert events[-1]["state"] == "completed"
+    assert sorted(p["fields"]["file"] for p in passed) == ["hs_0.safetensors", "hs_2.safetensors"]
+    gaps = [e for e in events if e.get("kind") == "shape_check_failed"]
+    assert [g["fields"]["code"] for g in gaps] == ["index_gap"]  # hs_1 is missing: found at the end
+    assert events[-1]["state"] == "completed"  # policy "alert": problems alert, they do not fail the run
 
 
 def test_shutdown_leaves_jobs_running(agent_daemon: AgentProc, tmp_path: Path) -> None:
@@ -306,9 +311,10 @@ def test_realistic_tp2_vllm_run_completes_with_deduped_milestones(agent_daemon: 
         c.result("follow", run="tp2", after_seq=0)
         events = _events(c.wait_for(terminal_event, timeout=60))
     kinds = [e.get("kind") for e in events if e["type"] == "milestone"]
-    assert kinds.count("weights_loaded") == 1  # printed by both ranks, one milestone
-    weights = next(e for e in events if e.get("kind") == "weights_loaded")
-    assert weights["fields"]["ranks"] == [0, 1]
+    weights = [
+        e for e in events if e.get("kind") == "weights_loaded" and e["fields"]["rule"] == "weights_time"
+    ]
+    assert len(weights) == 1 and weights[0]["fields"]["ranks"] == [0, 1]  # both ranks print it: one milestone
     assert {"launched", "capture_configured", "progress", "completed"} <= set(kinds)
     assert events[-1]["state"] == "completed"
 
@@ -335,3 +341,32 @@ def test_realistic_failures_fail_the_run(
     for word in words:
         assert word in events[-1]["reason"]
     assert [e["kind"] for e in events if e.get("kind") == "failed"] == ["failed"]
+
+
+def test_locked_file_is_checked_only_after_its_lock_goes(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    out = tmp_path / "locked"
+    out.mkdir()
+    unlocked_at = tmp_path / "unlocked_at"
+    argv = write_script(
+        tmp_path,
+        "locker",
+        f"""
+        import os, time
+        out = {str(out)!r}
+        open(os.path.join(out, "hs_0.safetensors.lock"), "w").close()
+        open(os.path.join(out, "hs_0.safetensors"), "wb").write(b"xx")  # incomplete while locked
+        time.sleep(5)
+        t = time.time()
+        os.remove(os.path.join(out, "hs_0.safetensors.lock"))
+        open({str(unlocked_at)!r}, "w").write(str(t))
+        time.sleep(6)
+    """,
+    )
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="lock", spec=_cmd(argv, output_dir=str(out)))
+        c.result("follow", run="lock", after_seq=0)
+        events = _events(c.wait_for(terminal_event, timeout=40))
+    checks = [e for e in events if e["type"] == "check"]
+    assert len(checks) == 1 and checks[0]["problems"][0]["code"] == "unreadable"
+    assert checks[0]["ts"] >= float(unlocked_at.read_text()) - 0.01
+    assert events[-1]["state"] == "completed"

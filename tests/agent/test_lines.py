@@ -57,10 +57,12 @@ def test_split_table(data: bytes, expected: list[tuple[int, str]], chunk: int | 
     assert not any(ln.truncated for ln in lines)
 
 
-def test_offsets_point_at_line_starts_in_a_realistic_log() -> None:
-    """Each Line.offset is where that line's bytes start in the file."""
-    data = make_log(tp=4, failure="oom", colours=True)
-    lines = split_all(data, chunk=4096)
+@pytest.mark.parametrize("colours", [False, True])
+@pytest.mark.parametrize("chunk", [None, 4096, 333])
+def test_offsets_point_at_line_starts_in_a_realistic_log(colours: bool, chunk: int | None) -> None:
+    """Each Line.offset is where that line's bytes start in the file (plain ASCII and coloured chunks)."""
+    data = make_log(tp=4, failure="oom", colours=colours)
+    lines = split_all(data, chunk=chunk)
     assert len(lines) > 50
     for ln in lines:
         raw = data[ln.offset :].split(b"\n", 1)[0].split(b"\r", 1)[0]
@@ -132,6 +134,22 @@ def test_ten_megabyte_line_in_one_chunk() -> None:
     out = split_all(b"y" * size + b"\nz\n")
     assert out[0].truncated and f"{size - 65536} bytes dropped" in out[0].text
     assert out[1] == Line(size + 1, "z", False)
+
+
+@pytest.mark.parametrize("middle", [b"x" * 100, "é".encode() * 50])
+def test_long_line_in_the_middle_of_a_chunk(middle: bytes) -> None:
+    """A capped line between short ones in one chunk (ASCII and not): offsets and texts stay right."""
+    data = b"a\nb\n" + middle + b"\nc\nd\n"
+    lines = split_all(data, cap=10)
+    assert [(ln.offset, ln.truncated) for ln in lines] == [
+        (0, False),
+        (2, False),
+        (4, True),
+        (105, False),
+        (107, False),
+    ]
+    assert lines[2].text.startswith(middle[:10].decode()) and "90 bytes dropped" in lines[2].text
+    assert [ln.text for ln in lines[3:]] == ["c", "d"]
 
 
 def test_cap_does_not_cut_a_utf8_character_in_half() -> None:

@@ -222,7 +222,8 @@ def test_sample_lengths_json_finds_lost_trailing_files_and_wrong_lengths(tmp_pat
         (
             "index_gap",
             tmp_path.name,
-            "index gap: 2 files missing in data_0.pt … data_4.pt: data_3–data_4 (sample_lengths.json lists 5)",
+            "index gap: 2 files missing in data_0.pt … data_4.pt: data_3–data_4 "
+            "(sample_lengths.json lists 5)",
         ),
     ]
     single = check_path(tmp_path / "data_1.pt", EXPECT)  # the daemon's per-file check sees it too

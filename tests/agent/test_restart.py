@@ -188,3 +188,26 @@ def test_second_daemon_on_same_state_dir_refuses(state: Any) -> None:
     start()
     with pytest.raises(RuntimeError, match="already"):
         start_agent(st, st / "other.sock")
+
+
+def test_sigterm_leaves_job_running_and_new_daemon_readopts_it(state: Any, tmp_path: Path) -> None:
+    import signal
+
+    _st, start = state
+    agent = start()
+    lines = [marker("progress", samples_done=i, samples_total=30) for i in range(30)]
+    with AgentClient(agent.socket) as c:
+        launched = c.result("launch", run="term", spec=_cmd(printer(tmp_path, lines, delay=0.1)))
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.proc.wait(10) == 0
+    assert procfs.is_running(launched["pid"])
+    agent = start()
+    with AgentClient(agent.socket) as c:
+        assert c.result("status", run="term")["state"] == "running"
+        c.result("follow", run="term", after_seq=0)
+        events = [m["event"] for m in c.wait_for(terminal_event, timeout=30) if m.get("type") == "event"]
+    assert events[-1]["state"] == "completed"
+    assert sorted(e["fields"]["samples_done"] for e in events if e.get("kind") == "progress") == list(
+        range(30)
+    )
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))

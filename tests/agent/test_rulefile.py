@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from agent.logline import Gate
 from agent.rulefile import BUILTIN_DIR, BUILTIN_FILES, RuleError, convert, read_rule_file
 from agent.rules import MilestoneEngine, load_rules
 
@@ -186,8 +187,30 @@ def test_bad_utf8_rule_file(tmp_path: Path) -> None:
         ("list", "{1, 2}", "{1, 2}"),
         ("list", "[b'x']", "[b'x']"),
         ("float", "", ""),
+        ("float", "nan", "nan"),
+        ("seconds", "inf s", "inf s"),
+        ("int", " 42 ", 42),
     ],
 )
 def test_conversions(conv: str, raw: str, value: Any) -> None:
     """Field conversions, including thousands separators and units."""
     assert convert(conv, raw) == value
+
+
+@pytest.mark.parametrize(
+    "wrap", [("", ""), ("xx", "yy"), ("(Worker_TP1 pid=2) INFO 02-21 22:48:03 [a.py:1] ", "\t!")]
+)
+def test_gate_has_no_false_negatives(wrap: tuple[str, str]) -> None:
+    """Any line holding a rule's literal (glued to other text or not) passes the gate and names that rule."""
+    rules = load_rules()
+    gate = Gate(rules, ("Traceback (most recent call last)",))
+    for rule in rules.rules:
+        for lit in rule.contains:
+            text = wrap[0] + lit + wrap[1]
+            assert gate.passes(text), (rule.name, lit)
+            assert rule in gate.candidates(text), (rule.name, lit)
+        for word in rule.words:
+            text = f"{wrap[0]} {word} {wrap[1]}"
+            assert gate.passes(text) and rule in gate.candidates(text), (rule.name, word)
+    assert gate.passes("xxTraceback (most recent call last):")
+    assert not gate.passes("Captured hidden states for batch 4: 4096 tokens")

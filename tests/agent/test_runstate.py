@@ -71,6 +71,19 @@ CASES = [
     # The job had already finished on its own when the stop arrived: its own outcome stands.
     (EXIT0, {"by": "client", "requested_at": 20.0}, [], "command", "completed", []),
     (None, None, [], "command", "lost", ["no exit status"]),
+    # The specific error is the root cause even when a generic "worker failed" line came first.
+    (
+        {"code": 1, "signal": None},
+        None,
+        [
+            _err("engine_failed", "WorkerProc failed to start."),
+            _err("oom", "CUDA out of memory"),
+            _err("engine_failed", "Engine core initialization failed."),
+        ],
+        "command",
+        "failed",
+        ["error: oom: CUDA out of memory", "last error: engine_failed"],
+    ),
 ]
 
 

@@ -17,6 +17,7 @@ import asyncio
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +27,7 @@ from controller.bus import Bus  # noqa: E402
 from controller.models import HostCreate  # noqa: E402
 from controller.service import Controller  # noqa: E402
 from controller.settings import Settings  # noqa: E402
-from controller.store import Store  # noqa: E402
+from controller.store import Store, Tx  # noqa: E402
 from tests.helpers.sshd import SSHD, kill_tree_matching  # noqa: E402
 
 JOB = """\
@@ -178,9 +179,7 @@ async def store_only(tmp: Path, n: int = 200_000, batch: int = 500) -> None:
     futs = []
     for start in range(0, n, batch):
         lines = [[i * 80, f"bulk {i} {'x' * 60}"] for i in range(start, start + batch)]
-        futs.append(
-            store.submit(lambda tx, lines=lines, end=start + batch: tx.add_log_lines("r", lines, end * 80))
-        )
+        futs.append(store.submit(partial(Tx.add_log_lines, run_id="r", lines=lines, next_offset=start * 80)))
     await asyncio.gather(*futs)
     dt = time.perf_counter() - t0
     await store.close()

@@ -13,7 +13,8 @@ a string ``"<op> <number>"`` (op one of >=, <=, >, <) or null when there is none
 verdict (bool, or null without a goal; when left out, run_all works it out from ``goal``). Optional:
 ``baseline`` (the same figure for the thing compared against, e.g. raw ``ssh tail -F``) and ``note``.
 ``bench_line(...)`` below prints such a line (``from run_all import bench_line`` in a bench). Benchmarks
-should honour ``EAGLEWATCH_BENCH_QUICK=1`` (set by ``--quick``) by shrinking their inputs.
+should honour ``EAGLEWATCH_BENCH_QUICK=1`` (set by ``--quick``) by shrinking their inputs. A benchmark that
+cannot run on this machine (no GPU, say) prints why and exits with ``SKIP_EXIT`` (77): shown, not a failure.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 PREFIX = "BENCH "
+#: Exit status of a benchmark that cannot run here (the automake convention).
+SKIP_EXIT = 77
 _OPS = {
     ">=": lambda v, g: v >= g,
     "<=": lambda v, g: v <= g,
@@ -161,7 +164,9 @@ def table(runs: list[BenchRun]) -> str:
                     verdict,
                 )
             )
-        if run.returncode != 0 or not run.records:
+        if run.returncode == SKIP_EXIT:
+            rows.append((run.file, "(run)", "skipped: cannot run here", "-", "-", "-"))
+        elif run.returncode != 0 or not run.records:
             why = "timed out" if run.returncode is None else f"exit {run.returncode}"
             rows.append((run.file, "(run)", why if run.returncode != 0 else "no BENCH lines", "-", "-", "NO"))
         for line in run.bad_lines:
@@ -198,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + table(runs))
     if args.json:
         args.json.write_text(json.dumps([r for run in runs for r in run.records], indent=1))
-    broken = any(run.returncode != 0 or not run.records or run.bad_lines for run in runs)
+    broken = any(
+        run.returncode != SKIP_EXIT and (run.returncode != 0 or not run.records or run.bad_lines)
+        for run in runs
+    )
     missed = any(r.get("ok") is False for run in runs for r in run.records)
     return 1 if broken or (args.strict and missed) else 0
 

@@ -1,4 +1,4 @@
-"""The ``eaglewatch`` command line as a real subprocess (``python -m controller``) on a tmp EAGLEWATCH_HOME."""
+"""The ``eaglewatch`` CLI as a real subprocess (``python -m controller``) on a tmp EAGLEWATCH_HOME."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def test_version(tmp_path: Path) -> None:
     assert res.returncode == 0 and res.stdout.strip() == f"eaglewatch {agent.__version__}"
 
 
+@pytest.mark.slow
 def test_hosts_runs_logs_alerts(tmp_path: Path, reap: None, job_script: Path) -> None:
     res = cli(tmp_path, "hosts", "add", "loc", "--ssh", "local", "--state-dir", str(tmp_path / "agent"))
     assert res.returncode == 0, res.stderr

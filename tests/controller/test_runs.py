@@ -196,3 +196,58 @@ async def test_shape_failure_alerts_once_and_stops(tmp_path: Path, reap: None) -
         assert sum("shape_check_failed" in b["title"] for b in receiver.bodies) == 1
     finally:
         receiver.stop()
+
+
+@pytest.mark.parametrize(
+    ("state", "age_s", "expected", "reason"),
+    [
+        ("starting", 60, "failed", "launch was interrupted"),
+        ("running", 0, "lost", "no record"),
+        ("unknown", 0, "lost", "no record"),
+    ],
+)
+async def test_runs_the_agent_never_heard_of(
+    tmp_path: Path, local_settings: Settings, state: str, age_s: float, expected: str, reason: str
+) -> None:
+    """A controller that died mid-launch (or a host that lost its state) leaves runs the agent cannot find."""
+    import json
+    import time
+
+    async with Controller(local_settings, supervise=False) as ctl:
+        await ctl.add_host(_host(tmp_path))
+        spec = {"host": "loc", "backend": "command", "command": ["true"]}
+        await ctl.store.write(
+            lambda tx: tx.conn.execute(
+                "INSERT INTO runs(id, name, host, backend, spec_json, state, created_at, last_seq,"
+                " log_offset) VALUES ('r-ghost','g','loc','command',?,?,?,0,0)",
+                (json.dumps(spec), state, time.time() - age_s),
+            )
+        )
+    async with Controller(local_settings) as ctl:
+        await wait_for(lambda: _state(ctl, "r-ghost", expected), what=f"run {expected}")
+        run = await ctl.get_run("r-ghost")
+        assert run.failure_reason and reason in run.failure_reason
+
+
+async def test_recently_ended_run_catches_up_missing_tail(
+    tmp_path: Path, local_settings: Settings, job_script: Path
+) -> None:
+    """The link dropped after the final state but before the last lines: the next connection fetches them."""
+    async with Controller(local_settings) as ctl:
+        await ctl.add_host(_host(tmp_path))
+        run_id = await ctl.create_run(_cmd(job_script, tmp_path / "stop", "0.01", "10"))
+        await wait_for(lambda: _state(ctl, run_id, "completed"), what="completed")
+        await wait_for(lambda: _lines(ctl, run_id, 21), what="all lines")
+        full = await ctl.read_log(run_id)
+    cut = full[15]["offset"]
+
+    def lose_tail(tx: Any) -> None:
+        tx.conn.execute("DELETE FROM log_lines WHERE run_id=? AND offset >= ?", (run_id, cut))
+        tx.conn.execute("UPDATE runs SET log_offset=? WHERE id=?", (cut, run_id))
+
+    async with Controller(local_settings, supervise=False) as ctl:
+        await ctl.store.write(lose_tail)
+        assert len(await ctl.read_log(run_id)) == 15
+    async with Controller(local_settings) as ctl:
+        await wait_for(lambda: _lines(ctl, run_id, 21), what="tail fetched again")
+        assert await ctl.read_log(run_id) == full

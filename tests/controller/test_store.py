@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -150,11 +151,14 @@ async def test_feed_since_replays_what_the_bus_published(store: Store) -> None:
     await store.write(_run)
     for i in range(1, 6):
         await store.write(
-            lambda tx, i=i: ingest.apply_events(tx, "r-1", [_milestone(i)], cooldown_s=0, deliver=False)
+            partial(ingest.apply_events, run_id="r-1", events=[_milestone(i)], cooldown_s=0, deliver=False)
         )
         await store.write(
-            lambda tx, i=i: tx.add_log_lines(
-                "r-1", [[i * 100, f"l{i}a"], [i * 100 + 5, f"l{i}b"]], i * 100 + 10
+            partial(
+                Tx.add_log_lines,
+                run_id="r-1",
+                lines=[[i * 100, f"l{i}a"], [i * 100 + 5, f"l{i}b"]],
+                next_offset=i * 100 + 10,
             )
         )
     live: list[BusEvent] = []
@@ -178,7 +182,7 @@ async def test_concurrent_readers_while_writing(store: Store) -> None:
 
     async def writer() -> None:
         for i in range(50):
-            await store.write(lambda tx, i=i: tx.add_log_lines("r-1", [[i, "x"]], i + 1))
+            await store.write(partial(Tx.add_log_lines, run_id="r-1", lines=[[i, "x"]], next_offset=i + 1))
 
     async def reader() -> None:
         for _ in range(50):

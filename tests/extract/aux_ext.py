@@ -24,7 +24,8 @@ class AuxCompareCapture(EagleWatchCapture):
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         model.set_aux_hidden_state_layers(tuple(cfg["layer_ids"]))
         hidden = int(self.vllm_config.model_config.hf_text_config.hidden_size)  # type: ignore[attr-defined]
-        self._aux_sink = CaptureSink(SinkConfig(os.environ["EAGLEWATCH_AUX_DIR"], len(cfg["layer_ids"]), hidden))
+        aux_dir = os.environ["EAGLEWATCH_AUX_DIR"]
+        self._aux_sink = CaptureSink(SinkConfig(aux_dir, len(cfg["layer_ids"]), hidden))
         self._aux_step: torch.Tensor | None = None
         inner = model.model
         orig = inner.forward

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -62,7 +63,7 @@ def run_job(
     env: dict[str, str] | None = None,
     stop_when: Callable[[dict[str, Any]], bool] | None = None,
 ) -> JobResult:
-    """Run `python -m agent.extract extract --spec SPEC`; SIGKILL its whole group once stop_when(event) holds."""
+    """Run `python -m agent.extract extract --spec SPEC`; SIGKILL its group once stop_when(event) holds."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent.extract", "extract", "--spec", str(spec)],
         cwd=ROOT,
@@ -77,16 +78,13 @@ def run_job(
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if stop_when is not None and "EAGLEWATCH " in line:
-                if stop_when(parse_events(line)[0]):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    break
+            if stop_when is not None and "EAGLEWATCH " in line and stop_when(parse_events(line)[0]):
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
         rc = proc.wait(timeout=timeout)
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # engine core and workers share the group
-        except ProcessLookupError:
-            pass
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()

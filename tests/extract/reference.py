@@ -1,4 +1,4 @@
-"""HF transformers reference for the residual stream: index k = entering layer k, N = final pre-norm output."""
+"""HF transformers reference residual stream: index k = entering layer k, N = final pre-norm output."""
 
 from __future__ import annotations
 

@@ -55,10 +55,23 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
-def kill_tree_matching(text: str, sig: int = signal.SIGKILL) -> list[int]:
-    """Kill every process whose cmdline or environment contains ``text`` (not this process)."""
+def kill_tree_matching(text: str, sig: int = signal.SIGKILL, rounds: int = 20) -> list[int]:
+    """Kill every process whose cmdline or environment contains ``text`` (not this process).
+
+    Repeats until a scan finds nothing: a process may fork a child (a job) while we scan.
+    """
+    killed: list[int] = []
+    for _ in range(rounds):
+        found = _kill_matching_once(text.encode(), sig)
+        if not found:
+            break
+        killed += found
+        time.sleep(0.05)
+    return killed
+
+
+def _kill_matching_once(needle: bytes, sig: int) -> list[int]:
     killed = []
-    needle = text.encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue

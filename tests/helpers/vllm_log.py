@@ -241,7 +241,7 @@ def _failure(w: LogWriter, failure: str) -> None:
             "engine",
             "ERROR",
             "multiproc_executor.py:150",
-            "Worker proc VllmWorker-3 died unexpectedly, shutting down executor.",
+            "Worker proc VllmWorker-3 died unexpectedly (exit code: -9), shutting down executor.",
         )
     elif failure == "engine_failed":
         w.log(

@@ -110,3 +110,15 @@ def test_main_kills_a_bench_at_its_timeout(tmp_path: Path, capsys: pytest.Captur
     assert run_all.main(["--dir", str(tmp_path), "--timeout", "1"]) == 1
     out = capsys.readouterr().out
     assert "started" in out and "timed out" in out
+
+
+def test_a_bench_that_cannot_run_here_is_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(tmp_path, "bench_gpu.py", "import sys\nprint('no GPU here')\nsys.exit(77)\n")
+    write(
+        tmp_path,
+        "bench_ok.py",
+        "from run_all import bench_line\nbench_line('ok', 'rate', 5, 'x/s', '>= 1')\n",
+    )
+    assert run_all.main(["--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped: cannot run here" in out and "no GPU here" in out

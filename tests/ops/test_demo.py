@@ -7,6 +7,7 @@ vLLM); the vllm-marked test runs the real CPU extraction, then a broken run that
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -186,3 +187,34 @@ def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path) -> None:
             run = created.json()["id"]
         detail = wait_run(demo, run, lambda d: "shape_check_failed" in kinds(d) and d.get("alerts"), 600)
         assert any("layer" in str(p).lower() for p in detail.get("problems", [])) or detail["alerts"]
+
+
+def test_demo_templates_fill_the_new_run_form(tmp_path: Path) -> None:
+    """The saved templates turn back into valid specs through the New-run form's own conversion."""
+    from agent.spec import parse_spec
+    from controller import demo as demo_mod
+    from web.forms import check_form
+    from web.run_templates import TemplateStore
+
+    paths = demo_mod.DemoPaths(tmp_path)
+    demo_mod.save_templates(tmp_path, paths, extract=True)
+    store = TemplateStore(tmp_path)
+    assert store.names() == ["demo broken - drops a layer", "demo tiny llama"]
+    spec, errors = check_form(store.get("demo tiny llama") or {})
+    assert errors == {}
+    good = parse_spec(spec)
+    assert good.backend == "worker-extension" and good.model == str(paths.model)
+    assert good.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert (store.get("demo broken - drops a layer") or {})["inject_fault"] == "drop_layer"
+
+
+def test_demo_dataset_uses_the_tiny_vocabulary(tmp_path: Path) -> None:
+    from agent.extract.tinymodel import SPECIALS, VOCAB_WORDS
+    from controller.demo import write_dataset
+
+    path = tmp_path / "d.jsonl"
+    write_dataset(path, samples=24)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 24
+    words = {w for r in rows for w in r["text"].split()}
+    assert all(w.startswith("w") and int(w[1:]) < VOCAB_WORDS - len(SPECIALS) for w in words)

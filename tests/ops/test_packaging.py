@@ -14,6 +14,7 @@ import sys
 import tomllib
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,7 +66,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def agent_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+def agent_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """A fresh venv (no pip, nothing installed) with `eaglewatch[agent]` installed from the wheel alone."""
     venv = tmp_path_factory.mktemp("venv")
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
@@ -109,14 +110,14 @@ def test_wheel_declares_both_console_scripts(wheel: Path) -> None:
     assert "eaglewatch-agent = agent.cli:main" in text
 
 
-def test_agent_extra_installs_nothing_but_eaglewatch(agent_venv: tuple[Path, dict[str, object]]) -> None:
+def test_agent_extra_installs_nothing_but_eaglewatch(agent_venv: tuple[Path, dict[str, Any]]) -> None:
     _, report = agent_venv
-    installed = [item["metadata"]["name"] for item in report["install"]]  # type: ignore[index]
+    installed = [item["metadata"]["name"] for item in report["install"]]
     assert installed == ["eaglewatch"]
 
 
 def test_agent_core_imports_with_the_standard_library_only(
-    agent_venv: tuple[Path, dict[str, object]],
+    agent_venv: tuple[Path, dict[str, Any]],
 ) -> None:
     """Every agent module but spec.py (pydantic) and extract/ imports in a venv holding eaglewatch alone."""
     venv, _ = agent_venv
@@ -146,7 +147,7 @@ def controller_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return venv
 
 
-def test_versions_agree(agent_venv: tuple[Path, dict[str, object]], controller_venv: Path) -> None:
+def test_versions_agree(agent_venv: tuple[Path, dict[str, Any]], controller_venv: Path) -> None:
     venv, _ = agent_venv
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["version"] == agent.__version__

@@ -129,3 +129,16 @@ def test_controller_unit_is_sandboxed(tmp_path: Path) -> None:
     result = analyze("security", "--offline=true", "--threshold=20", str(controller_copy(tmp_path)))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert "Overall exposure level for eaglewatch.service" in result.stdout
+
+
+def test_agent_unit_uses_the_state_dir_that_connect_finds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The controller runs `eaglewatch-agent connect` with the default state dir: it must find this daemon."""
+    from agent.paths import default_state_dir
+
+    monkeypatch.delenv("EAGLEWATCH_AGENT_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    argv = unit_settings(AGENT_UNIT)["Service.ExecStart"][0].split()
+    state = argv[argv.index("--state-dir") + 1].replace("%h", str(tmp_path))
+    assert Path(state) == default_state_dir()

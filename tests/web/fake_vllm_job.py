@@ -1,7 +1,7 @@
 """A stand-in extraction job (no GPU here): prints realistic vLLM milestone lines, then writes capture files.
 
-Usage: fake_vllm_job.py OUT_DIR [--progress N] [--delay S] [--broken] [--hang] [--payload TEXT] [--wait-file F]
-- ``--broken`` writes ``hs_0.safetensors`` whose hidden states lost their layer dimension ([T, H], not [T, L, H]).
+Usage: fake_vllm_job.py OUT_DIR [--progress N] [--delay S] [--broken] [--hang] [--payload T] [--wait-file F]
+- ``--broken`` writes ``hs_0.safetensors`` whose hidden states lost their layer axis ([T, H], not [T, L, H]).
 - ``--hang`` keeps running after the last line (for stop tests); ``--payload`` prints hostile text in the log.
 - ``--wait-file F``: before each progress line wait until F's content (an int) reaches that line's number,
   so a benchmark decides exactly when each milestone line is appended.
@@ -55,12 +55,20 @@ def main() -> int:
     ap.add_argument("--hang", action="store_true")
     ap.add_argument("--payload", default="")
     ap.add_argument("--wait-file", default="")
+    ap.add_argument("--flood", type=int, default=0, help="then print this many filler lines")
+    ap.add_argument("--flood-milestones", type=int, default=0, help="of which this many are progress markers")
     args, _ignored = ap.parse_known_args()
     os.makedirs(args.out, exist_ok=True)
-    say("core.py:105", "Initializing a V1 LLM engine (v0.19.1) with config: model='/models/tiny', tensor_parallel_size=1")
+    say(
+        "core.py:105",
+        "Initializing a V1 LLM engine (v0.19.1) with config: model='/models/tiny', tensor_parallel_size=1",
+    )
     time.sleep(args.delay)
-    say("worker_base.py:269", "Injected <class 'HiddenStatesWorkerExtension'> into <class 'Worker'> for extended "
-        "collective_rpc calls ['_get_captured_states']")  # fmt: skip
+    say(
+        "worker_base.py:269",
+        "Injected <class 'HiddenStatesWorkerExtension'> into <class 'Worker'> for extended "
+        "collective_rpc calls ['_get_captured_states']",
+    )
     say("gpu_model_runner.py:4820", "Model loading took 12.52 GiB memory and 31.412345 seconds")
     time.sleep(args.delay)
     say("gpu_worker.py:436", "Available KV cache memory: 48.31 GiB")
@@ -87,6 +95,17 @@ def main() -> int:
         rec = {"kind": "progress", "samples_done": i * 8, "samples_total": total * 8,
                "tokens_per_s": 1000.0 + 37 * i, "files_written": i}  # fmt: skip
         print("EAGLEWATCH " + json.dumps(rec), flush=True)
+    if args.flood:
+        every = max(1, args.flood // max(1, args.flood_milestones)) if args.flood_milestones else 0
+        out = sys.stdout
+        for n in range(1, args.flood + 1):
+            if every and n % every == 0 and n // every <= args.flood_milestones:
+                rec = {"kind": "progress", "samples_done": n // every, "samples_total": args.flood_milestones}
+                out.write("EAGLEWATCH " + json.dumps(rec) + "\n")
+            else:
+                out.write(PREFIX.format(pid=os.getpid(), m=0, s=0, src="scheduler.py:88") +
+                          f"step {n}: scheduled 8 requests, {n % 977} tokens\n")  # fmt: skip
+        out.flush()
     if args.broken:
         # The known failure: the layer dimension vanished, hidden states are [T, H] instead of [T, L, H].
         write_safetensors(os.path.join(args.out, "hs_0.safetensors"),

@@ -16,7 +16,9 @@ async def test_health(client: httpx.AsyncClient) -> None:
 
 async def test_hosts_crud_and_errors(client: httpx.AsyncClient) -> None:
     tok = await csrf_of(client)
-    r = await client.post("/api/hosts", json={"name": "gpu1", "ssh": "user@gpu1"}, headers={"x-csrf-token": tok})
+    r = await client.post(
+        "/api/hosts", json={"name": "gpu1", "ssh": "user@gpu1"}, headers={"x-csrf-token": tok}
+    )
     assert r.status_code == 201, r.text
     assert r.json()["name"] == "gpu1" and r.json()["gpus"] == []
     assert [h["name"] for h in (await client.get("/api/hosts")).json()] == ["gpu1"]
@@ -25,16 +27,23 @@ async def test_hosts_crud_and_errors(client: httpx.AsyncClient) -> None:
     assert r.status_code == 404 and r.json()["error"] == "not_found"
     r = await client.post("/api/hosts", json={"name": "gpu1", "ssh": "x"}, headers={"x-csrf-token": tok})
     assert r.status_code == 409
-    r = await client.post("/api/hosts", json={"name": "gpu2", "ssh": "-oProxyCommand=x"}, headers={"x-csrf-token": tok})
+    r = await client.post(
+        "/api/hosts", json={"name": "gpu2", "ssh": "-oProxyCommand=x"}, headers={"x-csrf-token": tok}
+    )
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "ssh"
 
 
-async def test_bad_spec_is_422_naming_the_field_and_launches_nothing(client: httpx.AsyncClient, ctl: Controller) -> None:
+async def test_bad_spec_is_422_naming_the_field_and_launches_nothing(
+    client: httpx.AsyncClient, ctl: Controller
+) -> None:
     tok = await csrf_of(client)
     await client.post("/api/hosts", json={"name": "h1", "ssh": "h1"}, headers={"x-csrf-token": tok})
     cases = [
         ({"host": "h1", "backend": "command", "command": ["true"], "layers": [1, "x"]}, "layers.1"),
-        ({"host": "h1", "backend": "command", "command": ["true"], "tensor_parallel_size": 0}, "tensor_parallel_size"),
+        (
+            {"host": "h1", "backend": "command", "command": ["true"], "tensor_parallel_size": 0},
+            "tensor_parallel_size",
+        ),
         ({"host": "h1", "backend": "vllm-native", "model": "rel"}, "model"),
         ({"host": "h1", "backend": "command", "command": ["true"], "bogus": 1}, "bogus"),
     ]
@@ -44,7 +53,9 @@ async def test_bad_spec_is_422_naming_the_field_and_launches_nothing(client: htt
         body = r.json()
         assert field in body["message"]
         assert any(e["field"] == field for e in body["errors"])
-    r = await client.post("/api/runs", json={"host": "h1", "backend": "command"}, headers={"x-csrf-token": tok})
+    r = await client.post(
+        "/api/runs", json={"host": "h1", "backend": "command"}, headers={"x-csrf-token": tok}
+    )
     assert r.status_code == 422 and "command" in r.json()["message"]
     assert (await client.get("/api/runs")).json() == []
     assert await ctl.list_runs() == []
@@ -53,7 +64,9 @@ async def test_bad_spec_is_422_naming_the_field_and_launches_nothing(client: htt
 async def test_unknown_host_and_run(client: httpx.AsyncClient) -> None:
     tok = await csrf_of(client)
     r = await client.post(
-        "/api/runs", json={"host": "ghost", "backend": "command", "command": ["true"]}, headers={"x-csrf-token": tok}
+        "/api/runs",
+        json={"host": "ghost", "backend": "command", "command": ["true"]},
+        headers={"x-csrf-token": tok},
     )
     assert r.status_code in (404, 422) and "ghost" in r.json()["message"]
     assert (await client.get("/api/runs/nope")).status_code == 404
@@ -64,7 +77,8 @@ async def test_unknown_host_and_run(client: httpx.AsyncClient) -> None:
 
 async def test_every_post_needs_the_csrf_token(client: httpx.AsyncClient) -> None:
     await csrf_of(client)
-    for path, body in [("/api/hosts", {"name": "a", "ssh": "a"}), ("/api/runs", {}), ("/api/runs/x/stop", None),
+    for path, body in [("/api/hosts", {"name": "a", "ssh": "a"}), ("/api/runs", {}),
+                       ("/api/runs/x/stop", None),
                        ("/api/alerts/1/ack", None)]:  # fmt: skip
         r = await client.post(path, json=body)
         assert r.status_code == 403, path
@@ -89,7 +103,9 @@ async def test_host_and_origin_checks(client: httpx.AsyncClient) -> None:
     )  # fmt: skip
     assert r.status_code == 403 and r.json()["error"] == "bad_origin"
     r = await client.post(
-        "/api/hosts", json={"name": "a", "ssh": "a"}, headers={"x-csrf-token": tok, "origin": "http://127.0.0.1"}
+        "/api/hosts",
+        json={"name": "a", "ssh": "a"},
+        headers={"x-csrf-token": tok, "origin": "http://127.0.0.1"},
     )
     assert r.status_code == 201
 

@@ -11,8 +11,9 @@ BASE = {"name": "r1", "host": "h1", "backend": "worker-extension", "model": "/m"
 
 
 def test_full_form_to_spec_and_back() -> None:
-    form = {**BASE, "layers": "2, 30 ,58,61", "tensor_parallel_size": "8", "max_samples": "100", "seq_len": "4096",
-            "env": "CUDA_VISIBLE_DEVICES=0,1\nHF_HOME=/hf", "vllm_args": "--enforce-eager\n--max-model-len\n4096",
+    form = {**BASE, "layers": "2, 30 ,58,61", "tensor_parallel_size": "8", "max_samples": "100",
+            "seq_len": "4096", "env": "CUDA_VISIBLE_DEVICES=0,1\nHF_HOME=/hf",
+            "vllm_args": "--enforce-eager\n--max-model-len\n4096",
             "expect_hidden_size": "7168", "on_shape_failure": "stop"}  # fmt: skip
     spec, errors = forms.check_form(form)
     assert errors == {}

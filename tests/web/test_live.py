@@ -31,14 +31,17 @@ def start_job(c: httpx.Client, agent: AgentHost, out: Path, *args: str) -> str:
         r = c.post("/api/hosts", json={"name": "local", "ssh": "local", "state_dir": str(agent.state_dir)})
         assert r.status_code == 201, r.text
     spec = {"name": "fake", "host": "local", "backend": "command", "output_dir": str(out),
-            "command": [sys.executable, JOB, str(out), *args], "expect": {"layers": 4, "hidden_size": 64}}  # fmt: skip
+            "command": [sys.executable, JOB, str(out), *args],
+            "expect": {"layers": 4, "hidden_size": 64}}  # fmt: skip
     r = c.post("/api/runs", json=spec)
     assert r.status_code == 201, r.text
     run_id: str = r.json()["id"]
     return run_id
 
 
-def read_events(c: httpx.Client, url: str, *, headers: dict[str, str] | None = None, stop: Any = None) -> list[dict]:
+def read_events(
+    c: httpx.Client, url: str, *, headers: dict[str, str] | None = None, stop: Any = None
+) -> list[dict]:
     """Read SSE events until ``stop(events)`` is true or an ``end`` event arrives."""
     events: list[dict[str, Any]] = []
     cur: dict[str, Any] = {}
@@ -85,7 +88,9 @@ def test_sse_live_then_resume_gets_exactly_what_was_missed(
     assert detail["state"] == "completed" and len(detail["milestones"]) >= 10
 
 
-def test_finite_stream_in_process_for_finished_run(agent_host: AgentHost, live_server: LiveServer, c: httpx.Client, tmp_path: Path) -> None:
+def test_finite_stream_in_process_for_finished_run(
+    agent_host: AgentHost, live_server: LiveServer, c: httpx.Client, tmp_path: Path
+) -> None:
     run_id = start_job(c, agent_host, tmp_path / "out", "--progress", "1", "--delay", "0")
     wait_until(lambda: c.get(f"/api/runs/{run_id}").json()["state"] == "completed", 60, what="run completes")
     # The finished run's stream is finite: httpx's in-process transport (which buffers) can read it whole.
@@ -100,5 +105,7 @@ def test_finite_stream_in_process_for_finished_run(agent_host: AgentHost, live_s
     # The controller belongs to the server's loop; reads only touch SQLite, so a second loop is fine here.
     body = asyncio.run(read_in_process())
     last = body.strip().split("\n\n")[-1]
-    assert last.startswith("event: end\n") and json.loads(last.split("data: ", 1)[1]) == {"state": "completed"}
+    assert last.startswith("event: end\n") and json.loads(last.split("data: ", 1)[1]) == {
+        "state": "completed"
+    }
     assert "event: milestone" in body and "event: end" in body

@@ -40,7 +40,8 @@ async def test_invalid_form_shows_errors_next_to_fields_and_launches_nothing(
 ) -> None:
     tok = await _host(client)
     form = {"csrf_token": tok, "action": "launch", "name": "ok", "host": "h1", "backend": "worker-extension",
-            "model": "relative/model" + PAYLOAD, "dataset": "/d.jsonl", "output_dir": "/out", "layers": "2, x",
+            "model": "relative/model" + PAYLOAD, "dataset": "/d.jsonl", "output_dir": "/out",
+            "layers": "2, x",
             "tensor_parallel_size": "0"}  # fmt: skip
     r = await client.post("/runs/new", data=form)
     assert r.status_code == 422
@@ -98,7 +99,9 @@ async def test_login_required_off_loopback(ctl: Controller) -> None:
         assert r.status_code == 401 and "wrong token" in r.text
         r = await c.post("/login", data={"token": token, "csrf_token": "nope", "next": "/"})
         assert r.status_code == 403
-        r = await c.post("/login", data={"token": token, "csrf_token": csrf.group(1), "next": "//evil.example"})
+        r = await c.post(
+            "/login", data={"token": token, "csrf_token": csrf.group(1), "next": "//evil.example"}
+        )
         assert r.status_code == 303 and r.headers["location"] == "/"
         cookie = r.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
@@ -107,7 +110,9 @@ async def test_login_required_off_loopback(ctl: Controller) -> None:
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
         r = await c.get("/api/runs", headers={"authorization": f"Bearer {token}"})
         assert r.status_code == 200
-        r = await c.post("/api/hosts", json={"name": "b", "ssh": "b"}, headers={"authorization": f"Bearer {token}"})
+        r = await c.post(
+            "/api/hosts", json={"name": "b", "ssh": "b"}, headers={"authorization": f"Bearer {token}"}
+        )
         assert r.status_code == 201  # a bearer token is not sent by browsers on their own: no CSRF needed
         assert (await c.get("/api/runs", headers={"authorization": "Bearer nope"})).status_code == 401
 

@@ -1,4 +1,4 @@
-"""SSE formatting as pure functions: event name, JSON data, cursor id; a hostile payload cannot break framing."""
+"""SSE formatting as pure functions: event, JSON data, cursor id; a hostile payload cannot break framing."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_milestone_event_wire_format() -> None:
 
 
 def test_log_text_with_newlines_and_fake_fields_stays_one_event() -> None:
-    evil = "x\n\nevent: alert\ndata: {\"pwned\": 1}\nid: 999\r\n<script>alert(1)</script>"
+    evil = 'x\n\nevent: alert\ndata: {"pwned": 1}\nid: 999\r\n<script>alert(1)</script>'
     ev = BusEvent("log", "r1", {"lines": [{"offset": 0, "text": evil}]}, make_cursor(1, 1))
     events = parse(sse.encode(sse.to_sse(ev)))
     assert len(events) == 1

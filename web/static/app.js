@@ -8,6 +8,7 @@
   const page = document.body.dataset.page || "";
   const liveEl = document.getElementById("live-status");
   const TERMINAL = new Set(["completed", "failed", "stopped", "lost"]);
+  const PERIODIC = new Set(["progress", "throughput", "batch_captured"]);
   const ERR_RE = /error|traceback|exception|fatal|killed|out of memory/i;  // same rule as the controller's errors_only
   window.__ew = { milestones: 0, lastMilestoneAt: 0 };
 
@@ -158,7 +159,14 @@
       r.textContent = h.reachable == null ? "unknown" : h.reachable ? "reachable" : "unreachable";
       gpuList(card.querySelector('[data-field="gpus"]'), h.gpus);
     }
-    connect("/api/events?after=now", { run: runRow, host: hostCard, alert: notify });
+    function catchUp() {
+      // changes between rendering and the stream's start: re-read the lists once the stream is open
+      fetch("/api/runs", { credentials: "same-origin" }).then(function (r) { return r.ok ? r.json() : []; })
+        .then(function (runs) { runs.slice().reverse().forEach(runRow); }).catch(function () {});
+      fetch("/api/hosts", { credentials: "same-origin" }).then(function (r) { return r.ok ? r.json() : []; })
+        .then(function (hosts) { hosts.forEach(hostCard); }).catch(function () {});
+    }
+    connect("/api/events?after=now", { open: catchUp, run: runRow, host: hostCard, alert: notify });
   }
 
   // ---- charts: inline SVG polylines, no library
@@ -167,6 +175,7 @@
     if (!svg) return;
     const W = 600, H = 160, L = 44, B = 18, T = 8, R = 8;
     svg.replaceChildren();
+    series = series.filter(function (s) { return s.points.length > 0; });
     const pts = series.flatMap(function (s) { return s.points; });
     if (pts.length < 1) {
       const t = document.createElementNS(SVGNS, "text");
@@ -288,7 +297,6 @@
     const base = "/api/runs/" + encodeURIComponent(runId);
     const timeline = document.getElementById("timeline");
     const seqs = new Set();
-    timeline.querySelectorAll("li[data-seq]").forEach(function (li) { seqs.add(Number(li.dataset.seq)); });
     const progress = data.progress.slice();
     const gpuSeries = new Map();
     const now = Date.now() / 1000;
@@ -320,7 +328,7 @@
     drawGpu();
 
     function addMilestone(m) {
-      if (seqs.has(m.seq)) return;
+      if (m.seq <= data.milestone_seq || seqs.has(m.seq)) return;  // known when the page was rendered
       seqs.add(m.seq);
       const empty = timeline.querySelector("li.empty");
       if (empty) empty.remove();
@@ -340,11 +348,17 @@
         fields.append(f, " ");
       });
       li.append(" ", fields);
-      if (m.text) li.append(el("div", "text", m.text));
+      if (m.text && m.text.indexOf("EAGLEWATCH ") !== 0) li.append(el("div", "text", m.text));
       timeline.append(li);
+      if (PERIODIC.has(m.kind)) {
+        // keep the DOM small through a long night: old progress entries live on in the chart
+        const periodic = timeline.querySelectorAll("li.ms-progress, li.ms-throughput, li.ms-batch_captured");
+        for (let k = 0; k < periodic.length - 50; k++) periodic[k].remove();
+      }
       timeline.scrollTop = timeline.scrollHeight;
-      document.getElementById("milestone-count").textContent = String(seqs.size);
-      window.__ew.milestones = seqs.size;
+      const count = data.milestone_count + seqs.size;
+      document.getElementById("milestone-count").textContent = String(count);
+      window.__ew.milestones = count;
       window.__ew.lastMilestoneAt = performance.now();
       if ((m.kind === "progress" || m.kind === "throughput") && m.fields) {
         const p = { at: m.at };
@@ -463,6 +477,40 @@
 
   if (page === "dashboard") dashboard();
   else if (page === "run") runPage();
-  else if (page === "alerts") connect("/api/events?after=now", { alert: notify });
+  else if (page === "alerts") connect("/api/events?after=now", { alert: alertRow });
+
+  // ---- alerts page: new alerts appear on top, with their buttons
+  function alertRow(a) {
+    notify(a);
+    const tbody = document.querySelector("#alerts tbody");
+    if (!tbody || tbody.querySelector('tr[data-alert="' + CSS.escape(String(a.id)) + '"]')) return;
+    const empty = tbody.querySelector("tr.empty");
+    if (empty) empty.remove();
+    const tr = el("tr", "sev-" + a.severity);
+    tr.dataset.alert = String(a.id);
+    const runCell = el("td");
+    if (a.run_id) {
+      const link = el("a", null, a.run_id);
+      link.href = "/runs/" + encodeURIComponent(a.run_id);
+      runCell.append(link, " ");
+    }
+    runCell.append(a.host || "");
+    const what = el("td");
+    what.append(el("strong", null, a.rule), " — " + String(a.message));
+    const buttons = el("td", "buttons");
+    ["ack", "mute"].forEach(function (action) {
+      const f = el("form", "inline");
+      f.method = "post";
+      f.action = "/alerts/" + encodeURIComponent(String(a.id)) + "/" + action;
+      const hidden = el("input");
+      hidden.type = "hidden"; hidden.name = "csrf_token"; hidden.value = CSRF;
+      f.append(hidden, el("button", "small", action === "ack" ? "Acknowledge" : "Mute"));
+      buttons.append(f, " ");
+    });
+    const when = new Date(a.created_at * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+    tr.append(el("td", "small", when), el("td", null, null), runCell, what, el("td", null, "open"), buttons);
+    tr.children[1].append(el("span", "sev", a.severity));
+    tbody.prepend(tr);
+  }
   window.__ew.csrf = CSRF;
 })();

@@ -1,0 +1,134 @@
+"""Output-directory watching for a run: which capture files are complete, checking them, their events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+
+def complete_files(
+    out: str,
+    checked: dict[str, list[int]],
+    pending: dict[str, tuple[int, int]],
+    recovered: set[str],
+    final: bool,
+) -> list[tuple[str, tuple[int, int]]]:
+    """Capture files in ``out`` ready to check: no lock beside them and the same (size, mtime) on two looks.
+
+    ``checked`` (name → [size, mtime_ns] already checked), ``pending`` (first look) and ``recovered`` (checked
+    before a daemon crash, per the journal) are updated in place; ``final`` (the job has ended) skips the
+    second look.
+    """
+    try:
+        from agent.output_dirs import lock_names
+        from agent.outputs import is_capture_file
+    except ImportError:
+        return []
+    try:
+        names = sorted(os.listdir(out))
+    except OSError:
+        return []
+    present = set(names)
+    ready = []
+    for name in names:
+        if not is_capture_file(name) or any(lk in present for lk in lock_names(name)):
+            continue
+        try:
+            st = os.stat(os.path.join(out, name))
+        except OSError:
+            continue
+        sig = (st.st_size, st.st_mtime_ns)
+        if checked.get(name) == list(sig):
+            continue
+        if name in recovered:
+            recovered.discard(name)
+            checked[name] = list(sig)
+            continue
+        if final or pending.get(name) == sig:
+            ready.append((name, sig))
+        else:
+            pending[name] = sig
+    return ready
+
+
+def check_events(name: str, report: dict[str, Any], line: int) -> list[dict[str, Any]]:
+    """The journal events for one check report: a ``check`` event, then a milestone per problem or a pass."""
+    problems = list(report.get("problems") or [])
+    unchecked = bool(report.get("unchecked"))
+    ev: dict[str, Any] = {
+        "type": "check",
+        "file": name,
+        "ok": bool(report.get("ok")) and not problems,
+        "format": report.get("format"),
+        "problems": problems,
+    }
+    if unchecked:
+        ev["unchecked"] = report.get("unchecked")
+    events = [ev]
+    base = {"type": "milestone", "line": line, "rank": None}
+    for p in problems:
+        fields = {
+            "file": p.get("file", name),
+            "code": p.get("code"),
+            "message": p.get("message"),
+            "source": "agent",
+        }
+        text = f"{p.get('code')}: {p.get('file', name)}: {p.get('message')}"
+        events.append({**base, "kind": "shape_check_failed", "fields": fields, "text": text})
+    if not problems and not unchecked:
+        fields = {"file": name, "format": report.get("format"), "source": "agent"}
+        events.append({**base, "kind": "shape_check_passed", "fields": fields, "text": f"{name}: shapes ok"})
+    return events
+
+
+async def check_file(path: str, spec: dict[str, Any], deep: bool = True) -> dict[str, Any]:
+    """Run the output checker on a path in a child process (keeps torch/numpy out of the daemon)."""
+    expect = dict(spec.get("expect") or {})
+    arg = json.dumps(
+        {
+            "path": path,
+            "layers": expect.get("layers"),
+            "hidden_size": expect.get("hidden_size"),
+            "model": spec.get("model"),
+            "layer_ids": spec.get("layers"),
+            "deep": deep,
+        }
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agent.checkrun",
+        arg,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(300):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return _unchecked(path, "the check took longer than 300 s")
+    try:
+        report = json.loads(out)
+        if isinstance(report, dict):
+            return report
+    except ValueError:
+        pass
+    return _unchecked(path, f"checker failed: {err.decode('utf-8', 'replace')[-300:]}")
+
+
+def _unchecked(path: str, message: str) -> dict[str, Any]:
+    """A report for a file the checker could not judge (not a problem of the file, not a pass either)."""
+    return {
+        "ok": False,
+        "files": 0,
+        "format": None,
+        "problems": [],
+        "unchecked": [os.path.basename(path)],
+        "error": message,
+    }

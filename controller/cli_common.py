@@ -1,0 +1,73 @@
+"""Shared pieces of the ``eaglewatch`` command line: consoles, styles, the short-lived controller runner."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from controller.errors import ControllerError, SpecInvalid
+from controller.settings import Settings
+
+T = TypeVar("T")
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+STATE_STYLE = {
+    "running": "cyan",
+    "completed": "green",
+    "failed": "red",
+    "stopped": "yellow",
+    "lost": "red",
+    "unknown": "magenta",
+    "pending": "dim",
+    "starting": "blue",
+}
+MILESTONE_STYLE = {
+    "error": "bold red",
+    "failed": "bold red",
+    "shape_check_failed": "bold red",
+    "warning": "yellow",
+    "completed": "bold green",
+    "shape_check_passed": "green",
+}
+
+
+def controller(**kwargs: Any) -> Any:
+    """A Controller on the settings from config.toml + environment (imported lazily: fast --help)."""
+    from controller.service import Controller
+
+    return Controller(Settings(), **kwargs)
+
+
+def run_ctl(fn: Callable[[Any], Awaitable[T]], **kwargs: Any) -> T:
+    """Run ``fn(controller)`` in a short-lived controller; typed errors become a message and exit code."""
+
+    async def main() -> T:
+        async with controller(**{"supervise": False, **kwargs}) as ctl:
+            return await fn(ctl)
+
+    try:
+        return asyncio.run(main())
+    except SpecInvalid as exc:
+        invalid(exc)
+    except ControllerError as exc:
+        err.print(Text(f"error: {exc.message}", style="red"))
+        raise typer.Exit(1) from None
+
+
+def invalid(exc: SpecInvalid) -> NoReturn:
+    """Print each field error and exit 2 (bad input)."""
+    for e in exc.errors:
+        err.print(Text(f"error: {e['field']}: {e['message']}", style="red"))
+    raise typer.Exit(2)
+
+
+def print_json(obj: Any) -> None:
+    """Print JSON for scripts (no rich markup, no wrapping)."""
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")

@@ -1,0 +1,242 @@
+"""``eaglewatch runs …``: start, list, show, stop and follow runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Column, Table
+from rich.text import Text
+
+from controller.cli_common import MILESTONE_STYLE, STATE_STYLE, err, invalid, out, print_json, run_ctl
+from controller.errors import SpecInvalid
+from controller.lifecycle import is_terminal
+
+runs_app = typer.Typer(no_args_is_help=True, help="Extraction runs.")
+
+
+def _split_ints(text: str | None, what: str) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecInvalid(
+            [{"field": what, "message": f"expected comma-separated integers, got {text!r}"}]
+        ) from None
+
+
+@runs_app.command("start", context_settings={"allow_interspersed_args": False})
+def runs_start(
+    host: Annotated[str, typer.Option("--host", help="host name")],
+    command: Annotated[list[str] | None, typer.Argument(help="after --: a command to run and watch")] = None,
+    spec_file: Annotated[Path | None, typer.Option("--spec", help="run spec JSON (or TOML) file")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    name: Annotated[str | None, typer.Option("--name")] = None,
+    backend: Annotated[
+        str | None, typer.Option("--backend", help="worker-extension | vllm-native | command")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model")] = None,
+    dataset: Annotated[str | None, typer.Option("--dataset")] = None,
+    output_dir: Annotated[str | None, typer.Option("--output-dir")] = None,
+    layers: Annotated[str | None, typer.Option("--layers", help="comma-separated layer ids")] = None,
+    layer_convention: Annotated[str | None, typer.Option("--layer-convention")] = None,
+    tp: Annotated[int | None, typer.Option("--tensor-parallel-size", "--tp")] = None,
+    max_samples: Annotated[int | None, typer.Option("--max-samples")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE (repeatable)")] = None,
+    vllm_arg: Annotated[
+        list[str] | None, typer.Option("--vllm-arg", help="extra engine argument (repeatable)")
+    ] = None,
+    expect_layers: Annotated[int | None, typer.Option("--expect-layers")] = None,
+    expect_hidden_size: Annotated[int | None, typer.Option("--expect-hidden-size")] = None,
+    on_shape_failure: Annotated[str | None, typer.Option("--on-shape-failure", help="alert | stop")] = None,
+) -> None:
+    """Start a run; prints its id ({"id": …} with --json)."""
+    spec: dict[str, Any] = {}
+    if spec_file is not None:
+        try:
+            text = spec_file.read_text()
+            if spec_file.suffix == ".toml":
+                import tomllib
+
+                spec = tomllib.loads(text)
+            else:
+                spec = json.loads(text)
+        except (OSError, ValueError) as exc:
+            err.print(Text(f"error: cannot read spec {spec_file}: {exc}", style="red"))
+            raise typer.Exit(2) from None
+        if not isinstance(spec, dict):
+            err.print(Text(f"error: spec {spec_file} must hold an object", style="red"))
+            raise typer.Exit(2)
+    try:
+        opts = {
+            "name": name,
+            "backend": backend,
+            "model": model,
+            "dataset": dataset,
+            "output_dir": output_dir,
+            "layers": _split_ints(layers, "layers"),
+            "layer_convention": layer_convention,
+            "tensor_parallel_size": tp,
+            "max_samples": max_samples,
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+            "vllm_args": vllm_arg or None,
+            "on_shape_failure": on_shape_failure,
+        }
+        spec.update({k: v for k, v in opts.items() if v is not None})
+        if env:
+            bad = [e for e in env if "=" not in e]
+            if bad:
+                raise SpecInvalid([{"field": "env", "message": f"expected KEY=VALUE, got {bad[0]!r}"}])
+            spec["env"] = {**spec.get("env", {}), **dict(e.split("=", 1) for e in env)}
+        if expect_layers is not None or expect_hidden_size is not None:
+            spec["expect"] = {
+                **spec.get("expect", {}),
+                **{
+                    k: v
+                    for k, v in (("layers", expect_layers), ("hidden_size", expect_hidden_size))
+                    if v is not None
+                },
+            }
+    except SpecInvalid as exc:
+        invalid(exc)
+    spec["host"] = host
+    if command:
+        spec["command"] = list(command)
+        spec.setdefault("backend", "command")
+
+    async def go(ctl: Any) -> Any:
+        run_id = await ctl.create_run(spec)
+        return await ctl.get_run(run_id)
+
+    run = run_ctl(go)
+    if as_json:
+        print_json({"id": run.id})
+    else:
+        out.print(run.id)
+    if run.state == "failed":
+        err.print(Text(f"run {run.id} failed: {run.failure_reason}", style="red"))
+        raise typer.Exit(1)
+
+
+@runs_app.command("ls")
+def runs_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List runs, newest first."""
+    runs = run_ctl(lambda ctl: ctl.list_runs())
+    if as_json:
+        print_json([r.model_dump(mode="json") for r in runs])
+        return
+    table = Table("name", "host", "backend", "state", "last milestone", "progress", "alerts")
+    table.columns.insert(0, Column("id", no_wrap=True, min_width=22))
+    for r in runs:
+        prog = r.progress or {}
+        progress = f"{prog.get('samples_done')}/{prog.get('samples_total')}" if "samples_done" in prog else ""
+        table.add_row(
+            Text(r.id),
+            Text(r.name),
+            Text(r.host),
+            Text(r.backend),
+            Text(r.state, style=STATE_STYLE.get(r.state, "")),
+            Text(r.last_milestone or ""),
+            Text(progress),
+            str(r.open_alerts or ""),
+        )
+    out.print(table)
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show a run (same shape as GET /api/runs/{id} with --json)."""
+    run = run_ctl(lambda ctl: ctl.get_run(run_id))
+    if as_json:
+        print_json(run.model_dump(mode="json"))
+        return
+    out.print(Text.assemble((run.id, "bold"), "  ", (run.state, STATE_STYLE.get(run.state, ""))))
+    for label, value in (
+        ("name", run.name),
+        ("host", run.host),
+        ("backend", run.backend),
+        ("model", run.model),
+        ("exit", run.exit),
+        ("failure", run.failure_reason),
+        ("progress", run.progress),
+    ):
+        if value is not None:
+            out.print(Text(f"  {label}: {value}"))
+    for m in run.milestones:
+        out.print(Text.assemble("  ", (f"{m.kind:<22}", MILESTONE_STYLE.get(m.kind, "cyan")), m.text[:160]))
+    for p in run.problems:
+        out.print(Text(f"  problem {p.code}: {p.file}: {p.message}", style="red"))
+    for a in run.alerts:
+        out.print(Text(f"  alert [{a.severity}] {a.rule}: {a.message}", style="yellow"))
+
+
+@runs_app.command("stop")
+def runs_stop(run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
+    """Stop a run through its host's agent."""
+    run = run_ctl(lambda ctl: ctl.stop_run(run_id))
+    out.print(Text(f"{run.id}: {run.state}"))
+
+
+def _print_line(text: str, milestone_texts: set[str]) -> None:
+    out.print(Text(text, style="bold magenta" if text in milestone_texts else ""))
+
+
+@runs_app.command("logs")
+def runs_logs(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing new lines")] = False,
+) -> None:
+    """Print a run's log (milestone lines highlighted); -f follows it live like tail -f."""
+
+    async def dump(ctl: Any) -> None:
+        run = await ctl.get_run(run_id)
+        marks = {m.text for m in run.milestones}
+        offset = -1
+        while True:
+            lines = await ctl.read_log(run_id, after_offset=offset, limit=5000)
+            for line in lines:
+                _print_line(line["text"], marks)
+            if not lines:
+                return
+            offset = lines[-1]["offset"]
+
+    if not follow:
+        run_ctl(dump)
+        return
+    host = run_ctl(lambda ctl: ctl.get_run(run_id)).host
+
+    async def tail(ctl: Any) -> None:
+        run = await ctl.get_run(run_id)
+        marks = {m.text for m in run.milestones}
+        offset, quiet = -1, 0
+        while True:
+            lines = await ctl.read_log(run_id, after_offset=offset, limit=5000)
+            if lines:
+                run = await ctl.get_run(run_id)
+                marks = {m.text for m in run.milestones}
+            for line in lines:
+                _print_line(line["text"], marks)
+            if lines:
+                offset, quiet = lines[-1]["offset"], 0
+                continue
+            run = await ctl.get_run(run_id)
+            quiet = quiet + 1 if is_terminal(run.state) else 0
+            if quiet > 5:
+                err.print(Text(f"-- run {run.id} {run.state}", style=STATE_STYLE.get(run.state, "")))
+                return
+            await asyncio.sleep(0.2)
+
+    try:
+        run_ctl(tail, supervise=True, only_hosts=[host], deliver_alerts=False)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None

@@ -1,0 +1,195 @@
+"""UI benchmark: log line appended → milestone visible in Chromium's DOM; weight/render of a heavy run page.
+
+    .venv/bin/python tests/bench/bench_ui_latency.py [--milestones 200] [--lines 100000]
+        [--heavy-milestones 1000]
+
+Everything is real: uvicorn on loopback, the Controller, a local agent daemon, the job (a stand-in for
+vLLM that prints a progress marker line each time the benchmark bumps a counter file), and Chromium.
+Latency = DOM insertion time (MutationObserver, page clock) − the moment the counter was bumped (same
+machine clock); the job polls the counter every 2 ms, so numbers include up to 2 ms of that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+from playwright.sync_api import sync_playwright  # noqa: E402
+
+from tests.bench.run_all import bench_line  # noqa: E402
+from tests.web.conftest import CHROMIUM_ARGS, AgentHost, start_server, wait_until  # noqa: E402
+
+JOB = str(ROOT / "tests" / "web" / "fake_vllm_job.py")
+OBSERVER = """() => {
+  window.__seen = [];
+  const tl = document.getElementById('timeline');
+  new MutationObserver((muts) => {
+    const t = performance.timeOrigin + performance.now();
+    for (const m of muts) for (const n of m.addedNodes)
+      if (n.classList && n.classList.contains('ms-progress')) window.__seen.push(t);
+  }).observe(tl, {childList: true});
+}"""
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def start_run(c: httpx.Client, agent: AgentHost, out: Path, *args: str) -> str:
+    """Start the stand-in job on the local agent through the API."""
+    if c.get("/api/hosts/local").status_code == 404:
+        c.post("/api/hosts", json={"name": "local", "ssh": "local", "state_dir": str(agent.state_dir)})
+        wait_until(lambda: c.get("/api/hosts/local").json()["reachable"], 30, what="agent reachable")
+    spec = {
+        "name": "bench",
+        "host": "local",
+        "backend": "command",
+        "command": [sys.executable, JOB, str(out), *args],
+    }
+    r = c.post("/api/runs", json=spec)
+    r.raise_for_status()
+    run_id: str = r.json()["id"]
+    return run_id
+
+
+def latency(c: httpx.Client, browser: Any, url: str, agent: AgentHost, tmp: Path, n: int) -> list[float]:
+    """Milliseconds from each counter bump to the progress milestone's <li> in the DOM."""
+    counter = tmp / "counter"
+    counter.write_text("0")
+    run_id = start_run(
+        c, agent, tmp / "out-lat", "--progress", str(n), "--delay", "0", "--wait-file", str(counter)
+    )
+    page = browser.new_page(base_url=url, bypass_csp=True)
+    page.goto(f"/runs/{run_id}")
+    page.wait_for_selector("#live-status[data-state=live]")
+    page.evaluate(OBSERVER)
+    page.wait_for_function(
+        "document.querySelectorAll('#timeline .ms-engine_ready').length > 0", timeout=60000
+    )
+    sent: list[float] = []
+    for i in range(1, n + 1):
+        sent.append(time.time() * 1000)
+        counter.write_text(str(i))
+        page.wait_for_function(f"window.__seen.length >= {i}", timeout=30000, polling=5)
+    seen: list[float] = page.evaluate("window.__seen")
+    page.close()
+    c.post(f"/api/runs/{run_id}/stop")
+    return [s - t for s, t in zip(seen, sent, strict=True)]
+
+
+def heavy_page(
+    c: httpx.Client, browser: Any, url: str, agent: AgentHost, tmp: Path, lines: int, ms: int
+) -> None:
+    """Weight and first render of a run page with many log lines and milestones, against an empty run."""
+    empty = start_run(c, agent, tmp / "out-empty", "--progress", "0", "--delay", "0")
+    heavy = start_run(
+        c, agent, tmp / "out-heavy", "--progress", "0", "--delay", "0", "--flood", str(lines),
+        "--flood-milestones", str(ms),
+    )  # fmt: skip
+    t0 = time.monotonic()
+
+    def ingested() -> bool:
+        d = c.get(f"/api/runs/{heavy}").json()
+        if d["state"] != "completed" or len(d["milestones"]) < ms:
+            return False
+        tail = c.get(f"/api/runs/{heavy}/log", params={"after": -1, "limit": 1}).json()
+        return bool(tail)
+
+    wait_until(ingested, 900, interval=1.0, what="heavy run ingested")
+    wait_until(lambda: c.get(f"/api/runs/{empty}").json()["state"] == "completed", 60, what="empty run")
+    print(f"ingest: {lines:,} lines + {ms:,} milestones stored in {time.monotonic() - t0:.1f} s")
+    results = {}
+    for label, run_id in (("empty run", empty), ("heavy run", heavy)):
+        html = c.get(f"/runs/{run_id}").content
+        assets = sum(
+            len(c.get(p).content) for p in ("/static/app.js", "/static/app.css", "/static/favicon.svg")
+        )
+        page = browser.new_page(base_url=url, viewport={"width": 1280, "height": 900})
+        start = time.monotonic()
+        page.goto(f"/runs/{run_id}", wait_until="load")
+        page.wait_for_selector("#log .ln")
+        wall = (time.monotonic() - start) * 1000
+        nav = page.evaluate(
+            "() => { const n = performance.getEntriesByType('navigation')[0];"
+            " const p = performance.getEntriesByName('first-contentful-paint')[0];"
+            " return {dcl: n.domContentLoadedEventEnd, load: n.loadEventEnd, fcp: p ? p.startTime : null,"
+            " nodes: document.getElementsByTagName('*').length}; }"
+        )
+        t = time.monotonic()
+        page.mouse.wheel(0, -3000)
+        page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        scroll = (time.monotonic() - t) * 1000
+        results[label] = len(html) + assets
+        key = "empty" if label == "empty run" else "heavy"
+        bench_line("ui_latency", f"{key}_run_page_kib", round(len(html) / 1024, 1), "KiB")
+        bench_line("ui_latency", f"{key}_run_first_contentful_paint", round(nav["fcp"] or 0, 1), "ms")
+        print(
+            f"{label:10s}: page {len(html) / 1024:8.1f} KiB + assets {assets / 1024:5.1f} KiB;"
+            f" FCP {nav['fcp'] or 0:6.0f} ms, DOMContentLoaded {nav['dcl']:6.0f} ms,"
+            f" load {nav['load']:6.0f} ms,"
+            f" log visible {wall:6.0f} ms, DOM nodes {nav['nodes']:,}, scroll frame {scroll:5.1f} ms"
+        )
+        if key == "heavy":
+            (ROOT / "test-output").mkdir(exist_ok=True)
+            page.screenshot(path=str(ROOT / "test-output" / "bench-heavy-run.png"))
+        page.close()
+    ratio = results["heavy run"] / results["empty run"]
+    print(f"page weight ratio heavy/empty: {ratio:.2f}x")
+    bench_line(
+        "ui_latency",
+        "heavy_vs_empty_page_weight",
+        round(ratio, 2),
+        "x",
+        note=f"{lines} lines, {ms} milestones",
+    )
+
+
+def main() -> int:
+    """Run both measurements and print the numbers."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--milestones", type=int, default=200)
+    ap.add_argument("--lines", type=int, default=100_000)
+    ap.add_argument("--heavy-milestones", type=int, default=1000)
+    args = ap.parse_args()
+    if os.environ.get("EAGLEWATCH_BENCH_QUICK") == "1":
+        args.milestones, args.lines, args.heavy_milestones = 50, 20_000, 200
+    tmp = Path(tempfile.mkdtemp(prefix="ewbench"))
+    agent = AgentHost(Path(tempfile.mkdtemp(prefix="ewa", dir="/tmp")))
+    srv = start_server(tmp / "home")
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c, sync_playwright() as p:
+            c.headers["x-csrf-token"] = c.get("/api/csrf").json()["csrf_token"]
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            try:
+                lat = latency(c, browser, srv.url, agent, tmp, args.milestones)
+                print(
+                    f"log line -> milestone in DOM over {len(lat)} milestones: p50 {pct(lat, 0.5):.1f} ms,"
+                    f" p90 {pct(lat, 0.9):.1f} ms, p99 {pct(lat, 0.99):.1f} ms, max {max(lat):.1f} ms,"
+                    f" mean {statistics.fmean(lat):.1f} ms (goal p99 <= 150 ms:"
+                    f" {'met' if pct(lat, 0.99) <= 150 else 'MISSED'})"
+                )
+                bench_line("ui_latency", "line_to_dom_p50", round(pct(lat, 0.5), 1), "ms")
+                bench_line("ui_latency", "line_to_dom_p99", round(pct(lat, 0.99), 1), "ms", goal="<= 150")
+                heavy_page(c, browser, srv.url, agent, tmp, args.lines, args.heavy_milestones)
+            finally:
+                browser.close()
+    finally:
+        srv.stop()
+        agent.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
