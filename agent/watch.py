@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from agent import jobs
+from agent import jobs, procfs
 from agent.journal import Journal, scan
 from agent.lines import LineSplitter
 from agent.outwatch import check_events, check_file, complete_files
@@ -27,7 +27,7 @@ from agent.runstate import RunSummary, final_state
 from agent.tail import POLL_INTERVAL_S, Broadcast, Pulse, read_from
 
 log = logging.getLogger("eaglewatch.agent")
-READ_CHUNK = 1 << 20
+READ_CHUNK = 256 * 1024  # ~35 ms of rule work: other runs and clients are served in between
 IDLE_FLUSH_S = 1.0
 OUTPUT_SCAN_S = 2.0
 LIVENESS_S = 5.0  # a safety net: inotify reports exit.json the moment it appears
@@ -298,6 +298,27 @@ class RunWatcher:
             self._record_check(".", {"ok": False, "format": report.get("format"), "problems": gaps})
 
     # --- the end ---------------------------------------------------------------------------------
+    async def _warn_leftovers(self) -> None:
+        """Journal a warning when processes of the run outlive the job (vLLM workers keep GPU memory)."""
+        left = await asyncio.to_thread(jobs.run_processes, self.paths.run, None, {os.getpid()})
+        if left:
+            await asyncio.sleep(1.0)  # ones that were already exiting are gone by now
+            left = await asyncio.to_thread(jobs.run_processes, self.paths.run, None, {os.getpid()})
+        if not left:
+            return
+        procs = [{"pid": pid, "cmdline": procfs.cmdline(pid)} for pid in left]
+        text = f"{len(left)} process(es) of the run outlived the job: pids {', '.join(map(str, left))}"
+        self._append(
+            {
+                "type": "milestone",
+                "kind": "warning",
+                "line": self.line,
+                "rank": None,
+                "fields": {"rule": "leftover_processes", "processes": procs},
+                "text": text,
+            }
+        )
+
     async def _finish(self, lost: bool = False) -> None:
         """Process the rest of the log, check the last files, journal the final state once."""
         await self._pump()
@@ -312,6 +333,8 @@ class RunWatcher:
         await self._check_index_gaps()
         self._commit()
         if self.summary.terminal is None:
+            if not self.paths.stop.exists():  # a stop reports its own leftovers
+                await self._warn_leftovers()
             stop_rec = read_json(self.paths.stop)
             exit_rec = None if lost else read_json(self.paths.exit)
             state, reason = final_state(

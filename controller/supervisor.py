@@ -3,7 +3,7 @@
 On connect: record reachability, agent version and GPUs; reconcile each unfinished run with the agent's
 ``status``; ``follow`` it from the last stored ``seq`` and log offset.  Stream messages are queued to the
 store's writer in arrival order (exactly once: see ingest.py).  A dropped link marks the host unreachable and
-its starting/running runs ``unknown``.  A periodic sweep raises host-unreachable and stall alerts.
+its starting/running runs ``unknown``.  (The fleet of supervisors and the alert sweep: fleet.py.)
 """
 
 from __future__ import annotations

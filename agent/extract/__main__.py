@@ -11,9 +11,7 @@ def main(argv: list[str]) -> int:
     """Dispatch the two sub-commands."""
     commands = {"extract": run_extract, "tiny-model": run_tiny_model}
     if not argv or argv[0] not in commands:
-        print(
         print("usage: python -m agent.extract {extract --spec RUN.json | tiny-model DIR --arch ARCH}")
-        )
         return 2
     return commands[argv[0]](argv[1:])
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 import traceback
+from typing import Any
 
 
 def run_extract(argv: list[str]) -> int:
@@ -35,7 +36,7 @@ def run_extract(argv: list[str]) -> int:
     return _run(plan, samples)
 
 
-def _run(plan: object, samples: list) -> int:  # type: ignore[type-arg]
+def _run(plan: object, samples: list[Any]) -> int:
     from agent.extract import engine, signals
     from agent.extract.preflight import Plan
     from agent.extract.writer import Manifest, existing_valid, previous_dtype, versions

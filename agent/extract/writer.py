@@ -52,7 +52,7 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> int:
         fh.write(struct.pack("<Q", len(raw)))
         fh.write(raw)
         for v in views:
-            fh.write(memoryview(v) if not isinstance(v, bytes) else v)  # releases the GIL while writing
+            fh.write(v)  # type: ignore[arg-type]  # ndarray is a buffer: no copy; write releases the GIL
     return 8 + len(raw) + offset
 
 

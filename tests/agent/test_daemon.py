@@ -370,3 +370,18 @@ def test_locked_file_is_checked_only_after_its_lock_goes(agent_daemon: AgentProc
     assert len(checks) == 1 and checks[0]["problems"][0]["code"] == "unreadable"
     assert checks[0]["ts"] >= float(unlocked_at.read_text()) - 0.01
     assert events[-1]["state"] == "completed"
+
+
+def test_processes_outliving_the_job_raise_a_warning(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    pidfile = tmp_path / "left.pid"
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="left", spec=_cmd(forker(tmp_path, pidfile, parent_exits=True)))
+        c.result("follow", run="left", after_seq=0)
+        events = _events(c.wait_for(terminal_event))
+        warnings = [e for e in events if e.get("kind") == "warning"]
+        assert events[-1]["state"] == "completed"
+        assert [w["fields"]["rule"] for w in warnings] == ["leftover_processes"]
+        assert [p["pid"] for p in warnings[0]["fields"]["processes"]] == [int(pidfile.read_text())]
+        res = c.result("stop", run="left", grace_s=0.2)  # stop still cleans up after an ended run
+        assert [k["pid"] for k in res["killed"]] == [int(pidfile.read_text())] and res["confirmed"] is True
+        assert c.result("status", run="left")["state"] == "completed"

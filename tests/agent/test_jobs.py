@@ -128,6 +128,19 @@ def test_stop_kills_a_setsid_child_that_outlives_its_parent(state: Path, tmp_pat
     assert not procfs.is_running(worker)
 
 
+def test_stop_after_the_job_ended_still_kills_its_leftover_worker(state: Path, tmp_path: Path) -> None:
+    p = _new(state, "r6b")
+    pidfile = tmp_path / "left.pid"
+    jobs.spawn(p, forker(tmp_path, pidfile, parent_exits=True), {})
+    assert _wait_exit(p)["code"] == 0
+    worker = int(pidfile.read_text())
+    assert procfs.is_running(worker)  # the vLLM-worker case: the job is gone, its GPU holder is not
+    assert jobs.classify(p).status == "finished"
+    result = jobs.stop(p, grace_s=0.3)
+    assert [k["pid"] for k in result["killed"]] == [worker] and result["confirmed"] is True
+    assert not procfs.is_running(worker)
+
+
 def test_stop_of_a_quick_job_reports_sigterm(state: Path, tmp_path: Path) -> None:
     p = _new(state, "r7")
     rec = jobs.spawn(p, sleeper(tmp_path), {})

@@ -18,7 +18,7 @@ def hf_states(model_dir: Path, samples: list[list[int]], layer_ids: list[int]) -
     last: list[torch.Tensor] = []
 
     def grab(_m: torch.nn.Module, _a: object, out: object) -> None:
-        last.append(out[0] if isinstance(out, tuple) else out)  # type: ignore[arg-type,index]
+        last.append(out[0] if isinstance(out, tuple) else out)  # type: ignore[arg-type]
 
     handle = layers[n - 1].register_forward_hook(grab)
     out = []

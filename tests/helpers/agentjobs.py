@@ -79,8 +79,11 @@ def sleeper(tmp: Path, seconds: float = 300.0, ignore_term: bool = False, name: 
     )
 
 
-def forker(tmp: Path, pidfile: Path, name: str = "forker") -> list[str]:
-    """A job whose child setsid's away (like a vLLM worker), ignores SIGTERM and outlives its parent."""
+def forker(tmp: Path, pidfile: Path, name: str = "forker", parent_exits: bool = False) -> list[str]:
+    """A job whose child setsid's away (like a vLLM worker), ignores SIGTERM and outlives its parent.
+
+    ``parent_exits``: the parent ends (exit 0) as soon as the worker runs, leaving the worker behind.
+    """
     return write_script(
         tmp,
         name,
@@ -98,6 +101,7 @@ def forker(tmp: Path, pidfile: Path, name: str = "forker") -> list[str]:
         while not os.path.exists({str(pidfile)!r}):
             time.sleep(0.01)
         print("parent exits, worker", pid, "lives on", flush=True)
-        time.sleep(300)
+        if not {parent_exits!r}:
+            time.sleep(300)
     """,
     )

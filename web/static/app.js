@@ -216,7 +216,7 @@
   // ---- virtualised log viewer: only the rows in view exist in the DOM
   function LogView(box, inner, info) {
     const ROW = 18, MAX = 200000;
-    let all = [], view = all, filter = null, paused = false, pending = 0, follow = true, raf = 0;
+    let all = [], view = all, filter = null, paused = false, frozen = 0, follow = true, raf = 0;
     const seen = new Set();
     box.classList.add("virtual");
     inner.querySelectorAll(".ln").forEach(function (d) {
@@ -231,10 +231,11 @@
     }
     function render() {
       raf = 0;
-      inner.style.height = view.length * ROW + "px";
+      const n = paused ? Math.min(frozen, view.length) : view.length;  // paused: the view stays as it was
+      inner.style.height = n * ROW + "px";
       if (follow && !paused) box.scrollTop = box.scrollHeight;
       const first = Math.max(0, Math.floor(box.scrollTop / ROW) - 20);
-      const last = Math.min(view.length, first + Math.ceil(box.clientHeight / ROW) + 40);
+      const last = Math.min(n, first + Math.ceil(box.clientHeight / ROW) + 40);
       const frag = document.createDocumentFragment();
       for (let i = first; i < last; i++) {
         const line = view[i];
@@ -244,8 +245,9 @@
         frag.append(d);
       }
       inner.replaceChildren(frag);
-      info.textContent = view.length.toLocaleString("en-US") + " lines" + (filter ? " (filtered)" : "") +
-        (paused && pending ? " · paused, " + pending + " new" : paused ? " · paused" : "");
+      const pending = view.length - n;
+      info.textContent = n.toLocaleString("en-US") + " lines" + (filter ? " (filtered)" : "") +
+        (paused ? " · paused" + (pending ? ", " + pending + " new" : "") : "");
     }
     function schedule() { if (!raf) raf = requestAnimationFrame(render); }
     box.addEventListener("scroll", function () {
@@ -268,11 +270,10 @@
           if (view !== all) view.sort(function (a, b) { return a.o - b.o; });
         }
         if (all.length > MAX) { all.splice(0, all.length - MAX); }
-        if (paused) { pending += added; info.textContent = "paused · " + pending + " new lines"; return; }
         if (added) schedule();
       },
       lastOffset: function () { return all.length ? all[all.length - 1].o : -1; },
-      setPaused: function (p) { paused = p; if (!p) { pending = 0; follow = true; } schedule(); },
+      setPaused: function (p) { paused = p; frozen = view.length; if (!p) follow = true; schedule(); },
       setFilter: function (f, serverLines) {
         filter = f && (f.q || f.errors) ? f : null;
         if (!filter) { view = all; }
@@ -283,6 +284,7 @@
           view = Array.from(merged.values()).sort(function (a, b) { return a.o - b.o; });
         }
         follow = true;
+        frozen = view.length;
         schedule();
       },
       render: schedule,

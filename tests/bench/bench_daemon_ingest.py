@@ -1,0 +1,69 @@
+"""Benchmark: how fast the daemon catches up on a log (tail → splitter → rules → journal → cursor).
+
+Baseline in the same run: the pure LineSplitter + MilestoneEngine loop on the same bytes, no I/O.
+Run: .venv/bin/python tests/bench/bench_daemon_ingest.py [--lines 500000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from agent.lines import LineSplitter
+from agent.rules import MilestoneEngine, load_rules
+from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent, terminal_event
+from tests.helpers.vllm_log import steady_lines
+
+
+def pure_rate(data: bytes) -> float:
+    """Lines/s of splitter + engine alone."""
+    engine = MilestoneEngine(load_rules())
+    splitter = LineSplitter()
+    n = 0
+    t0 = time.perf_counter()
+    for i in range(0, len(data), 1 << 20):
+        for ln in splitter.feed(data[i : i + (1 << 20)]):
+            n += 1
+            engine.feed(ln.text, n)
+    engine.flush()
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    """Write a steady-state vLLM log, let a daemon ingest it through a real job, print lines/s."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lines", type=int, default=500_000)
+    opts = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ewingest") as tmp_s:
+        tmp = Path(tmp_s)
+        big = tmp / "big.log"
+        data = ("\n".join(steady_lines(opts.lines, tp=8)) + "\n").encode()
+        big.write_bytes(data)
+        base = pure_rate(data)
+        state = tmp / "state"
+        agent = start_agent(state)
+        try:
+            with AgentClient(agent.socket, timeout=600) as c:
+                t0 = time.monotonic()
+                c.result("launch", run="big", spec={"backend": "command", "command": ["cat", str(big)]})
+                c.result("follow", run="big", after_seq=0)
+                c.wait_for(terminal_event, timeout=600)
+                dt = time.monotonic() - t0
+                events = c.result("status", run="big")["last_seq"]
+        finally:
+            agent.kill()
+            cleanup_runs(state)
+    rate = opts.lines / dt
+    print(f"{opts.lines} lines, {len(data) / 1e6:.1f} MB, {events} journal events")
+    print(f"  pure splitter+rules : {base:10,.0f} lines/s (baseline)")
+    print(f"  daemon end to end   : {rate:10,.0f} lines/s ({dt:.1f} s incl. job start)")
+    print(f"  ratio daemon/pure   : {rate / base:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
