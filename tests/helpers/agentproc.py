@@ -90,17 +90,32 @@ def start_agent(
             raise RuntimeError(
                 f"daemon exited {proc.returncode}: {(state_dir / 'daemon.stderr').read_text()}"
             )
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(str(socket_path))
-        except OSError:
-            time.sleep(0.05)
-            continue
-        finally:
-            sock.close()
-        return AgentProc(state_dir, socket_path, proc)
+        if _hello_pid(socket_path) == proc.pid:  # ours, not a daemon still shutting down on the same path
+            return AgentProc(state_dir, socket_path, proc)
+        time.sleep(0.05)
     proc.kill()
+    proc.wait(10)
     raise RuntimeError("daemon did not listen in time")
+
+
+def _hello_pid(socket_path: Path) -> int | None:
+    """The pid in the hello of the daemon answering on ``socket_path`` (None when nobody answers)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    try:
+        sock.connect(str(socket_path))
+        data = b""
+        while b"\n" not in data:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return None
+            data += chunk
+        pid = json.loads(data.split(b"\n", 1)[0]).get("pid")
+        return pid if isinstance(pid, int) else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        sock.close()
 
 
 def cleanup_runs(state_dir: Path) -> None:
@@ -145,7 +160,11 @@ class AgentClient:
     def __init__(self, socket_path: Path, timeout: float = 20.0) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
-        self.sock.connect(str(socket_path))
+        try:
+            self.sock.connect(str(socket_path))
+        except OSError:
+            self.sock.close()
+            raise
         self.timeout = timeout
         self._buf = b""
         self._next_id = 0

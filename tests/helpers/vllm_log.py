@@ -90,6 +90,15 @@ class LogWriter:
         for r in ranks:
             self.log("worker", level, src, fmt.format(r=r, tp=self.tp), rank=r)
 
+    def interleave(self, blocks: list[list[str]]) -> None:
+        """Append the blocks' lines mixed at random, each block keeping its own order."""
+        queues = [list(b) for b in blocks if b]
+        while queues:
+            q = self.rng.choice(queues)
+            self.lines.append(q.pop(0))
+            if not q:
+                queues.remove(q)
+
     def raw(self, text: str) -> None:
         """A line written straight to the stream (shell messages, tqdm, print())."""
         self.lines.append(text)
@@ -222,10 +231,16 @@ def _startup(w: LogWriter, stop_after: str | None) -> bool:
 def _failure(w: LogWriter, failure: str) -> None:
     """The lines a run that fails with ``failure`` prints (root cause first, then the fallout)."""
     if failure in _EXC:
+        # Every rank fails at once: their tracebacks arrive interleaved line by line.
+        blocks = []
         for r in range(w.tp):
+            start = len(w.lines)
             exc = _EXC[failure].format(r=r)
             w.log("worker", "ERROR", "multiproc_executor.py:597", "WorkerProc failed to start.", rank=r)
             w.log("worker", "ERROR", "multiproc_executor.py:597", traceback_text(exc, _WORKER_FRAMES), rank=r)
+            blocks.append(w.lines[start:])
+            del w.lines[start:]
+        w.interleave(blocks)
         w.log("engine", "ERROR", "core.py:708", "EngineCore failed to start.")
         w.log(
             "api",
