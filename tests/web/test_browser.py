@@ -69,7 +69,7 @@ def fill_command_form(page: Any, out: Path, argv: list[str], name: str) -> None:
 
 def test_start_watch_alert_stop(page: Any, live_server: LiveServer, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    argv = [sys.executable, JOB, str(out), "--progress", "12", "--delay", "0.5", "--broken", "--hang"]
+    argv = [sys.executable, JOB, str(out), "--progress", "20", "--delay", "0.5", "--broken", "--hang"]
     # invalid input first: errors next to the field, nothing launched
     fill_command_form(page, out, argv, "ui-run")
     page.fill("#f-layers", "2, x")
