@@ -78,7 +78,10 @@ class Daemon:
             log.warning("inotify unavailable (%s): polling every %.1f s", exc, POLL_INTERVAL_S)
         for entry in sorted(runs_dir(self.state_dir).iterdir()):
             if entry.is_dir() and valid_run_id(entry.name) and (entry / "spec.json").exists():
-                self._adopt(run_paths(self.state_dir, entry.name))
+                try:
+                    self._adopt(run_paths(self.state_dir, entry.name))
+                except Exception:  # one damaged run dir must not keep the daemon (and every other run) down
+                    log.exception("cannot adopt run %s; skipped", entry.name)
         await self._listen()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)

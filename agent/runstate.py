@@ -24,7 +24,7 @@ def _errors(summary: RunSummary) -> str:
     """The root cause (first specific error, else first fatal, else last) and, if other, the last error."""
     root = summary.first_specific or summary.first_fatal or summary.last_error
     if root is None:
-        return ""
+        return f"; job reported: {summary.failed_reason[:200]}" if summary.failed_reason else ""
     out = f"; error: {_describe(root)}"
     if summary.last_error is not None and summary.last_error is not root:
         out += f"; last error: {_describe(summary.last_error)}"
@@ -42,6 +42,7 @@ class RunSummary:
     first_specific: dict[str, Any] | None = None
     completed_seen: bool = False
     failed_seen: bool = False
+    failed_reason: str | None = None
 
     @classmethod
     def from_events(cls, events: list[dict[str, Any]]) -> RunSummary:
@@ -69,6 +70,8 @@ class RunSummary:
                 self.completed_seen = True
             elif kind == "failed":
                 self.failed_seen = True
+                reason = (ev.get("fields") or {}).get("reason")
+                self.failed_reason = self.failed_reason or (str(reason) if reason else None)
 
 
 def final_state(

@@ -115,7 +115,11 @@ class RunWatcher:
         self.line = int(cur.get("line", 0))
         self.checked: dict[str, list[int]] = dict(cur.get("checked", {}))
         snap = cur.get("engine")
-        self.engine = MilestoneEngine.restore(self._rules, snap) if snap else MilestoneEngine(self._rules)
+        try:
+            self.engine = MilestoneEngine.restore(self._rules, snap) if snap else MilestoneEngine(self._rules)
+        except Exception:  # e.g. a snapshot from another agent version: lose an open group, not the run
+            log.warning("run %s: engine snapshot not restorable; starting a fresh engine", self.paths.run)
+            self.engine = MilestoneEngine(self._rules)
         self.splitter = LineSplitter(start_offset=self.offset)
         self.fed = self.offset
         # Events journaled after the cursor was saved will be regenerated: remember them to skip them once.

@@ -196,6 +196,7 @@ def test_shape_failure_with_stop_policy_stops_the_run(agent_daemon: AgentProc, t
     assert "unreadable" in events[-1]["reason"] and "hs_0.safetensors" in events[-1]["reason"]
 
 
+@pytest.mark.slow
 def test_good_capture_file_passes_and_check_op(agent_daemon: AgentProc, tmp_path: Path) -> None:
     out = tmp_path / "cap"
     out.mkdir()
@@ -343,6 +344,7 @@ def test_realistic_failures_fail_the_run(
     assert [e["kind"] for e in events if e.get("kind") == "failed"] == ["failed"]
 
 
+@pytest.mark.slow
 def test_locked_file_is_checked_only_after_its_lock_goes(agent_daemon: AgentProc, tmp_path: Path) -> None:
     out = tmp_path / "locked"
     out.mkdir()
@@ -385,3 +387,25 @@ def test_processes_outliving_the_job_raise_a_warning(agent_daemon: AgentProc, tm
         res = c.result("stop", run="left", grace_s=0.2)  # stop still cleans up after an ended run
         assert [k["pid"] for k in res["killed"]] == [int(pidfile.read_text())] and res["confirmed"] is True
         assert c.result("status", run="left")["state"] == "completed"
+
+
+def test_extract_backend_runs_the_agents_own_extract_job(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    spec = {
+        "name": "x",
+        "host": "h",
+        "backend": "worker-extension",
+        "model": str(tmp_path / "no-model"),
+        "dataset": str(tmp_path / "d.jsonl"),
+        "output_dir": str(tmp_path / "out"),
+    }
+    with AgentClient(agent_daemon.socket) as c:
+        launched = c.result("launch", run="ext", spec=spec)
+        spec_file = run_paths(agent_daemon.state_dir, "ext").spec
+        assert launched["argv"] == [sys.executable, "-m", "agent", "extract", "--spec", str(spec_file)]
+        assert read_json(spec_file) == spec  # written before the job started
+        c.result("follow", run="ext", after_seq=0)
+        events = _events(c.wait_for(terminal_event, timeout=60))
+    failed = [e for e in events if e.get("kind") == "failed"]
+    assert len(failed) == 1 and "no-model" in failed[0]["fields"]["reason"]  # the job's own failed marker
+    assert events[-1]["state"] == "failed" and "exit code 2" in events[-1]["reason"]
+    assert "job reported: model path" in events[-1]["reason"]

@@ -225,3 +225,25 @@ def test_sigterm_leaves_job_running_and_new_daemon_readopts_it(state: Any, tmp_p
         range(30)
     )
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+
+
+def test_damaged_run_dirs_do_not_keep_the_daemon_down(state: Any, tmp_path: Path) -> None:
+    st, start = state
+    agent = start()
+    with AgentClient(agent.socket) as c:
+        c.result("launch", run="snap", spec=_cmd(printer(tmp_path, ["one", "two"], delay=0.5)))
+    agent.kill()
+    paths = run_paths(st, "snap")
+    atomic_write_json(paths.cursor, {"offset": 0, "line": 0, "seq": 0, "engine": {"not": "a snapshot"}})
+    broken = run_paths(st, "broken")
+    broken.dir.mkdir()
+    atomic_write_json(broken.spec, _cmd(["true"]))
+    broken.events.mkdir()  # the journal cannot even be opened
+    agent = start()
+    with AgentClient(agent.socket) as c:
+        assert [r["run"] for r in c.result("list")["runs"]] == ["snap"]
+        c.result("follow", run="snap", after_seq=0)
+        events = [m["event"] for m in c.wait_for(terminal_event) if m.get("type") == "event"]
+    assert events[-1]["state"] == "completed"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert "cannot adopt run broken" in (st / "daemon.stderr").read_text()

@@ -71,6 +71,14 @@ CASES = [
     # The job had already finished on its own when the stop arrived: its own outcome stands.
     (EXIT0, {"by": "client", "requested_at": 20.0}, [], "command", "completed", []),
     (None, None, [], "command", "lost", ["no exit status"]),
+    (
+        {"code": 2, "signal": None},
+        None,
+        [{"type": "milestone", "kind": "failed", "fields": {"reason": "model path /m does not exist"}}],
+        "worker-extension",
+        "failed",
+        ["exit code 2; job reported: model path /m does not exist"],
+    ),
     # The specific error is the root cause even when a generic "worker failed" line came first.
     (
         {"code": 1, "signal": None},
