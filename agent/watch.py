@@ -29,6 +29,9 @@ from agent.tail import POLL_INTERVAL_S, Broadcast, Pulse, read_from
 log = logging.getLogger("eaglewatch.agent")
 READ_CHUNK = 256 * 1024  # ~35 ms of rule work: other runs and clients are served in between
 IDLE_FLUSH_S = 1.0
+# A job that never goes quiet (progress lines every 0.5 s) must not hold its milestones until the group
+# window of lines passes: release whatever the engine holds after this long, idle or not.
+MAX_HOLD_S = 3.0
 OUTPUT_SCAN_S = 2.0
 LIVENESS_S = 5.0  # a safety net: inotify reports exit.json the moment it appears
 CURSOR_EVERY_S = 0.5
@@ -67,7 +70,7 @@ class RunWatcher:
             self._restore_cursor()
         else:  # an ended run only answers status and follow: no engine, no open file
             journal.close()
-        self._last_data = time.monotonic()
+        self._last_data = self._dirty_since = time.monotonic()
         self._flushed = True
         self._cursor_at = 0.0
         self._pending_files: dict[str, tuple[int, int]] = {}
@@ -104,6 +107,13 @@ class RunWatcher:
             "backend": self.spec.get("backend", "worker-extension"),
         }
 
+    def _world_size(self) -> int | None:
+        """TP ranks the extraction job will run (closes per-rank groups at once); unknown for a command."""
+        if self.spec.get("backend", "command") == "command":
+            return None
+        tp = self.spec.get("tensor_parallel_size", 1)
+        return tp if isinstance(tp, int) and tp >= 1 else None
+
     def _restore_cursor(self) -> None:
         try:
             self._rules = load_rules(extra=list(self.spec.get("rules") or []))
@@ -115,11 +125,14 @@ class RunWatcher:
         self.line = int(cur.get("line", 0))
         self.checked: dict[str, list[int]] = dict(cur.get("checked", {}))
         snap = cur.get("engine")
+        world = self._world_size()
         try:
-            self.engine = MilestoneEngine.restore(self._rules, snap) if snap else MilestoneEngine(self._rules)
+            self.engine = (
+                MilestoneEngine.restore(self._rules, snap) if snap else MilestoneEngine(self._rules, world)
+            )
         except Exception:  # e.g. a snapshot from another agent version: lose an open group, not the run
             log.warning("run %s: engine snapshot not restorable; starting a fresh engine", self.paths.run)
-            self.engine = MilestoneEngine(self._rules)
+            self.engine = MilestoneEngine(self._rules, world)
         self.splitter = LineSplitter(start_offset=self.offset)
         self.fed = self.offset
         # Events journaled after the cursor was saved will be regenerated: remember them to skip them once.
@@ -215,10 +228,14 @@ class RunWatcher:
         got_data = await self._pump()
         now = time.monotonic()
         if got_data:
+            if self._flushed:
+                self._dirty_since = now
             self._last_data, self._flushed = now, False
             if self.polling:
                 self.log_changed.notify()
-        elif not self._flushed and now - self._last_data >= IDLE_FLUSH_S:
+        if not self._flushed and (
+            now - self._last_data >= IDLE_FLUSH_S or now - self._dirty_since >= MAX_HOLD_S
+        ):
             self._journal_milestones(self.engine.flush())
             self._flushed = True
             self._save_cursor(force=True)
