@@ -30,7 +30,8 @@ Requests (args → result):
 - ``list`` → ``{"runs": [<status>...]}``; ``status {run}`` → ``<status>`` =
   ``{"run", "state", "pid", "start_time", "exit": {"code", "signal"} | null, "last_seq", "log_size"}``
   with ``state`` one of ``running | completed | failed | stopped | lost``.
-- ``follow {run, after_seq=0, log_offset?}`` → ``{"run", "last_seq"}`` then the stream above; ``unfollow {run}``.
+- ``follow {run, after_seq=0, log_offset?}`` → ``{"run", "last_seq"}`` then the stream above;
+  ``unfollow {run}``.
 - ``read_log {run, offset=0, limit=65536}`` → ``{"run", "offset", "next_offset", "size", "data"}``
   (``data`` decoded as UTF-8 with replacement).
 - ``check {path, layers?, hidden_size?}`` → the report of ``eaglewatch-agent check --json``.
@@ -129,7 +130,9 @@ def decode_request(line: bytes | str) -> Request:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ProtocolError(ErrorCode.BAD_JSON, f"line is not JSON: {exc.msg} at column {exc.colno}") from None
+        raise ProtocolError(
+            ErrorCode.BAD_JSON, f"line is not JSON: {exc.msg} at column {exc.colno}"
+        ) from None
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.NOT_AN_OBJECT, f"expected a JSON object, got {type(obj).__name__}")
     req_id = obj.get("id")
@@ -142,11 +145,15 @@ def decode_request(line: bytes | str) -> Request:
         op = Op(raw_op)
     except ValueError:
         known = ", ".join(o.value for o in Op)
-        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {raw_op[:64]!r} (known: {known})", req_id) from None
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_OP, f"unknown op {raw_op[:64]!r} (known: {known})", req_id
+        ) from None
     args = {k: v for k, v in obj.items() if k not in ("id", "op")}
     missing = [name for name in _REQUIRED.get(op, ()) if name not in args]
     if missing:
-        raise ProtocolError(ErrorCode.BAD_ARGS, f"op {op.value!r} needs field(s) {', '.join(missing)}", req_id)
+        raise ProtocolError(
+            ErrorCode.BAD_ARGS, f"op {op.value!r} needs field(s) {', '.join(missing)}", req_id
+        )
     return Request(id=req_id, op=op, args=args)
 
 
@@ -157,8 +164,13 @@ def encode(message: dict[str, Any]) -> bytes:
 
 def hello(agent_version: str, hostname: str, pid: int) -> dict[str, Any]:
     """The first message the daemon sends on every connection."""
-    return {"type": "hello", "agent_version": agent_version, "protocol": PROTOCOL_VERSION,
-            "hostname": hostname, "pid": pid}
+    return {
+        "type": "hello",
+        "agent_version": agent_version,
+        "protocol": PROTOCOL_VERSION,
+        "hostname": hostname,
+        "pid": pid,
+    }
 
 
 def reply(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:

@@ -67,7 +67,9 @@ class RunSpecBase(BaseModel):
     @classmethod
     def _name(cls, v: str) -> str:
         if not _NAME_RE.match(v):
-            raise ValueError("name must be 1-64 of letters, digits, '.', '_', '-' and start with a letter/digit")
+            raise ValueError(
+                "name must be 1-64 of letters, digits, '.', '_', '-' and start with a letter/digit"
+            )
         return v
 
     @field_validator("model", "dataset", "output_dir")
