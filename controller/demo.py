@@ -193,6 +193,38 @@ def stop_agent(paths: DemoPaths) -> None:
             print(f"stopped run {run}", flush=True)
     except (OSError, ValueError) as exc:
         print(f"could not stop the demo agent cleanly: {exc}", file=sys.stderr, flush=True)
+    _end_daemons(paths.agent_state)
+
+
+def _daemons_of(state_dir: Path) -> list[int]:
+    """Pids of `agent daemon` processes serving exactly this state dir (one may wait for the other's lock)."""
+    wanted = [b"agent", b"daemon", b"--state-dir", str(state_dir).encode()]
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and any(argv[k : k + 4] == wanted for k in range(len(argv))):
+            found.append(int(entry.name))
+    return found
+
+
+def _end_daemons(state_dir: Path, timeout_s: float = 15.0) -> None:
+    """Wait for the demo's daemons to exit after `shutdown`; SIGTERM any that remain (its jobs are stopped)."""
+    deadline = time.monotonic() + timeout_s
+    signalled: set[int] = set()
+    while (pids := _daemons_of(state_dir)) and time.monotonic() < deadline:
+        # Give a daemon that got `shutdown` a moment; one waiting for the state dir's lock gets SIGTERM.
+        for pid in pids:
+            if pid not in signalled and time.monotonic() > deadline - timeout_s + 2:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)
+                signalled.add(pid)
+        time.sleep(0.1)
 
 
 async def _echo_milestones(ctl: Any) -> None:

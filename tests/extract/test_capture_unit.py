@@ -104,3 +104,18 @@ def test_writer_output_is_valid_safetensors_and_resume_validation(tmp_path: Path
     with open(path, "r+b") as fh:
         fh.truncate(size - 7)
     assert not existing_valid(tmp_path, 3, [5, 6, 7, 8, 9], L, H, "BF16")
+
+
+def test_hook_plan_for_both_conventions() -> None:
+    from agent.extract.worker_ext import plan_hooks
+
+    # input: pre-hook on layer k; id N (= 8) is the output of the last layer
+    assert plan_hooks([2, 4, 5, 8], "input", 8) == [
+        (2, "pre", 0),
+        (4, "pre", 1),
+        (5, "pre", 2),
+        (7, "post", 3),
+    ]
+    assert plan_hooks([1, 7], "output", 8) == [(1, "post", 0), (7, "post", 1)]
+    with pytest.raises(ValueError, match=r"out of range 0\.\.7"):
+        plan_hooks([8], "output", 8)

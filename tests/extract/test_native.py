@@ -1,5 +1,6 @@
 """vllm-native backend on the real vLLM CPU engine: extract_hidden_states + our connector (synchronous CPU
-write, loaded through kv_connector_module_path), against the same HF reference as the Llama test."""
+write, loaded through kv_connector_module_path), against the same HF reference as the Llama test, with
+layer ids in the "output" convention."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from tests.extract.jobrun import run_job, write_spec
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 LENGTHS = [7, 33, 1, 50, 12]
-LAYERS = [2, 4, 5, 8]
+LAYERS = [1, 3, 4, 7]  # "output" convention: leaving layer k == entering layer k + 1 (vLLM's aux ids)
+REF_LAYERS = [2, 4, 5, 8]
 
 
 def test_native_backend_equals_hf_reference(tmp_path: Path) -> None:
@@ -37,19 +39,21 @@ def test_native_backend_equals_hf_reference(tmp_path: Path) -> None:
         dataset=str(data),
         output_dir=str(out),
         layers=LAYERS,
+        layer_convention="output",
         batch_size=len(LENGTHS),
         vllm_args=["--dtype", "float32", "--max-num-batched-tokens", "24", "--max-num-seqs", "5"],
     )
     job = run_job(spec)
     assert job.rc == 0, job.output[-3000:]
     conf = job.of("capture_configured")[0]
+    assert conf["convention"] == "output" and conf["layers"] == LAYERS
     assert conf["backend"] == "vllm-native" and conf["layer_class"] == "EagleWatchHiddenStatesConnector"
     assert len(job.of("shape_check_passed")) == len(LENGTHS)
     # only hs_N + manifest remain: staging dir and .lock files are cleaned up
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [f"hs_{i}.safetensors" for i in range(len(LENGTHS))] + ["manifest.json"]
     )
-    refs = hf_states(model, samples, LAYERS)
+    refs = hf_states(model, samples, REF_LAYERS)
     for i, (ids, ref) in enumerate(zip(samples, refs, strict=True)):
         got = load_file(str(out / f"hs_{i}.safetensors"))
         assert got["token_ids"].tolist() == ids
