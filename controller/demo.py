@@ -133,18 +133,34 @@ def build_model(paths: DemoPaths) -> None:
     subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, timeout=600)
 
 
+BROKEN_TEMPLATE = "demo broken - wrong layer count"
+
+
+def broken_form(paths: DemoPaths) -> dict[str, str]:
+    """New-run form values of a run whose shape checks fail: the capture drops a layer.
+
+    Where the form has no `inject_fault` field, the run expects one layer more than it captures instead:
+    the job's preflight refuses it, and the failed run raises an alert naming the layer count.
+    """
+    from web.forms import spec_to_form
+
+    form = spec_to_form(extraction_spec(paths, "demo-broken", "drop_layer"))
+    if form.get("inject_fault") == "drop_layer":
+        return form
+    spec = extraction_spec(paths, "demo-broken")
+    spec["expect"] = {"layers": 5}  # the EAGLE-3 default captures 4
+    return spec_to_form(spec)
+
+
 def save_templates(home: Path, paths: DemoPaths, extract: bool) -> None:
-    """Two saved New-run templates: the good run and the broken one (drop a layer)."""
+    """Saved New-run templates: the good run and the broken one."""
     from web.forms import spec_to_form
     from web.run_templates import TemplateStore
 
     store = TemplateStore(home)
     if extract:
-        good, broken = extraction_spec(paths, "demo-2"), extraction_spec(paths, "demo-broken", "drop_layer")
-        store.save("demo tiny llama", spec_to_form(good))
-        # The form carries inject_fault only if web/forms.py knows the field; otherwise this template is
-        # the good run under another name, and the broken run is started with `--broken` instead.
-        store.save("demo broken - drops a layer", {**spec_to_form(broken), "inject_fault": "drop_layer"})
+        store.save("demo tiny llama", spec_to_form(extraction_spec(paths, "demo-2")))
+        store.save(BROKEN_TEMPLATE, broken_form(paths))
     else:
         store.save("demo command job", spec_to_form(command_spec(paths, "demo-2")))
 
@@ -196,7 +212,7 @@ def stop_agent(paths: DemoPaths) -> None:
     _end_daemons(paths.agent_state)
 
 
-def _daemons_of(state_dir: Path) -> list[int]:
+def daemons_of(state_dir: Path) -> list[int]:
     """Pids of `agent daemon` processes serving exactly this state dir (one may wait for the other's lock)."""
     wanted = [b"agent", b"daemon", b"--state-dir", str(state_dir).encode()]
     found = []
@@ -213,17 +229,16 @@ def _daemons_of(state_dir: Path) -> list[int]:
     return found
 
 
-def _end_daemons(state_dir: Path, timeout_s: float = 15.0) -> None:
-    """Wait for the demo's daemons to exit after `shutdown`; SIGTERM any that remain (its jobs are stopped)."""
-    deadline = time.monotonic() + timeout_s
-    signalled: set[int] = set()
-    while (pids := _daemons_of(state_dir)) and time.monotonic() < deadline:
-        # Give a daemon that got `shutdown` a moment; one waiting for the state dir's lock gets SIGTERM.
-        for pid in pids:
-            if pid not in signalled and time.monotonic() > deadline - timeout_s + 2:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGTERM)
-                signalled.add(pid)
+def _end_daemons(state_dir: Path, grace_s: float = 2.0, timeout_s: float = 15.0) -> None:
+    """Wait for the demo's daemons to exit after `shutdown`, then SIGTERM what remains (jobs are stopped)."""
+    start = time.monotonic()
+    while daemons_of(state_dir) and time.monotonic() - start < grace_s:
+        time.sleep(0.1)
+    # A second daemon may be waiting for the state dir's lock (two bridges raced at start): end it too.
+    for pid in daemons_of(state_dir):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    while daemons_of(state_dir) and time.monotonic() - start < timeout_s:
         time.sleep(0.1)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from controller.demo import daemons_of
 from tests.helpers.agentproc import cleanup_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,9 +101,8 @@ def start_demo(home: Path, *args: str, timeout: float = 600) -> Iterator[Demo]:
         reader.join(10)
         if proc.stdout is not None:
             proc.stdout.close()
-        # The agent daemon runs in its own session: make sure nothing of the demo is left behind.
-        pid = daemon_pid(home)
-        if pid is not None:
+        # Agent daemons run in their own sessions: make sure nothing of the demo is left behind.
+        for pid in daemons_of(home / "agent"):
             os.kill(pid, signal.SIGKILL)
         cleanup_runs(home / "agent")
 
@@ -163,14 +163,12 @@ def test_demo_starts_another_run_from_the_api_and_stops_everything(command_demo:
     demo.proc.send_signal(signal.SIGINT)  # Ctrl-C
     assert demo.proc.wait(60) == 0
     assert f"stopped run {run}" in demo.output()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and daemon_pid(demo.home) is not None:
-        time.sleep(0.1)
-    assert daemon_pid(demo.home) is None, "the demo left its agent daemon running"
+    assert daemons_of(demo.home / "agent") == [], "the demo left an agent daemon running"
 
 
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.timeout(900)
 def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path) -> None:
     """The real thing: tiny model, vLLM on CPU, shape checks pass; a run dropping a layer raises an alert."""
     for demo in start_demo(tmp_path / "demo", timeout=600):
@@ -187,6 +185,28 @@ def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path) -> None:
             run = created.json()["id"]
         detail = wait_run(demo, run, lambda d: "shape_check_failed" in kinds(d) and d.get("alerts"), 600)
         assert any("layer" in str(p).lower() for p in detail.get("problems", [])) or detail["alerts"]
+        # The page's saved "broken" template, as the New-run form turns it into a spec.
+        from web.forms import check_form
+        from web.run_templates import TemplateStore
+
+        form = TemplateStore(demo.home).get("demo broken - wrong layer count") or {}
+        spec, errors = check_form({**form, "output_dir": str(tmp_path / "demo" / "outputs" / "tpl")})
+        assert errors == {}
+        with demo.client() as http:
+            origin = {"Origin": demo.url.rstrip("/")}
+            stop = http.post(f"/api/runs/{run}/stop", headers=origin)
+            assert stop.status_code == 200, stop.text
+            created = http.post("/api/runs", json=spec, headers=origin)
+            assert created.status_code == 201, created.text
+            tpl_run = created.json()["id"]
+
+        # With the form's inject_fault the capture drops a layer (shape checks fail); without it the job's
+        # preflight refuses the run (expects 5 layers, captures 4). An alert about layers either way.
+        def alerted(d: dict[str, Any]) -> bool:
+            return bool(d.get("alerts")) and ("shape_check_failed" in kinds(d) or d["state"] == "failed")
+
+        detail = wait_run(demo, tpl_run, alerted, 600)
+        assert "layer" in str(detail["alerts"]).lower()
 
 
 def test_demo_templates_fill_the_new_run_form(tmp_path: Path) -> None:
@@ -199,13 +219,17 @@ def test_demo_templates_fill_the_new_run_form(tmp_path: Path) -> None:
     paths = demo_mod.DemoPaths(tmp_path)
     demo_mod.save_templates(tmp_path, paths, extract=True)
     store = TemplateStore(tmp_path)
-    assert store.names() == ["demo broken - drops a layer", "demo tiny llama"]
+    assert store.names() == ["demo broken - wrong layer count", "demo tiny llama"]
     spec, errors = check_form(store.get("demo tiny llama") or {})
     assert errors == {}
     good = parse_spec(spec)
     assert good.backend == "worker-extension" and good.model == str(paths.model)
     assert good.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
-    assert (store.get("demo broken - drops a layer") or {})["inject_fault"] == "drop_layer"
+    broken, errors = check_form(store.get("demo broken - wrong layer count") or {})
+    assert errors == {}
+    bad = parse_spec(broken)
+    # Either the capture drops a layer, or the run expects one layer more than the 4 it captures.
+    assert bad.inject_fault == "drop_layer" or bad.expect.layers == 5
 
 
 def test_demo_dataset_uses_the_tiny_vocabulary(tmp_path: Path) -> None:
