@@ -14,7 +14,7 @@ from agent.spec import RunSpecBase, parse_spec
 FIELDS = (
     "name", "host", "backend", "model", "layers", "layer_convention", "tensor_parallel_size", "dataset",
     "max_samples", "seq_len", "batch_size", "output_dir", "env", "vllm_args", "command",
-    "expect_layers", "expect_hidden_size", "on_shape_failure",
+    "expect_layers", "expect_hidden_size", "on_shape_failure", "inject_fault",
 )  # fmt: skip
 _INT_FIELDS = ("tensor_parallel_size", "max_samples", "seq_len", "batch_size")
 _GENERAL = "_form"
@@ -30,7 +30,7 @@ def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
     spec: dict[str, Any] = {}
     get = lambda key: (form.get(key) or "").strip()  # noqa: E731
     for key in ("name", "host", "backend", "model", "layer_convention", "dataset", "output_dir",
-                "on_shape_failure"):  # fmt: skip
+                "on_shape_failure", "inject_fault"):  # fmt: skip
         if get(key):
             spec[key] = get(key)
     for key in _INT_FIELDS:

@@ -41,12 +41,21 @@ def test_full_form_to_spec_and_back() -> None:
         ({"backend": "command"}, "command", "needs 'command'"),
         ({"expect_layers": "x"}, "expect_layers", "whole number"),
         ({"expect_layers": "0"}, "expect_layers", "greater than"),
+        ({"inject_fault": "melt"}, "inject_fault", "drop_layer"),
     ],
 )
 def test_errors_land_on_their_field(change: dict[str, str], field: str, words: str) -> None:
     _, errors = forms.check_form({**BASE, **change})
     assert field in errors, errors
     assert words in errors[field]
+
+
+def test_fault_choice_reaches_the_spec_and_none_leaves_it_out() -> None:
+    spec, errors = forms.check_form({**BASE, "inject_fault": "drop_layer"})
+    assert errors == {} and spec["inject_fault"] == "drop_layer"
+    assert forms.spec_to_form(spec)["inject_fault"] == "drop_layer"
+    spec, errors = forms.check_form({**BASE, "inject_fault": ""})
+    assert errors == {} and "inject_fault" not in spec
 
 
 def test_controller_errors_are_mapped_to_fields() -> None:
