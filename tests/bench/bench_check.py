@@ -180,8 +180,8 @@ def bench_deep(tmp: Path, mb: int, reps: int) -> None:
     print(f"  ratio (numpy backend / baseline, time): {results['numpy'] / bmed:.2f}")
     base_gbs = round(size_gb / (bmed / 1000), 3)
     note = f"{size_gb * 1000:.0f} MB BF16, warm cache; baseline = safetensors load_file + torch checks"
-    for backend, bmed_ in results.items():
-        gbs = round(size_gb / (bmed_ / 1000), 3)
+    for backend, med_ms in results.items():
+        gbs = round(size_gb / (med_ms / 1000), 3)
         bench_line("check", f"deep check {backend} GB/s", gbs, "GB/s", baseline=base_gbs, note=note)
     bench_line("check", "deep numpy/baseline time ratio", round(results["numpy"] / bmed, 3), "x")
 

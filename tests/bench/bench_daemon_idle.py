@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python tests/bench/bench_daemon_idle.py [--seconds 20]
 Goals (issue 2): RSS <= 30 MB, CPU <= 0.5 %; latency well under 50 ms.
+``EAGLEWATCH_BENCH_QUICK=1`` shortens the idle window to 8 s. Prints BENCH lines for ``run_all.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.bench.run_all import bench_line
 from tests.helpers.agentjobs import write_script
 from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent
 
@@ -39,7 +41,8 @@ def cpu_s(pid: int) -> float:
 def main() -> None:
     """Run the benchmark and print the numbers against the goals."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=20.0)
+    quick = os.environ.get("EAGLEWATCH_BENCH_QUICK") == "1"
+    ap.add_argument("--seconds", type=float, default=8.0 if quick else 20.0)
     ap.add_argument("--runs", type=int, default=8)
     opts = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ewbench") as tmp_s:
@@ -67,6 +70,9 @@ def main() -> None:
                 f"  CPU   {cpu_pct:6.3f} %                                  goal <= 0.5 %  "
                 f"{'OK' if cpu_pct <= 0.5 else 'OVER'}"
             )
+            note = f"{running} running runs watched, {t1 - t0:.1f} s window"
+            bench_line("daemon_idle", "RSS", round(rss1, 1), "MB", goal="<= 30", note=note)
+            bench_line("daemon_idle", "CPU", round(cpu_pct, 3), "%", goal="<= 0.5", note=note)
 
             ticker = write_script(
                 tmp,
@@ -100,6 +106,10 @@ def main() -> None:
                 f"log line -> follower latency, {len(lat)} lines: median {statistics.median(lat):.1f} ms, "
                 f"p95 {lat[int(len(lat) * 0.95) - 1]:.1f} ms, max {lat[-1]:.1f} ms   goal well under 50 ms"
             )
+            note = f"{len(lat)} lines; goal: well under 50 ms"
+            bench_line("daemon_idle", "line->follower p50", round(statistics.median(lat), 1), "ms", note=note)
+            p95 = round(lat[int(len(lat) * 0.95) - 1], 1)
+            bench_line("daemon_idle", "line->follower p95", p95, "ms", note=note)
         finally:
             agent.kill()
             cleanup_runs(state)

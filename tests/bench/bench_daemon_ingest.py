@@ -2,11 +2,13 @@
 
 Baseline in the same run: the pure LineSplitter + MilestoneEngine loop on the same bytes, no I/O.
 Run: .venv/bin/python tests/bench/bench_daemon_ingest.py [--lines 500000]
+``EAGLEWATCH_BENCH_QUICK=1`` makes the default 100000 lines. Prints BENCH lines for ``run_all.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -16,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.lines import LineSplitter
 from agent.rules import MilestoneEngine, load_rules
+from tests.bench.run_all import bench_line
 from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent, terminal_event
 from tests.helpers.vllm_log import steady_lines
 
@@ -37,7 +40,8 @@ def pure_rate(data: bytes) -> float:
 def main() -> None:
     """Write a steady-state vLLM log, let a daemon ingest it through a real job, print lines/s."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lines", type=int, default=500_000)
+    quick = os.environ.get("EAGLEWATCH_BENCH_QUICK") == "1"
+    ap.add_argument("--lines", type=int, default=100_000 if quick else 500_000)
     opts = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ewingest") as tmp_s:
         tmp = Path(tmp_s)
@@ -63,6 +67,9 @@ def main() -> None:
     print(f"  pure splitter+rules : {base:10,.0f} lines/s (baseline)")
     print(f"  daemon end to end   : {rate:10,.0f} lines/s ({dt:.1f} s incl. job start)")
     print(f"  ratio daemon/pure   : {rate / base:.2f}x")
+    note = f"{opts.lines} lines, wall time incl. job start; baseline = pure splitter+rules, no I/O"
+    bench_line("daemon_ingest", "end-to-end lines/s", round(rate), "lines/s", baseline=round(base), note=note)
+    bench_line("daemon_ingest", "ratio daemon/pure", round(rate / base, 3), "x")
 
 
 if __name__ == "__main__":

@@ -8,12 +8,15 @@
 3. The store alone: batched idempotent inserts of log lines (the writer's ceiling).
 
 Run: ``.venv/bin/python tests/bench/bench_link.py [--lines 10000] [--rate 2000] [--bulk 200000]``
+``EAGLEWATCH_BENCH_QUICK=1`` shrinks the defaults (2000 latency lines, 50000 bulk and store lines). Prints
+BENCH lines for ``run_all.py``; exits 77 without ``/usr/sbin/sshd``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -28,7 +31,8 @@ from controller.models import HostCreate  # noqa: E402
 from controller.service import Controller  # noqa: E402
 from controller.settings import Settings  # noqa: E402
 from controller.store import Store, Tx  # noqa: E402
-from tests.helpers.sshd import SSHD, kill_tree_matching  # noqa: E402
+from tests.bench.run_all import SKIP_EXIT, bench_line  # noqa: E402
+from tests.helpers.sshd import SSHD, SSHD_BIN, kill_tree_matching  # noqa: E402
 
 JOB = """\
 import os, sys, time
@@ -68,6 +72,7 @@ async def start_job(ctl: Controller, job: Path, go: Path, n: int, rate: float) -
 
 
 async def latency(ctl: Controller, sshd: SSHD, tmp: Path, job: Path, n: int, rate: float) -> None:
+    """Per-line latency, controller commit vs raw ssh tail -F; prints it and the BENCH lines."""
     go = tmp / "go-lat"
     run_id = await start_job(ctl, job, go, n, rate)
     log = tmp / "agent" / "runs" / run_id / "output.log"
@@ -123,9 +128,22 @@ async def latency(ctl: Controller, sshd: SSHD, tmp: Path, job: Path, n: int, rat
         f"  max {max(r):7.2f}"
     )
     print(f"  ratio p99 controller/raw: {pct(o, 99) / pct(r, 99):.2f}x   (goal: p99 <= 150 ms and <= 2x raw)")
+    note = f"{len(o)} lines at {rate:.0f} lines/s; baseline = raw ssh tail -F"
+    for q in (50, 99):
+        bench_line(
+            "link",
+            f"latency p{q}",
+            round(pct(o, q), 2),
+            "ms",
+            goal="<= 150" if q == 99 else None,
+            baseline=round(pct(r, q), 2),
+            note=note,
+        )
+    bench_line("link", "latency p99 ratio to raw tail", round(pct(o, 99) / pct(r, 99), 3), "x", goal="<= 2.0")
 
 
 async def bulk(ctl: Controller, tmp: Path, job: Path, n: int) -> None:
+    """Sustained ingestion of n lines written flat out; prints lines/s, loss and the BENCH lines."""
     go = tmp / "go-bulk"
     run_id = await start_job(ctl, job, go, n, 0)
     sub = ctl.bus.subscribe()
@@ -163,9 +181,21 @@ async def bulk(ctl: Controller, tmp: Path, job: Path, n: int) -> None:
         f"  stored {stored} lines, duplicates seen {dup}, lost {n - len(seen)}"
         "  (goal >= 50,000 lines/s, no loss)"
     )
+    note = f"{n} lines, first to last commit"
+    bench_line(
+        "link",
+        "sustained ingestion",
+        round(n / max(last - first, 1e-9)),
+        "lines/s",
+        goal=">= 50000",
+        note=note,
+    )
+    bench_line("link", "lost lines", n - len(seen), "lines", goal="<= 0", note=note)
+    bench_line("link", "duplicate lines", dup, "lines", note=f"stored {stored}")
 
 
 async def store_only(tmp: Path, n: int = 200_000, batch: int = 500) -> None:
+    """The store's ceiling: batched idempotent inserts of n log lines."""
     store = Store(tmp / "store-only.db", Bus())
     await store.open()
     await store.write(
@@ -184,13 +214,16 @@ async def store_only(tmp: Path, n: int = 200_000, batch: int = 500) -> None:
     dt = time.perf_counter() - t0
     await store.close()
     print(f"store alone: {n} lines in batches of {batch}: {n / dt:,.0f} lines/s")
+    bench_line("link", "store alone", round(n / dt), "lines/s", note=f"{n} lines, batches of {batch}")
 
 
 async def main() -> None:
+    """Start a loopback sshd and a controller, then run the three measurements."""
+    quick = os.environ.get("EAGLEWATCH_BENCH_QUICK") == "1"
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lines", type=int, default=10_000)
+    ap.add_argument("--lines", type=int, default=2000 if quick else 10_000)
     ap.add_argument("--rate", type=float, default=2000)
-    ap.add_argument("--bulk", type=int, default=200_000)
+    ap.add_argument("--bulk", type=int, default=50_000 if quick else 200_000)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ew-bench-"))
     sshd = SSHD.start(tmp / "sshd")
@@ -210,13 +243,16 @@ async def main() -> None:
             await ctl.supervisors.hosts["h"].connected.wait()
             await latency(ctl, sshd, tmp, job, args.lines, args.rate)
             await bulk(ctl, tmp, job, args.bulk)
-        await store_only(tmp)
+        await store_only(tmp, 50_000 if quick else 200_000)
     finally:
         sshd.stop()
         kill_tree_matching(str(tmp) + "/")
 
 
 if __name__ == "__main__":
+    if not Path(SSHD_BIN).exists():
+        print(f"cannot run here: no OpenSSH server at {SSHD_BIN}")
+        sys.exit(SKIP_EXIT)
     if "--profile" in sys.argv:
         import cProfile
         import pstats
