@@ -8,6 +8,7 @@ prints.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -181,12 +182,19 @@ def serve(
 @app.command("demo")
 def demo(
     bind: Annotated[str, typer.Option("--bind", help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="port")] = 8765,
+    port: Annotated[int, typer.Option("--port", help="port (0: any free port)")] = 8765,
+    home: Annotated[Path | None, typer.Option("--home", help="demo state dir")] = None,
+    extract: Annotated[
+        bool, typer.Option("--extract/--no-extract", help="real vLLM extraction, or a quick command job")
+    ] = True,
+    broken: Annotated[
+        bool, typer.Option("--broken", help="also start a run whose capture drops a layer")
+    ] = False,
 ) -> None:
     """Run the embedded demo (local agent, tiny model, web UI)."""
     from controller.demo import run_demo
 
-    raise typer.Exit(run_demo(bind=bind, port=port) or 0)
+    raise typer.Exit(run_demo(home=home, bind=bind, port=port, extract=extract, broken=broken) or 0)
 
 
 def main() -> None:

@@ -4,7 +4,8 @@ Run: .venv/bin/python tests/bench/bench_check.py [--reps 200] [--deep-mb 256]
 The 2 GB file is sparse (a valid header, then the file extended to its full size), so it is still a valid
 safetensors file but costs no disk. Baselines in the same run: the `safetensors` package's safe_open (header
 only) and, for the value scan, loading the tensor with safetensors + torch.isfinite/count_nonzero.
-``EAGLEWATCH_BENCH_QUICK=1`` shrinks the defaults (fewer reps, 64 MB deep file, 300 files). Prints BENCH lines.
+``EAGLEWATCH_BENCH_QUICK=1`` shrinks the defaults (fewer reps, 64 MB deep file, 300 files).
+Prints BENCH lines for ``run_all.py``.
 """
 
 from __future__ import annotations

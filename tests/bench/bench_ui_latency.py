@@ -26,10 +26,11 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from tests.bench.run_all import bench_line  # noqa: E402
+from tests.bench.run_all import SKIP_EXIT, bench_line  # noqa: E402
 from tests.web.conftest import CHROMIUM_ARGS, AgentHost, start_server, wait_until  # noqa: E402
 
 JOB = str(ROOT / "tests" / "web" / "fake_vllm_job.py")
+CHROMIUM = "/usr/bin/chromium"
 OBSERVER = """() => {
   window.__seen = [];
   const tl = document.getElementById('timeline');
@@ -163,6 +164,9 @@ def main() -> int:
     ap.add_argument("--lines", type=int, default=100_000)
     ap.add_argument("--heavy-milestones", type=int, default=1000)
     args = ap.parse_args()
+    if not Path(CHROMIUM).exists():
+        print(f"cannot run here: no Chromium at {CHROMIUM}")
+        return SKIP_EXIT
     if os.environ.get("EAGLEWATCH_BENCH_QUICK") == "1":
         args.milestones, args.lines, args.heavy_milestones = 50, 20_000, 200
     tmp = Path(tempfile.mkdtemp(prefix="ewbench"))
@@ -171,7 +175,7 @@ def main() -> int:
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as c, sync_playwright() as p:
             c.headers["x-csrf-token"] = c.get("/api/csrf").json()["csrf_token"]
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 lat = latency(c, browser, srv.url, agent, tmp, args.milestones)
                 print(
