@@ -15,6 +15,7 @@ from controller.errors import NotFound
 from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic
 from web import sse
 from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep
+from web.filters import masked_spec
 from web.logpage import read_log_page
 
 
@@ -120,9 +121,9 @@ async def list_runs(ctl: ControllerDep) -> list[RunPublic]:
 
 @router.get("/runs/{run_id}", response_model=RunDetail, responses=_ERRORS)
 async def get_run(ctl: ControllerDep, run_id: str) -> RunDetail:
-    """One run: state, spec, milestones, alerts, problems."""
+    """One run: state, spec (secret-looking env values masked), milestones, alerts, problems."""
     result: RunDetail = await ctl.get_run(run_id)
-    return result
+    return result.model_copy(update={"spec": masked_spec(result.spec)})
 
 
 @post_router.post("/runs/{run_id}/stop", response_model=RunPublic, responses={409: {"model": ErrorOut}})

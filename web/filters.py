@@ -27,6 +27,7 @@ FIELD_LABELS = {
 }  # fmt: skip
 #: Bookkeeping fields of the rule engine, not worth a reader's attention.
 _HIDDEN_FIELDS = frozenset({"rule", "processes"})
+SECRET_MASK = "•••••• (hidden)"
 _SECRET_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
 
 
@@ -87,7 +88,15 @@ def problem_words(code: str) -> str:
 
 def masked_env(env: dict[str, str] | None) -> list[tuple[str, str]]:
     """Environment for display: values of secret-looking names are never rendered."""
-    return [(k, "•••••• (hidden)" if _SECRET_RE.search(k) else v) for k, v in sorted((env or {}).items())]
+    return [(k, SECRET_MASK if _SECRET_RE.search(k) else v) for k, v in sorted((env or {}).items())]
+
+
+def masked_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A spec for the API: values of secret-looking environment names replaced, the rest as stored."""
+    env = spec.get("env")
+    if not isinstance(env, dict):
+        return spec
+    return {**spec, "env": {k: SECRET_MASK if _SECRET_RE.search(k) else v for k, v in env.items()}}
 
 
 def percent(progress: dict[str, Any] | None) -> float | None:

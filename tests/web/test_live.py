@@ -25,14 +25,16 @@ def c(live_server: LiveServer) -> Iterator[httpx.Client]:
         yield client
 
 
-def start_job(c: httpx.Client, agent: AgentHost, out: Path, *args: str) -> str:
+def start_job(
+    c: httpx.Client, agent: AgentHost, out: Path, *args: str, env: dict[str, str] | None = None
+) -> str:
     """Add the local host (once) and start the fake job through POST /api/runs."""
     if c.get("/api/hosts/local").status_code == 404:
         r = c.post("/api/hosts", json={"name": "local", "ssh": "local", "state_dir": str(agent.state_dir)})
         assert r.status_code == 201, r.text
     spec = {"name": "fake", "host": "local", "backend": "command", "output_dir": str(out),
             "command": [sys.executable, JOB, str(out), *args],
-            "expect": {"layers": 4, "hidden_size": 64}}  # fmt: skip
+            "expect": {"layers": 4, "hidden_size": 64}, "env": env or {}}  # fmt: skip
     r = c.post("/api/runs", json=spec)
     assert r.status_code == 201, r.text
     run_id: str = r.json()["id"]
@@ -86,6 +88,19 @@ def test_sse_live_then_resume_gets_exactly_what_was_missed(
     assert [p["fields"]["samples_done"] for p in progress] == [8, 16, 24, 32, 40, 48]
     detail = c.get(f"/api/runs/{run_id}").json()
     assert detail["state"] == "completed" and len(detail["milestones"]) >= 10
+
+
+def test_run_api_masks_secret_env_values_but_the_job_gets_them(
+    agent_host: AgentHost, live_server: LiveServer, c: httpx.Client, tmp_path: Path
+) -> None:
+    env = {"HF_TOKEN": "hf_supersecret", "NOTE": "plain"}
+    run_id = start_job(c, agent_host, tmp_path / "out", "--progress", "1", "--delay", "0", env=env)
+    wait_until(lambda: c.get(f"/api/runs/{run_id}").json()["state"] == "completed", 60, what="run completes")
+    r = c.get(f"/api/runs/{run_id}")
+    assert "hf_supersecret" not in r.text
+    assert r.json()["spec"]["env"]["NOTE"] == "plain" and "hidden" in r.json()["spec"]["env"]["HF_TOKEN"]
+    spec = json.loads((agent_host.state_dir / "runs" / run_id / "spec.json").read_text())
+    assert spec["env"]["HF_TOKEN"] == "hf_supersecret"  # masked in the API only, not in what was launched
 
 
 def test_finite_stream_in_process_for_finished_run(
