@@ -96,6 +96,7 @@ def _run(plan: object, samples: list[Any]) -> int:
         files=len(manifest.sample_tokens),
         tokens=tokens,
         seconds=secs,
+        sp_gathers=prog.sp_gathers,
     )
     signals.say(f"completed: {len(manifest.sample_tokens)} samples, {tokens} tokens in {secs} s -> {out}")
     return 0

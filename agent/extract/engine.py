@@ -6,9 +6,10 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from agent.extract import signals
+from agent.extract import runtime, signals
 from agent.extract.dataset import Sample
 from agent.extract.preflight import Plan
 from agent.extract.writer import Manifest
@@ -34,6 +35,96 @@ def engine_kwargs(model: str, vllm_args: list[str]) -> dict[str, Any]:
     return {k: v for k, v in got.items() if v != base.get(k) and k != "model"}
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def _mem_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 4 << 30
+
+
+def prepare_engine(plan: Plan) -> list[str]:
+    """Apply the runner choice and platform defaults to os.environ; emit engine_config; extra engine args."""
+    from vllm.platforms import current_platform
+
+    spec = plan.spec
+    platform = "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
+    user_env = {**os.environ, **spec.env}  # the spec's env was applied already; either way it is the user's
+    defaults: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    args: list[str] = []
+    if platform == "cpu":
+        cpu = runtime.cpu_defaults(
+            user_env,
+            spec.vllm_args,
+            spec.tensor_parallel_size,
+            sorted(os.sched_getaffinity(0)),
+            _cpu_flags(),
+            _mem_available(),
+            plan.dtype,
+        )
+        defaults.update(cpu.env)
+        reasons.update(cpu.reasons)
+        args = cpu.args
+    elif platform == "cuda" and "VLLM_WORKER_MULTIPROC_METHOD" not in user_env:
+        defaults["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        reasons["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn: forked workers can hang on CUDA"
+    version = runtime.parse_version(plan.vllm_version) or (0, 0, 0)
+    choice = runtime.choose_runner(
+        spec.backend,
+        version,
+        platform,
+        plan.architectures,
+        plan.moe,
+        runtime.flag(user_env.get(runtime.RUNNER_ENV)),
+    )
+    defaults.update(choice.set_env)
+    if choice.set_env:
+        reasons[runtime.RUNNER_ENV] = choice.reason
+    os.environ.update(defaults)
+    signals.emit(
+        "engine_config",
+        source="eaglewatch",
+        platform=platform,
+        vllm=plan.vllm_version,
+        model_runner=choice.runner,
+        runner_reason=choice.reason,
+        cuda_graphs=eager_reason(spec.backend, platform, spec.vllm_args) is None,
+        defaults={**defaults, **({"vllm_args": args} if args else {})},
+        reasons=reasons,
+    )
+    for key, why in reasons.items():
+        signals.say(f"default {key}: {why}")
+    signals.say(f"model runner {choice.runner}: {choice.reason}")
+    if plan.version_note:
+        signals.emit("warning", source="eaglewatch", message=plan.version_note)
+    return args
+
+
+def eager_reason(backend: str, platform: str, vllm_args: list[str]) -> str | None:
+    """Why the engine runs eager (no torch.compile, no CUDA graphs), or None when graphs stay on."""
+    if backend == "worker-extension":
+        return "the worker extension's Python hooks run only in eager mode"
+    if platform != "cuda":
+        return f"no CUDA graphs on {platform}"
+    if runtime.has_arg(vllm_args, "--enforce-eager"):
+        return "--enforce-eager (your setting)"
+    return None
+
+
 def one_result(results: Any) -> Any:
     """collective_rpc gives a list (one entry per worker) or one value (unique reply rank): rank 0's."""
     if isinstance(results, list):
@@ -55,6 +146,7 @@ class Progress:
     tokens: int = 0
     failed_checks: int = 0
     batches: int = 0
+    sp_gathers: int = 0  # captured states that arrived sequence-parallel sharded (all-gathered by us)
     started: float = field(default_factory=time.monotonic)
 
     def restart_clock(self) -> None:
@@ -110,7 +202,8 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     from vllm.inputs import TokensPrompt
 
     spec = plan.spec
-    kwargs = engine_kwargs(str(plan.model_dir), spec.vllm_args)
+    extra = prepare_engine(plan)
+    kwargs = engine_kwargs(str(plan.model_dir), [*spec.vllm_args, *extra])
     longest = max(len(s.token_ids) for s in todo)
     kwargs.setdefault("max_model_len", longest + 1)
     kwargs.update(enforce_eager=True, enable_prefix_caching=False)  # both needed for a complete capture
@@ -129,7 +222,7 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     }
     info = one_result(llm.collective_rpc("eaglewatch_setup", args=(cfg,)))
     manifest.dtype = info["dtype"]
-    configured(plan, info["dtype"], info["layer_class"])
+    configured(plan, info["dtype"], info["layer_class"], model_runner=info.get("model_runner"))
     prog.restart_clock()
     for start in range(0, len(todo), spec.batch_size):
         batch = todo[start : start + spec.batch_size]
@@ -139,6 +232,7 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         ]
         llm.generate(prompts, params, use_tqdm=False)
         drained = one_result(llm.collective_rpc("eaglewatch_drain"))
+        prog.sp_gathers = int(drained.get("gathers", 0))
         got = {r.get("idx") for r in drained["results"]}
         missing = [s.idx for s in batch if s.idx not in got]
         handle_results(drained["results"], plan, manifest, prog)
@@ -147,8 +241,8 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         batch_done(batch, prog)
 
 
-def configured(plan: Plan, dtype: str, layer_class: str) -> None:
-    """The capture_configured milestone."""
+def configured(plan: Plan, dtype: str, layer_class: str, model_runner: str | None = None) -> None:
+    """The capture_configured milestone (model_runner: what the worker found, where it can tell)."""
     spec = plan.spec
     signals.emit(
         "capture_configured",
@@ -158,10 +252,13 @@ def configured(plan: Plan, dtype: str, layer_class: str) -> None:
         dtype=dtype,
         backend=spec.backend,
         layer_class=layer_class,
+        model_runner=model_runner,
+        tensor_parallel_size=spec.tensor_parallel_size,
     )
+    runner = f", model runner {model_runner}" if model_runner else ""
     signals.say(
         f"capturing layers {plan.layer_ids} ({spec.layer_convention} convention) of {layer_class}, "
-        f"hidden {plan.hidden_size}, {dtype}, backend {spec.backend}"
+        f"hidden {plan.hidden_size}, {dtype}, backend {spec.backend}{runner}, TP={spec.tensor_parallel_size}"
     )
 
 

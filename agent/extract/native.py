@@ -16,12 +16,20 @@ from agent.extract.engine import (
     configured,
     engine_kwargs,
     handle_results,
+    prepare_engine,
 )
 from agent.extract.preflight import Plan
 from agent.extract.writer import Manifest, sample_path, write_sample
 
 CONNECTOR = "EagleWatchHiddenStatesConnector"
 CONNECTOR_MODULE = "agent.extract.native_connector"
+
+
+def torch_cuda() -> bool:
+    """Whether vLLM runs on a CUDA device here."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cuda())
 
 
 def native_layer_ids(layer_ids: list[int], convention: str) -> list[int]:
@@ -85,9 +93,12 @@ def run_native(plan: Plan, todo: list[Sample], manifest: Manifest, prog: Progres
     spec = plan.spec
     out = Path(spec.output_dir or ".")
     staging = tempfile.mkdtemp(prefix=".staging-", dir=out)
-    kwargs = engine_kwargs(str(plan.model_dir), spec.vllm_args)
+    extra = prepare_engine(plan)
+    kwargs = engine_kwargs(str(plan.model_dir), [*spec.vllm_args, *extra])
     kwargs.setdefault("max_model_len", max(len(s.token_ids) for s in todo) + 1)
-    kwargs.update(enforce_eager=True, enable_prefix_caching=False)
+    kwargs["enable_prefix_caching"] = False  # cached tokens would never reach the aux layers
+    if not torch_cuda():
+        kwargs["enforce_eager"] = True  # no CUDA graphs off the GPU; CPU compilation only costs start time
     llm = LLM(
         model=str(plan.model_dir),
         tensor_parallel_size=spec.tensor_parallel_size,

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from agent.extract import runtime
 from agent.spec import RunSpec, eagle3_default_layers, parse_spec
 
 
@@ -29,6 +31,9 @@ class Plan:
     dtype: str
     layer_ids: list[int]
     vllm_version: str
+    architectures: list[str] = field(default_factory=list)
+    moe: bool = False
+    version_note: str | None = None  # a warning for a vLLM inside the checked range that was not tested
 
 
 def load_spec(path: str) -> RunSpec:
@@ -157,10 +162,17 @@ def preflight(spec: RunSpec) -> Plan:
     reason = backend_support().get(spec.backend)
     if reason is not None:
         raise SpecError(f"backend {spec.backend!r} is not supported here: {reason}")
+    version = vllm_version() or "none"
+    try:
+        note = runtime.check_version(version, {**os.environ, **spec.env})
+        runtime.flag({**os.environ, **spec.env}.get(runtime.RUNNER_ENV))
+    except ValueError as e:
+        raise SpecError(str(e)) from None
     out = Path(spec.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise SpecError(f"cannot create output_dir {out}: {e.strerror}") from None
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-    return Plan(spec, model_dir, n, hidden, dtype, layer_ids, vllm_version() or "none")
+    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+    return Plan(spec, model_dir, n, hidden, dtype, layer_ids, version, archs, runtime.is_moe(cfg), note)

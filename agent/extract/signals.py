@@ -9,6 +9,8 @@ from typing import Any, TextIO
 PREFIX = "EAGLEWATCH "
 KINDS = frozenset(
     {
+        "engine_config",
+        "warning",
         "capture_configured",
         "batch_captured",
         "shape_check_passed",

@@ -3,7 +3,9 @@
 Loaded by vLLM through `worker_extension_cls="agent.extract.worker_ext.EagleWatchCapture"`; vLLM appends
 the class to the worker's bases, so its methods are reachable with `collective_rpc("eaglewatch_...")`.
 Tensors never cross the RPC boundary: the worker writes hs_{idx}.safetensors itself and returns small
-dicts. Token attribution is per scheduler step, by request id, from the runner's batch order.
+dicts. Token attribution is per scheduler step, by request id, from the runner's batch order: the V1
+runner keeps a persistent `input_batch` whose `req_ids` give it; the V2 runner (default from vLLM 0.25)
+builds a fresh `InputBatch` per step in `prepare_inputs`, sorted its own way, so its order is read there.
 """
 
 from __future__ import annotations
@@ -48,6 +50,32 @@ def plan_hooks(layer_ids: list[int], convention: str, n: int) -> list[tuple[int,
     return plan
 
 
+def runner_kind(runner: Any) -> str:
+    """'v1' or 'v2' by what the model runner exposes for token attribution; RuntimeError if neither."""
+    if hasattr(runner, "input_batch") and hasattr(runner.input_batch, "req_ids"):
+        return "v1"
+    if callable(getattr(runner, "prepare_inputs", None)) and hasattr(runner, "req_states"):
+        if getattr(runner, "pcp_manager", None) is not None:
+            raise RuntimeError("prefill context parallelism splits a step's tokens across ranks: unsupported")
+        return "v2"
+    raise RuntimeError(
+        f"{type(runner).__module__}.{type(runner).__name__} has neither a V1 input_batch nor a V2 "
+        "prepare_inputs: this vLLM model runner is unsupported (set VLLM_USE_V2_MODEL_RUNNER=0 to try V1)"
+    )
+
+
+class _Step:
+    """One scheduler step in flight: its output, request start positions, captured slots, batch order."""
+
+    __slots__ = ("caps", "order", "so", "starts")
+
+    def __init__(self, so: Any, starts: dict[str, int], nslots: int) -> None:
+        self.so = so
+        self.starts = starts
+        self.caps: list[torch.Tensor | None] = [None] * nslots
+        self.order: list[str] | None = None
+
+
 class EagleWatchCapture:
     """Mixin added to vLLM's worker class; public methods are RPC entry points (prefixed: no clashes)."""
 
@@ -56,10 +84,7 @@ class EagleWatchCapture:
         from vllm.distributed import parallel_state as ps
 
         runner: Any = self.model_runner  # type: ignore[attr-defined]
-        if not hasattr(runner, "input_batch"):
-            raise RuntimeError(
-                f"{type(runner).__name__} has no input_batch: this vLLM model runner is unsupported"
-            )
+        kind = runner_kind(runner)
         if ps.get_pp_group().world_size > 1:
             raise RuntimeError("pipeline parallelism is not supported by the worker-extension backend")
         model = runner.get_model()
@@ -67,12 +92,8 @@ class EagleWatchCapture:
         n = int(text_cfg.num_hidden_layers)
         path, layers = find_decoder_layers(model, n)
         tp_rank = ps.get_tp_group().rank_in_group
-        self._ew_rank0 = tp_rank == 0
-        self._ew_tokens = 0
-        self._ew_active: Any = None  # the step being run: (scheduler_output, caps) or None
-        self._ew_nslots = len(cfg["layer_ids"])
         hidden = int(text_cfg.hidden_size)
-        self._ew_sink = (
+        sink = (
             CaptureSink(
                 SinkConfig(
                     cfg["output_dir"],
@@ -82,10 +103,10 @@ class EagleWatchCapture:
                     stop_on_failure=bool(cfg.get("stop_on_failure")),
                 )
             )
-            if self._ew_rank0
+            if tp_rank == 0
             else None
         )
-        self._ew_copier = None
+        self._ew_init(kind, len(cfg["layer_ids"]), sink)
         device = getattr(runner, "device", torch.device("cpu"))
         if self._ew_rank0 and torch.device(device).type == "cuda":
             from agent.extract.gpu_copy import PinnedCopier
@@ -95,11 +116,39 @@ class EagleWatchCapture:
             elt = torch.empty((), dtype=self.vllm_config.model_config.dtype).element_size()  # type: ignore[attr-defined]
             step_bytes = int(sched.max_num_batched_tokens) * (len(cfg["layer_ids"]) * hidden * elt + 64)
             self._ew_copier.reserve(step_bytes)
-        for li, kind, slot in plan_hooks(cfg["layer_ids"], cfg["convention"], n):
-            if kind == "pre":
+        for li, where, slot in plan_hooks(cfg["layer_ids"], cfg["convention"], n):
+            if where == "pre":
                 layers[li].register_forward_pre_hook(functools.partial(self._ew_pre, slot), with_kwargs=True)
             else:
                 layers[li].register_forward_hook(functools.partial(self._ew_post, slot))
+        self._ew_wrap_runner(runner, kind)
+        if not self._ew_rank0:
+            return None
+        return {
+            "rank": tp_rank,
+            "layers_path": path,
+            "layer_class": type(layers[0]).__name__,
+            "num_hidden_layers": n,
+            "hidden_size": hidden,
+            "dtype": str(self.vllm_config.model_config.dtype).removeprefix("torch."),  # type: ignore[attr-defined]
+            "device": str(device),
+            "model_runner": kind,
+            "runner_class": f"{type(runner).__module__}.{type(runner).__name__}",
+        }
+
+    def _ew_init(self, kind: str, nslots: int, sink: CaptureSink | None) -> None:
+        """Per-worker capture state; only TP rank 0 holds a sink (one writer)."""
+        self._ew_rank0 = sink is not None
+        self._ew_sink = sink
+        self._ew_runner = kind
+        self._ew_nslots = nslots
+        self._ew_tokens = 0
+        self._ew_gathers = 0  # steps whose states came sequence-parallel sharded and were all-gathered
+        self._ew_active: _Step | None = None  # the step being run; None outside real steps
+        self._ew_copier: Any = None
+
+    def _ew_wrap_runner(self, runner: Any, kind: str) -> None:
+        """Bracket each execute_model call as one step; on V2, read the batch order prepare_inputs made."""
         orig = runner.execute_model
 
         @functools.wraps(orig)
@@ -111,24 +160,30 @@ class EagleWatchCapture:
                 self._ew_end()
 
         runner.execute_model = execute_model
-        if not self._ew_rank0:
-            return None
-        return {
-            "rank": tp_rank,
-            "layers_path": path,
-            "layer_class": type(layers[0]).__name__,
-            "num_hidden_layers": n,
-            "hidden_size": hidden,
-            "dtype": str(self.vllm_config.model_config.dtype).removeprefix("torch."),  # type: ignore[attr-defined]
-            "device": str(device),
-        }
+        if kind != "v2":
+            return
+        prepare = runner.prepare_inputs
+
+        @functools.wraps(prepare)
+        def prepare_inputs(*args: Any, **kwargs: Any) -> Any:
+            batch = prepare(*args, **kwargs)
+            if self._ew_active is not None:
+                self._ew_active.order = list(batch.req_ids)
+            return batch
+
+        runner.prepare_inputs = prepare_inputs
 
     def eaglewatch_drain(self) -> dict[str, Any] | None:
         """Wait for the writer; return finished samples (small dicts) and the pending count. Rank 0 only."""
         if self._ew_sink is None:
             return None
         results = self._ew_sink.drain()
-        return {"results": results, "pending": self._ew_sink.pending(), "tokens": self._ew_tokens}
+        return {
+            "results": results,
+            "pending": self._ew_sink.pending(),
+            "tokens": self._ew_tokens,
+            "gathers": self._ew_gathers,
+        }
 
     # -- per step -------------------------------------------------------------------------------------
     def _ew_begin(self, so: Any) -> None:
@@ -144,23 +199,23 @@ class EagleWatchCapture:
         cached = so.scheduled_cached_reqs
         for rid, done in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
             starts[rid] = done
-        self._ew_active = (so, starts, [None] * self._ew_nslots, [None])
+        self._ew_active = _Step(so, starts, self._ew_nslots)
 
     def _ew_record(self, slot: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
-        active = self._ew_active
-        if active is None:
+        step = self._ew_active
+        if step is None:
             return  # dummy / profile runs
-        so, _, caps, order = active
-        total = so.total_num_scheduled_tokens
-        if order[0] is None:  # the batch order is final once the forward runs
-            order[0] = [r for r in self.model_runner.input_batch.req_ids if r is not None]  # type: ignore[attr-defined]
+        total = step.so.total_num_scheduled_tokens
+        if step.order is None and self._ew_runner == "v1":  # the batch order is final once the forward runs
+            step.order = [r for r in self.model_runner.input_batch.req_ids if r is not None]  # type: ignore[attr-defined]
         state = hidden.clone() if residual is None else hidden + residual  # copy: later norms work in place
         if state.shape[0] < total:  # sequence-parallel shard: every rank must join the gather
             from vllm.distributed import tensor_model_parallel_all_gather
 
             state = tensor_model_parallel_all_gather(state, 0)
+            self._ew_gathers += 1
         if self._ew_rank0:
-            caps[slot] = state[:total]
+            step.caps[slot] = state[:total]
 
     def _ew_pre(self, slot: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         hidden = args[1] if len(args) > 1 else kwargs["hidden_states"]
@@ -172,18 +227,17 @@ class EagleWatchCapture:
         self._ew_record(slot, hidden, residual)
 
     def _ew_end(self) -> None:
-        active, self._ew_active = self._ew_active, None
-        if active is None or self._ew_sink is None:
+        step, self._ew_active = self._ew_active, None
+        if step is None or self._ew_sink is None:
             return
-        so, starts, caps, order = active
-        if order[0] is None or any(c is None for c in caps):
+        if step.order is None or any(c is None for c in step.caps):
             return  # no forward ran in this step (e.g. an empty or failed step)
-        spans = spans_for_step(order[0], dict(so.num_scheduled_tokens), starts)
-        step = torch.stack(caps, dim=1)  # [tokens, L, H], on the model's device
-        flags = token_flags(step)  # finite / non-zero per token, computed where the data is
-        self._ew_tokens += step.shape[0]
+        spans = spans_for_step(step.order, dict(step.so.num_scheduled_tokens), step.starts)
+        rows = torch.stack(step.caps, dim=1)  # type: ignore[arg-type]  # [tokens, L, H] on the model's device
+        flags = token_flags(rows)  # finite / non-zero per token, computed where the data is
+        self._ew_tokens += rows.shape[0]
         if self._ew_copier is not None:
-            (host, host_flags), event, release = self._ew_copier.copy_async(step, flags)
+            (host, host_flags), event, release = self._ew_copier.copy_async(rows, flags)
             self._ew_sink.submit(host, spans, event, release, host_flags)
         else:
-            self._ew_sink.submit(step, spans, flags=flags)
+            self._ew_sink.submit(rows, spans, flags=flags)

