@@ -25,7 +25,10 @@ class AuxCompareCapture(EagleWatchCapture):
         model.set_aux_hidden_state_layers(tuple(cfg["layer_ids"]))
         hidden = int(self.vllm_config.model_config.hf_text_config.hidden_size)  # type: ignore[attr-defined]
         aux_dir = os.environ["EAGLEWATCH_AUX_DIR"]
-        self._aux_sink = CaptureSink(SinkConfig(aux_dir, len(cfg["layer_ids"]), hidden))
+        # like the capture itself, only TP rank 0 writes (aux states are replicated across ranks)
+        self._aux_sink = (
+            CaptureSink(SinkConfig(aux_dir, len(cfg["layer_ids"]), hidden)) if self._ew_rank0 else None
+        )
         self._aux_step: torch.Tensor | None = None
         inner = model.model
         orig = inner.forward
@@ -43,6 +46,8 @@ class AuxCompareCapture(EagleWatchCapture):
     def eaglewatch_drain(self) -> dict[str, Any] | None:
         """Drain both sinks, so the aux files are complete whenever the driver's batch is."""
         out = super().eaglewatch_drain()
+        if self._aux_sink is None:
+            return out
         aux = self._aux_sink.drain()
         errors = [r["error"] for r in aux if "error" in r]
         if errors:
@@ -51,17 +56,18 @@ class AuxCompareCapture(EagleWatchCapture):
 
     def _ew_begin(self, so: Any) -> None:
         super()._ew_begin(so)
+        if self._aux_sink is None:
+            return
         for new in so.scheduled_new_reqs:
             extra = getattr(new.sampling_params, "extra_args", None) or {}
             if IDX_KEY in extra and new.prompt_token_ids is not None:
                 self._aux_sink.register(new.req_id, int(extra[IDX_KEY]), list(new.prompt_token_ids))
 
     def _ew_end(self) -> None:
-        active = self._ew_active
+        step = self._ew_active
         super()._ew_end()
         aux, self._aux_step = self._aux_step, None
-        if active is None or aux is None or active[3][0] is None:
+        if step is None or aux is None or step.order is None or self._aux_sink is None:
             return
-        so, starts, _, order = active
-        spans = spans_for_step(order[0], dict(so.num_scheduled_tokens), starts)
-        self._aux_sink.submit(aux[: so.total_num_scheduled_tokens].clone(), spans)
+        spans = spans_for_step(step.order, dict(step.so.num_scheduled_tokens), step.starts)
+        self._aux_sink.submit(aux[: step.so.total_num_scheduled_tokens].clone(), spans)

