@@ -79,8 +79,18 @@ def _tokenizer(out: Path, vocab_size: int) -> None:
     fast.save_pretrained(str(out))
 
 
-def build(out_dir: str | Path, arch: str, seed: int = 0, dtype: str = "float32") -> Path:
-    """Write config.json, random weights (fixed seed) and a tokenizer into out_dir; returns the path."""
+def build(
+    out_dir: str | Path,
+    arch: str,
+    seed: int = 0,
+    dtype: str = "float32",
+    overrides: dict[str, Any] | None = None,
+) -> Path:
+    """Write config.json, random weights (fixed seed) and a tokenizer into out_dir; returns the path.
+
+    overrides replace config keys, e.g. DeepSeek's real MLA head dims (qk_nope/v 128) that vLLM's GPU MLA
+    prefill kernels require.
+    """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -94,6 +104,7 @@ def build(out_dir: str | Path, arch: str, seed: int = 0, dtype: str = "float32")
             "eos_token_id": 2,
             "pad_token_id": 3,
             "torch_dtype": dtype,
+            **(overrides or {}),
         }
     )
     model_type = base.pop("model_type")

@@ -18,6 +18,7 @@ from torch import nn
 
 from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
 from agent.extract.checks import token_flags
+from agent.extract.gpu_copy import PinnedCopier
 
 IDX_KEY = "eaglewatch_idx"
 
@@ -79,6 +80,17 @@ class _Step:
 class EagleWatchCapture:
     """Mixin added to vLLM's worker class; public methods are RPC entry points (prefixed: no clashes)."""
 
+    def _ew_init(self, kind: str, nslots: int, sink: CaptureSink | None) -> None:
+        """Per-worker capture state; only TP rank 0 holds a sink (one writer)."""
+        self._ew_rank0 = sink is not None
+        self._ew_sink = sink
+        self._ew_runner = kind
+        self._ew_nslots = nslots
+        self._ew_tokens = 0
+        self._ew_gathers = 0  # steps whose states came sequence-parallel sharded and were all-gathered
+        self._ew_active: _Step | None = None  # the step being run; None outside real steps
+        self._ew_copier: PinnedCopier | None = None
+
     def eaglewatch_setup(self, cfg: dict[str, Any]) -> dict[str, Any] | None:
         """Install the hooks; cfg: layer_ids, convention, output_dir, fault, stop_on_failure."""
         from vllm.distributed import parallel_state as ps
@@ -109,8 +121,6 @@ class EagleWatchCapture:
         self._ew_init(kind, len(cfg["layer_ids"]), sink)
         device = getattr(runner, "device", torch.device("cpu"))
         if self._ew_rank0 and torch.device(device).type == "cuda":
-            from agent.extract.gpu_copy import PinnedCopier
-
             self._ew_copier = PinnedCopier(torch.device(device))
             sched = self.vllm_config.scheduler_config  # type: ignore[attr-defined]
             elt = torch.empty((), dtype=self.vllm_config.model_config.dtype).element_size()  # type: ignore[attr-defined]
@@ -135,17 +145,6 @@ class EagleWatchCapture:
             "model_runner": kind,
             "runner_class": f"{type(runner).__module__}.{type(runner).__name__}",
         }
-
-    def _ew_init(self, kind: str, nslots: int, sink: CaptureSink | None) -> None:
-        """Per-worker capture state; only TP rank 0 holds a sink (one writer)."""
-        self._ew_rank0 = sink is not None
-        self._ew_sink = sink
-        self._ew_runner = kind
-        self._ew_nslots = nslots
-        self._ew_tokens = 0
-        self._ew_gathers = 0  # steps whose states came sequence-parallel sharded and were all-gathered
-        self._ew_active: _Step | None = None  # the step being run; None outside real steps
-        self._ew_copier: Any = None
 
     def _ew_wrap_runner(self, runner: Any, kind: str) -> None:
         """Bracket each execute_model call as one step; on V2, read the batch order prepare_inputs made."""

@@ -1,0 +1,259 @@
+"""GPU phase `overhead` (imported by run_gpu.py on the H200): capture cost on a Llama-3.1-8B-shaped model,
+and a real extraction launched and stopped through the agent daemon.
+
+The 8B model has its real config and random weights from vLLM's dummy loader (`--load-format dummy`), so
+nothing is downloaded or written; plain vLLM prefill and the capture run the same prompts in the same
+batches, each in a fresh engine process, one after another on an otherwise idle GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+PROMPTS, TOKENS, BATCH = 512, 1024, 64
+ARGS = ["--load-format", "dummy", "--dtype", "bfloat16", "--gpu-memory-utilization", "0.85"]
+PLAIN = """
+import json, sys, time
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+model, data, eager, batch = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+rows = [json.loads(x)["token_ids"] for x in open(data)]
+llm = LLM(model=model, load_format="dummy", dtype="bfloat16", gpu_memory_utilization=0.85,
+          enable_prefix_caching=False, max_model_len=len(rows[0]) + 1, enforce_eager=eager)
+params = SamplingParams(max_tokens=1, temperature=0.0)
+t0 = time.monotonic()
+for i in range(0, len(rows), batch):
+    llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows[i:i + batch]], params, use_tqdm=False)
+secs = time.monotonic() - t0
+print("PLAIN " + json.dumps({"tokens_per_s": sum(map(len, rows)) / secs, "seconds": secs}), flush=True)
+"""
+
+
+def model_dir(work: Path) -> Path:
+    """config.json of Llama-3.1-8B's shape plus a small tokenizer (ids are given, never tokenised)."""
+    from agent.extract.tinymodel import build
+
+    out = work / "llama-8b"
+    if not (out / "config.json").exists():
+        tiny = build(work / "llama-tok", "llama", seed=1)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (tiny / name).exists():
+                shutil.copy(tiny / name, out / name)
+        (out / "config.json").write_text(json.dumps(LLAMA_8B, indent=1))
+    return out
+
+
+def plain(work: Path, data: Path, eager: bool, env: dict[str, str], logs: Path) -> float:
+    """Tokens/s of plain vLLM prefill (max_tokens=1) of the dataset, in batches like the job's."""
+    log = logs / f"plain-8b-{'eager' if eager else 'graphs'}.log"
+    with log.open("w") as fh:
+        subprocess.run(
+            [sys.executable, "-c", PLAIN, str(model_dir(work)), str(data), "1" if eager else "0", str(BATCH)],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            timeout=400,
+            check=False,
+        )
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("PLAIN "):
+            return float(json.loads(line[6:])["tokens_per_s"])
+    raise RuntimeError(f"plain prefill failed; see {log.name}")
+
+
+def overhead(
+    work: Path, logs: Path, version: str, env_for: Callable[..., dict[str, str]]
+) -> list[dict[str, Any]]:
+    """Plain eager / plain graphs / worker-extension / vllm-native on the 8B shape; then the agent run."""
+    from tests.gpu.run_gpu import make_data, milestones, run_job
+
+    data = work / "8b.jsonl"
+    make_data(data, [TOKENS] * PROMPTS, 128000, 5)
+    env = env_for({"CUDA_VISIBLE_DEVICES": "0"})
+    base = {"eager": plain(work, data, True, env, logs), "graphs": plain(work, data, False, env, logs)}
+    print(f"plain prefill tokens/s: {base}", flush=True)
+    records = []
+    for backend, graphs in (("worker-extension", False), ("vllm-native", True)):
+        tag = f"llama-8b-{backend}"
+        out = work / "out" / tag
+        spec = {
+            "name": tag,
+            "backend": backend,
+            "model": str(model_dir(work)),
+            "dataset": str(data),
+            "output_dir": str(out),
+            "batch_size": BATCH,
+            "vllm_args": ARGS + ([] if graphs else ["--enforce-eager"]),
+        }
+        res = run_job(tag, spec, {"CUDA_VISIBLE_DEVICES": "0"}, logs)
+        prog = [e for e in res["events"] if e["kind"] == "progress"]
+        tps = float(prog[-1]["tokens_per_s"]) if prog and res["rc"] == 0 else None
+        files = len(list(out.glob("hs_*.safetensors")))
+        size = sum(p.stat().st_size for p in out.glob("hs_*.safetensors"))
+        shutil.rmtree(out, ignore_errors=True)  # 17 GB each: the disk must hold the next run
+        same = base["eager" if not graphs else "graphs"]
+        ms = milestones(res["log"], 1)
+        records.append(
+            {
+                "gpu": "H200",
+                "gpus": 1,
+                "tp": 1,
+                "model": "llama-8b",
+                "backend": backend,
+                "vllm": version,
+                "cuda_graphs": graphs,
+                "files": files,
+                "max_rel_err": None,
+                "tp1_max_abs_diff": None,
+                "overhead_ratio": round(tps / same, 4) if tps else None,
+                "ok": res["rc"] == 0 and files == PROMPTS,
+                "note": (
+                    f"capture {tps} tok/s vs plain {'graphs' if graphs else 'eager'} {same:.0f} tok/s "
+                    f"(plain eager {base['eager']:.0f}, plain graphs {base['graphs']:.0f}); "
+                    f"{PROMPTS} prompts x {TOKENS} tokens, batches of {BATCH}, {size / 1e9:.1f} GB written; "
+                    f"dummy weights, no HF reference; milestones {ms['kinds']}; {res['seconds']} s"
+                ),
+            }
+        )
+        print(json.dumps(records[-1]), flush=True)
+    records.append(agent_stop(work, data, version, env_for, logs))
+    print(json.dumps(records[-1]), flush=True)
+    return records
+
+
+def _used_mib() -> list[int]:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [int(x) for x in out.split()]
+
+
+def _call(fh: Any, rid: int, op: str, **args: Any) -> dict[str, Any]:
+    fh.write(json.dumps({"id": rid, "op": op, **args}).encode() + b"\n")
+    fh.flush()
+    while True:
+        msg = json.loads(fh.readline())
+        if msg.get("id") == rid and msg.get("type") in ("reply", "error"):
+            return dict(msg)
+
+
+def agent_stop(
+    work: Path, data: Path, version: str, env_for: Callable[..., dict[str, str]], logs: Path
+) -> dict[str, Any]:
+    """Launch the 8B capture at TP=2 through the real daemon, watch its journal, stop it, check the GPUs."""
+    state = work / "agent-state"
+    shutil.rmtree(state, ignore_errors=True)
+    baseline = _used_mib()
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "agent", "daemon", "--state-dir", str(state)],
+        cwd=ROOT,
+        env=env_for(),
+        stdout=subprocess.DEVNULL,
+        stderr=(logs / "daemon.stderr").open("wb"),
+        start_new_session=True,
+    )
+    note, ok, kinds, ranks, found = "", False, [], None, []
+    try:
+        for _ in range(100):
+            if (state / "agent.sock").exists():
+                break
+            time.sleep(0.2)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(state / "agent.sock"))
+        fh = sock.makefile("rwb")
+        fh.readline()  # hello
+        spec = {
+            "name": "stop-8b",
+            "host": "h200",
+            "backend": "worker-extension",
+            "model": str(model_dir(work)),
+            "dataset": str(data),
+            "output_dir": str(work / "out" / "stop-8b"),
+            "tensor_parallel_size": 2,
+            "batch_size": BATCH,
+            "vllm_args": ARGS,
+        }
+        launched = _call(fh, 1, "launch", run="stop-8b", spec=spec)
+        journal = state / "runs" / "stop-8b" / "events.jsonl"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            events = [json.loads(x) for x in journal.read_text().splitlines()] if journal.exists() else []
+            found = [e for e in events if e.get("type") == "milestone"]
+            kinds = sorted({e.get("kind") for e in found if e.get("kind")})
+            if "batch_captured" in kinds or "failed" in kinds:
+                break
+            time.sleep(1)
+        injected = [e for e in found if e.get("kind") == "extension_injected"]
+        ranks = (injected[0].get("fields") or {}).get("ranks") if injected else None
+        held = _used_mib()
+        stop = _call(fh, 2, "stop", run="stop-8b", grace_s=10)
+        result = stop.get("result") or {}
+        time.sleep(3)
+        after = _used_mib()
+        freed = all(a < b + 1024 for a, b in zip(after, baseline, strict=True))
+        ok = bool(launched.get("ok")) and "batch_captured" in kinds and ranks == [0, 1]
+        ok = ok and result.get("gpu_released") is True and freed and result.get("confirmed") is True
+        note = (
+            f"launched through the agent daemon; journal milestones {kinds}; injected ranks {ranks}; "
+            f"stopped after the first batch: gpu_released={result.get('gpu_released')}, "
+            f"confirmed={result.get('confirmed')}; nvidia-smi MiB used {baseline} at start, {held} while "
+            f"running, {after} after stop"
+        )
+        _call(fh, 3, "shutdown")
+    except Exception as e:  # the record says what broke; the phase goes on to write its files
+        note = f"agent stop check broke: {type(e).__name__}: {e}; journal kinds {kinds}"
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+        for f in (state / "runs" / "stop-8b").glob("*"):
+            if f.is_file() and f.stat().st_size < 20 << 20:
+                shutil.copy(f, logs / f"stop-8b-{f.name}")
+        shutil.rmtree(work / "out" / "stop-8b", ignore_errors=True)
+    return {
+        "gpu": "H200",
+        "gpus": 2,
+        "tp": 2,
+        "model": "llama-8b",
+        "backend": "worker-extension",
+        "vllm": version,
+        "cuda_graphs": False,
+        "files": None,
+        "max_rel_err": None,
+        "tp1_max_abs_diff": None,
+        "overhead_ratio": None,
+        "ok": ok,
+        "note": note,
+    }
