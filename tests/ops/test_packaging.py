@@ -106,7 +106,7 @@ def test_wheel_declares_both_console_scripts(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         [entry] = [n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt")]
         text = zf.read(entry).decode()
-    assert "eaglewatch = controller.cli:main" in text
+    assert "eaglewatch = web.cli:main" in text
     assert "eaglewatch-agent = agent.cli:main" in text
 
 
