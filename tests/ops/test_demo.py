@@ -185,7 +185,9 @@ def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path) -> None:
             assert created.status_code == 201, created.text
             run = created.json()["id"]
         detail = wait_run(demo, run, lambda d: "shape_check_failed" in kinds(d) and d.get("alerts"), 600)
-        assert any("layer" in str(p).lower() for p in detail.get("problems", [])) or detail["alerts"]
+        codes = {p["code"] for p in detail["problems"]}
+        assert "layer_count_mismatch" in codes, detail["problems"]  # the dropped layer, found by the agent
+        assert "shape_check_failed" in {a["rule"] for a in detail["alerts"]}, detail["alerts"]
         # The page's saved "broken" template, as the New-run form turns it into a spec.
         from web.forms import check_form
         from web.run_templates import TemplateStore
