@@ -263,3 +263,14 @@ def feed_since(
     if len(events) < limit:
         flush_logs(max_log)
     return out
+
+
+def due_outbox(conn: sqlite3.Connection, now: float) -> list[dict[str, Any]]:
+    """Outbox rows due for delivery (not done, alert not muted), with their alert's rule and text."""
+    rows = conn.execute(
+        "SELECT o.id, o.alert_id, o.attempts, a.rule, a.severity, a.message FROM outbox o"
+        " JOIN alerts a ON a.id = o.alert_id WHERE o.done=0 AND a.muted=0 AND o.next_attempt_at <= ?"
+        " ORDER BY o.id LIMIT 100",
+        (now,),
+    )
+    return [dict(r) for r in rows]
