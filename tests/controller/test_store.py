@@ -15,7 +15,7 @@ from controller import crud, queries
 from controller.alerts import AlertPolicy
 from controller.bus import Bus, BusEvent, parse_cursor
 from controller.lifecycle import RunEvent
-from controller.store import Store, Tx
+from controller.store import Store, Tx, connect
 
 QUIET = AlertPolicy(cooldown_s=0, deliver=False)
 
@@ -153,6 +153,21 @@ async def test_failing_write_is_isolated(store: Store) -> None:
     with pytest.raises(RuntimeError, match="boom"):
         await failing
     assert (await store.read(queries.run_row, "r-1"))["name"] == "run"
+
+
+async def test_the_feed_reads_events_and_log_lines_from_one_snapshot(store: Store) -> None:
+    """A write committed between the feed's two SELECTs must not show in the second one."""
+    await store.write(_run)
+    conn = connect(store.path)
+    try:
+        with queries._snapshot(conn):
+            seen = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+            await store.write(partial(crud.add_log_lines, run_id="r-1", lines=[[0, "late"]], next_offset=5))
+            assert conn.execute("SELECT count(*) FROM log_lines").fetchone()[0] == 0
+            assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == seen
+        assert conn.execute("SELECT count(*) FROM log_lines").fetchone()[0] == 1
+    finally:
+        conn.close()
 
 
 async def test_feed_since_replays_what_the_bus_published(store: Store) -> None:

@@ -185,8 +185,8 @@ def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path) -> None:
             assert created.status_code == 201, created.text
             run = created.json()["id"]
         detail = wait_run(demo, run, lambda d: "shape_check_failed" in kinds(d) and d.get("alerts"), 600)
-        codes = {p["code"] for p in detail["problems"]}
-        assert "layer_count_mismatch" in codes, detail["problems"]  # the dropped layer, found by the agent
+        failed = [m["fields"] for m in detail["milestones"] if m["kind"] == "shape_check_failed"]
+        assert any(f.get("code") == "layer_count_mismatch" for f in failed), failed  # the dropped layer
         assert "shape_check_failed" in {a["rule"] for a in detail["alerts"]}, detail["alerts"]
         # The page's saved "broken" template, as the New-run form turns it into a spec.
         from web.forms import check_form
