@@ -2,8 +2,9 @@
 
 The store runs each function in its own savepoint and publishes the BusEvents it queued (``tx.events``)
 only after commit.  What to write for journal and lifecycle events is decided by the pure ingest.py; the
-functions here carry its plans out.  INSERTs are compiled once from the SQLModel tables (models.py), so a
-column named here that the schema lacks fails loudly.  Reads live in queries.py.
+functions here carry its plans out.  INSERTs are compiled (once per column set) from the SQLModel tables
+of models.py, so a column the schema lacks fails loudly; rare rows are built as table models, with their
+defaults.  Reads live in queries.py.
 """
 
 from __future__ import annotations
@@ -26,31 +27,31 @@ from controller.lifecycle import RunEvent
 from controller.models import Alert, Event, Host, HostCreate, LogLine, Milestone, Outbox, Problem, Run
 from controller.store import FEED_KINDS, Tx
 
+#: Columns of the rows written once per journal event or log line, in their tables' order.
+EVENT_COLUMNS = ("run_id", "seq", "kind", "at", "data_json", "log_mark")
+LOG_LINE_COLUMNS = ("run_id", "offset", "text")
+MILESTONE_COLUMNS = ("run_id", "seq", "kind", "at", "line", "rank", "fields_json", "text")
+PROBLEM_COLUMNS = ("run_id", "seq", "idx", "code", "file", "message", "at")
+
 
 @cache
-def _insert_sql(model: type[SQLModel], or_ignore: bool) -> tuple[str, tuple[str, ...]]:
-    """The INSERT of a table model, compiled from its SQLModel table: the SQL and its parameters' order."""
-    stmt = insert(model.__table__)  # type: ignore[attr-defined]
-    if or_ignore:
-        stmt = stmt.prefix_with("OR IGNORE")
-    compiled = stmt.compile(dialect=sqlite.dialect())
-    return str(compiled), tuple(compiled.positiontup or ())
+def _insert_sql(model: type[SQLModel], columns: tuple[str, ...], or_ignore: bool) -> str:
+    """INSERT of these columns (in the table's order) of a table model, compiled from its SQLModel table."""
+    table = model.__table__  # type: ignore[attr-defined]
+    order = tuple(col.name for col in table.columns if col.name in columns)
+    if order != columns:
+        unknown = sorted(set(columns) - set(order))
+        raise KeyError(f"{model.__name__}: no column(s) {unknown}" if unknown else f"{columns} != {order}")
+    stmt = insert(table).prefix_with("OR IGNORE") if or_ignore else insert(table)
+    return str(stmt.compile(dialect=sqlite.dialect(), column_keys=list(columns)))
 
 
-def _params(model: type[SQLModel], or_ignore: bool, values: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
-    sql, names = _insert_sql(model, or_ignore)
-    unknown = values.keys() - set(names)
-    if unknown:
-        raise KeyError(f"{model.__name__} has no column(s) {sorted(unknown)}")
-    return sql, names
-
-
-def _insert(
-    tx: Tx, model: type[SQLModel], values: dict[str, Any], *, or_ignore: bool = False
-) -> sqlite3.Cursor:
-    """Insert one row of ``model``'s table; columns left out are NULL."""
-    sql, names = _params(model, or_ignore, values)
-    return tx.conn.execute(sql, [values.get(n) for n in names])
+def _insert(tx: Tx, row: SQLModel) -> sqlite3.Cursor:
+    """Insert one table-model row, its defaults included (None columns are left to the table)."""
+    values = row.model_dump()
+    table = type(row).__table__  # type: ignore[attr-defined]
+    columns = tuple(col.name for col in table.columns if values.get(col.name) is not None)
+    return tx.conn.execute(_insert_sql(type(row), columns, False), tuple(values[c] for c in columns))
 
 
 # ----------------------------------------------------------------------------------------------- the feed
@@ -60,8 +61,9 @@ def add_event(
     *, tx: Tx, run_id: str | None, seq: int | None, kind: str, data: dict[str, Any], at: float
 ) -> bool:
     """Insert an event (ignored when (run, seq) exists); FEED_KINDS are published after commit."""
-    values = {"run_id": run_id, "seq": seq, "kind": kind, "at": at, "data_json": json.dumps(data)}
-    cur = _insert(tx, Event, {**values, "log_mark": tx.last_log_id}, or_ignore=True)
+    cur = tx.conn.execute(
+        _insert_sql(Event, EVENT_COLUMNS, True), (run_id, seq, kind, at, json.dumps(data), tx.last_log_id)
+    )
     if cur.rowcount == 0:
         return False
     tx.last_event_id = int(cur.lastrowid or 0)
@@ -73,13 +75,12 @@ def add_event(
 def add_log_lines(*, tx: Tx, run_id: str, lines: list[list[Any]], next_offset: int | None) -> int:
     """Insert log lines idempotently (unique on run + offset), advance the run's log offset."""
     before = tx.last_log_id
-    rows = [{"run_id": run_id, "offset": int(o), "text": str(t)} for o, t in lines]
-    sql, names = _params(LogLine, True, rows[0] if rows else {})
+    rows = [(run_id, int(o), str(t)) for o, t in lines]
     changes = tx.conn.total_changes
-    tx.conn.executemany(sql, [[r.get(n) for n in names] for r in rows])
+    tx.conn.executemany(_insert_sql(LogLine, LOG_LINE_COLUMNS, True), rows)
     if tx.conn.total_changes - changes == len(rows):
         # All new (the usual case): we hold the write lock, so their ids are before+1 … before+n.
-        new = [{"offset": r["offset"], "text": r["text"]} for r in rows]
+        new = [{"offset": r[1], "text": r[2]} for r in rows]
     else:
         got = tx.conn.execute(
             "SELECT offset, text FROM log_lines WHERE id > ? AND run_id = ? ORDER BY id", (before, run_id)
@@ -125,7 +126,7 @@ def insert_run(
     run = Run(
         id=run_id, name=name, host=host, backend=backend, model=model, spec_json=spec_json, created_at=tx.now
     )
-    _insert(tx, Run, run.model_dump())
+    _insert(tx, run)
     publish_run(tx=tx, run_id=run_id)
 
 
@@ -197,20 +198,14 @@ def _apply(tx: Tx, run: dict[str, Any], effect: ingest.Effect, policy: AlertPoli
         case ingest.Record(seq, kind, data, at):
             add_event(tx=tx, run_id=run_id, seq=seq, kind=kind, data=data, at=at)
         case ingest.StoreMilestone(seq, kind, at, line, rank, fields, text):
-            values = {"run_id": run_id, "seq": seq, "kind": kind, "at": at, "line": line, "rank": rank}
-            _insert(
-                tx, Milestone, {**values, "fields_json": json.dumps(fields), "text": text}, or_ignore=True
+            tx.conn.execute(
+                _insert_sql(Milestone, MILESTONE_COLUMNS, True),
+                (run_id, seq, kind, at, line, rank, json.dumps(fields), text),
             )
         case ingest.StoreProblem(seq, idx, code, file, message, at):
-            values = {
-                "run_id": run_id,
-                "seq": seq,
-                "idx": idx,
-                "code": code,
-                "file": file,
-                "message": message,
-            }
-            _insert(tx, Problem, {**values, "at": at}, or_ignore=True)
+            tx.conn.execute(
+                _insert_sql(Problem, PROBLEM_COLUMNS, True), (run_id, seq, idx, code, file, message, at)
+            )
         case ingest.SetProgress(fields, at, interval_s):
             tx.conn.execute(
                 "UPDATE runs SET progress_json=?, last_progress_at=?, progress_interval_s=?,"
@@ -232,7 +227,7 @@ def insert_host(*, tx: Tx, host: HostCreate) -> None:
     """A new host; Conflict when the name exists."""
     if tx.conn.execute("SELECT 1 FROM hosts WHERE name=?", (host.name,)).fetchone():
         raise Conflict(f"host {host.name!r} already exists")
-    _insert(tx, Host, Host(**host.model_dump(), created_at=tx.now).model_dump())
+    _insert(tx, Host(**host.model_dump(), created_at=tx.now))
     publish_host(tx=tx, name=host.name)
 
 
@@ -308,9 +303,9 @@ def raise_alert(*, tx: Tx, draft: AlertDraft, policy: AlertPolicy) -> int | None
         created_at=tx.now,
         dedupe_key=draft.dedupe_key,
     )
-    alert_id = int(_insert(tx, Alert, alert.model_dump()).lastrowid or 0)
+    alert_id = int(_insert(tx, alert).lastrowid or 0)
     if policy.deliver:
-        _insert(tx, Outbox, Outbox(alert_id=alert_id, next_attempt_at=tx.now).model_dump())
+        _insert(tx, Outbox(alert_id=alert_id, next_attempt_at=tx.now))
     publish_alert(tx=tx, alert_id=alert_id)
     return alert_id
 
