@@ -16,10 +16,10 @@ from typing import Any
 from agent import __version__
 from agent.paths import default_socket, default_state_dir, valid_run_id
 
-#: Sub-commands owned by other modules: name → (module, function taking argv).  Imported only when used.
+#: Sub-commands implemented in other modules: name → (module, function taking argv).  Imported only when used.
 DELEGATED = {
-    "milestones": ("agent.cmd_milestones", "run"),
-    "check": ("agent.cmd_check", "run"),
+    "milestones": ("agent.milestones.cli", "run"),
+    "check": ("agent.checks.cli", "run"),
     "extract": ("agent.extract.cli", "run_extract"),
     "tiny-model": ("agent.extract.cli", "run_tiny_model"),
 }
@@ -69,7 +69,7 @@ def new_run_id(name: str) -> str:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from agent.connect import ensure_daemon
+    from agent.daemon.bridge import ensure_daemon
     from agent.protocol import decode_message, encode
 
     try:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         import faulthandler
         import signal
 
-        from agent.daemon import run_daemon
+        from agent.daemon.server import run_daemon
 
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` dumps stacks to the log
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return asyncio.run(run_daemon(*_dirs(args)))
     if args.command == "connect":
-        from agent.connect import run_connect
+        from agent.daemon.bridge import run_connect
 
         return run_connect(*_dirs(args))
     return _launch(args)

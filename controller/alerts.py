@@ -1,27 +1,30 @@
-"""Alerts: pure rules (event → AlertDraft), dedupe with a cooldown, and the durable apprise outbox.
+"""Alert rules, pure: events and states in, AlertDrafts out; and the alert policy, held once per process.
 
 Rules: ``shape_check_failed`` (a failed check event or milestone), ``error`` milestones, ``run_failed``,
 ``run_lost``, ``host_key_changed``, ``host_unreachable`` (longer than N minutes), ``stall`` (no progress
-for N× the recent progress interval).  ``raise_alert`` runs inside a store transaction: it drops a draft
-whose (run or host, rule) fired within the cooldown, else stores the alert plus an outbox row.  The
-``OutboxWorker`` delivers due outbox rows through apprise and retries with exponential backoff; rows live in
-SQLite, so an alert raised while the channel (or the controller) was down is delivered later.
+for N× the recent progress interval).  Storing a draft (dedupe within the cooldown, outbox row when
+delivering) is crud.raise_alert; delivery is outbox.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import random
-import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from controller.settings import Settings
-from controller.store import Store, Tx
 
-log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class AlertPolicy:
+    """How raised alerts are kept: the dedupe cooldown and whether they go to the outbox."""
+
+    cooldown_s: float
+    deliver: bool
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AlertPolicy:
+        """The policy of these settings: deliver when any apprise URL is configured."""
+        return cls(cooldown_s=settings.cooldown_s, deliver=bool(settings.apprise_urls))
 
 
 @dataclass(frozen=True)
@@ -121,118 +124,3 @@ def stall(run: dict[str, Any], now: float, factor: float, min_s: float) -> Alert
         run["id"],
         run["host"],
     )
-
-
-def raise_alert(tx: Tx, draft: AlertDraft, *, cooldown_s: float, deliver: bool) -> int | None:
-    """Store ``draft`` unless the same key fired within the cooldown; returns the new alert id."""
-    recent = tx.conn.execute(
-        "SELECT 1 FROM alerts WHERE dedupe_key=? AND created_at > ? LIMIT 1",
-        (draft.dedupe_key, tx.now - cooldown_s),
-    ).fetchone()
-    if recent:
-        return None
-    cur = tx.conn.execute(
-        "INSERT INTO alerts(run_id, host, rule, severity, message, created_at, dedupe_key,"
-        " acked, muted, delivered) VALUES (?,?,?,?,?,?,?,0,0,0)",
-        (draft.run_id, draft.host, draft.rule, draft.severity, draft.message, tx.now, draft.dedupe_key),
-    )
-    alert_id = int(cur.lastrowid or 0)
-    if deliver:
-        tx.conn.execute(
-            "INSERT INTO outbox(alert_id, attempts, next_attempt_at, done) VALUES (?,0,?,0)",
-            (alert_id, tx.now),
-        )
-    tx.alert_changed(alert_id)
-    return alert_id
-
-
-class OutboxWorker:
-    """Delivers due outbox rows through apprise; failures back off exponentially (with jitter)."""
-
-    def __init__(self, settings: Settings, store: Store, poll_s: float = 0.5) -> None:
-        self.settings = settings
-        self.store = store
-        self.poll_s = poll_s
-
-    async def run_forever(self) -> None:
-        """Deliver until cancelled."""
-        while True:
-            try:
-                await self.deliver_due()
-            except Exception:
-                log.exception("outbox: delivery round failed")
-            await asyncio.sleep(self.poll_s)
-
-    async def deliver_due(self) -> int:
-        """One round: try every due row once; returns how many were delivered."""
-        now = time.time()
-        rows = await self.store.read(_due, now)
-        delivered = 0
-        for row in rows:
-            # Claim the row first: another controller process (CLI + serve) may poll the same outbox.
-            claimed = await self.store.write(partial(_claim, outbox_id=row["id"], now=now))
-            if not claimed:
-                continue
-            ok, err = await self._send(row)
-            delivered += ok
-            await self.store.write(partial(self._record, row=row, ok=ok, err=err))
-        return delivered
-
-    async def _send(self, row: dict[str, Any]) -> tuple[bool, str | None]:
-
-        urls = [u.get_secret_value() for u in self.settings.apprise_urls]
-        if not urls:
-            return False, "no apprise_urls configured"
-        ap = _apprise(urls)
-        title = f"eaglewatch [{row['severity']}] {row['rule']}"
-        try:
-            ok = bool(await ap.async_notify(body=row["message"], title=title))
-        except Exception as exc:  # apprise plugins may raise on odd input; keep the row for retry
-            return False, f"{type(exc).__name__}: {exc}"
-        return ok, None if ok else "apprise could not deliver to every URL"
-
-    def _record(self, tx: Tx, row: dict[str, Any], ok: bool, err: str | None) -> None:
-        if ok:
-            tx.conn.execute("UPDATE outbox SET done=1, attempts=attempts+1 WHERE id=?", (row["id"],))
-            tx.conn.execute("UPDATE alerts SET delivered=1 WHERE id=?", (row["alert_id"],))
-            tx.alert_changed(row["alert_id"])
-            return
-        attempts = row["attempts"] + 1
-        delay = min(2.0**attempts, self.settings.outbox_max_backoff_s) * random.uniform(0.5, 1.0)
-        tx.conn.execute(
-            "UPDATE outbox SET attempts=?, next_attempt_at=?, last_error=? WHERE id=?",
-            (attempts, tx.now + delay, err, row["id"]),
-        )
-
-
-def _apprise(urls: list[str]) -> Any:
-    """An Apprise object for ``urls``; apprise (heavy) is imported lazily, and its plugins, loaded on the
-    first ``add``, import stdlib modules deprecated in 3.11 (imghdr): silence that here only."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import apprise
-
-        ap = apprise.Apprise()
-        for url in urls:
-            ap.add(url)
-    return ap
-
-
-def _due(conn: Any, now: float) -> list[dict[str, Any]]:
-    rows = conn.execute(
-        "SELECT o.id, o.alert_id, o.attempts, a.rule, a.severity, a.message FROM outbox o"
-        " JOIN alerts a ON a.id = o.alert_id WHERE o.done=0 AND a.muted=0 AND o.next_attempt_at <= ?"
-        " ORDER BY o.id LIMIT 100",
-        (now,),
-    )
-    return [dict(r) for r in rows]
-
-
-def _claim(tx: Tx, outbox_id: int, now: float, lease_s: float = 60.0) -> bool:
-    cur = tx.conn.execute(
-        "UPDATE outbox SET next_attempt_at=? WHERE id=? AND done=0 AND next_attempt_at <= ?",
-        (now + lease_s, outbox_id, now),
-    )
-    return cur.rowcount == 1

@@ -1,4 +1,4 @@
-"""``eaglewatch``: the controller command line (typer + rich); talks to the store and agents directly.
+"""The controller's commands of ``eaglewatch`` (hosts, runs, alerts); web/cli.py adds serve and demo.
 
 Each command runs a short-lived Controller on the shared SQLite database.  ``runs start``/``stop`` open a
 one-shot link to the host's agent (a running ``serve`` picks the new run up from the database and follows
@@ -8,7 +8,6 @@ prints.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -20,7 +19,6 @@ from controller.cli_common import err, invalid, out, print_json, run_ctl
 from controller.cli_runs import runs_app
 from controller.errors import HostKeyRejected, SpecInvalid, Unreachable
 from controller.models import HostCreate
-from controller.settings import Settings
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Launch and watch hidden-state extraction runs."
@@ -160,43 +158,3 @@ def alerts_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
             "yes" if a.delivered else "no",
         )
     out.print(table)
-
-
-# ----------------------------------------------------------------------------------------------- serve, demo
-
-
-@app.command("serve")
-def serve(
-    bind: Annotated[
-        str | None, typer.Option("--bind", help="address to listen on (default 127.0.0.1)")
-    ] = None,
-    port: Annotated[int | None, typer.Option("--port", help="port (default 8765)")] = None,
-) -> None:
-    """Run the controller and the web UI."""
-    from web.app import serve as serve_web
-
-    settings = Settings()
-    serve_web(settings, bind or settings.bind, settings.port if port is None else port)
-
-
-@app.command("demo")
-def demo(
-    bind: Annotated[str, typer.Option("--bind", help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="port (0: any free port)")] = 8765,
-    home: Annotated[Path | None, typer.Option("--home", help="demo state dir")] = None,
-    extract: Annotated[
-        bool, typer.Option("--extract/--no-extract", help="real vLLM extraction, or a quick command job")
-    ] = True,
-    broken: Annotated[
-        bool, typer.Option("--broken", help="also start a run whose capture drops a layer")
-    ] = False,
-) -> None:
-    """Run the embedded demo (local agent, tiny model, web UI)."""
-    from controller.demo import run_demo
-
-    raise typer.Exit(run_demo(home=home, bind=bind, port=port, extract=extract, broken=broken) or 0)
-
-
-def main() -> None:
-    """Console-script entry point."""
-    app()

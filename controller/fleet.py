@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 
-from controller import alerts, queries
+from controller import crud, queries
+from controller.alerts import AlertPolicy
 from controller.bootstrap import fetch_host_key, open_link
 from controller.errors import HostKeyRejected, Unreachable
 from controller.link import Link
@@ -24,10 +24,17 @@ class Supervisors:
     """All host supervisors of this process, plus one-shot links for processes that do not supervise."""
 
     def __init__(
-        self, settings: Settings, store: Store, *, supervise: bool = True, only_hosts: list[str] | None = None
+        self,
+        settings: Settings,
+        store: Store,
+        policy: AlertPolicy,
+        *,
+        supervise: bool = True,
+        only_hosts: list[str] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
+        self.policy = policy
         self.supervise = supervise
         self.only_hosts = only_hosts
         self.hosts: dict[str, HostSupervisor] = {}
@@ -43,7 +50,7 @@ class Supervisors:
     async def ensure(self, name: str) -> None:
         """Supervise ``name`` if not already."""
         if self.supervise and name not in self.hosts:
-            sup = HostSupervisor(name, self.settings, self.store)
+            sup = HostSupervisor(name, self.settings, self.store, self.policy)
             self.hosts[name] = sup
             sup.start()
 
@@ -84,18 +91,18 @@ class Supervisors:
 
     async def check(self, name: str) -> None:
         """Connect now and refresh the host's version and GPUs (raises Unreachable/HostKeyRejected)."""
-        tmp = HostSupervisor(name, self.settings, self.store)
+        tmp = HostSupervisor(name, self.settings, self.store, self.policy)
         host = await self.store.read(queries.host_row, name)
         try:
             link, fp = await open_link(host, self.settings, None)
         except Unreachable as exc:
             if isinstance(exc, HostKeyRejected):
-                await tmp._key_rejected(exc)
+                await tmp.key_rejected(exc)
             message = exc.message
-            await self.store.write(lambda tx: _set_error(tx, name, message))
+            await self.store.write(lambda tx: crud.host_unreachable(tx=tx, name=name, reason=message))
             raise
         try:
-            await tmp._connected(link, fp)
+            await tmp.connected_to(link, fp)
         finally:
             await link.close()
 
@@ -112,24 +119,12 @@ class Supervisors:
                 log.exception("alert sweep failed")
 
     def _sweep(self, tx: Tx) -> None:
-        s, now = self.settings, time.time()
-        deliver = bool(s.apprise_urls)
-        for h in tx.conn.execute("SELECT name, unreachable_since FROM hosts WHERE reachable=0").fetchall():
-            if self.only_hosts is not None and h[0] not in self.only_hosts:
-                continue
-            d = alerts.host_unreachable(h[0], h[1], now, s.unreachable_minutes)
-            if d:
-                alerts.raise_alert(tx, d, cooldown_s=s.cooldown_s, deliver=deliver)
-        for r in tx.conn.execute("SELECT * FROM runs WHERE state='running'").fetchall():
-            d = alerts.stall(dict(r), now, s.stall_factor, s.stall_min_s)
-            if d:
-                alerts.raise_alert(tx, d, cooldown_s=s.cooldown_s, deliver=deliver)
-
-
-def _set_error(tx: Tx, name: str, message: str) -> None:
-    tx.conn.execute(
-        "UPDATE hosts SET reachable=0, last_error=?, unreachable_since=coalesce(unreachable_since, ?)"
-        " WHERE name=?",
-        (message, tx.now, name),
-    )
-    tx.host_changed(name)
+        s = self.settings
+        crud.sweep(
+            tx=tx,
+            policy=self.policy,
+            unreachable_minutes=s.unreachable_minutes,
+            stall_factor=s.stall_factor,
+            stall_min_s=s.stall_min_s,
+            only_hosts=self.only_hosts,
+        )

@@ -1,78 +1,116 @@
-"""Apply journal events and state changes to the store in one writer transaction: exactly once, in order.
+"""Journal events and lifecycle events → effects, pure: what storing them must do, exactly once, in order.
 
-A journal event whose ``seq`` is not above the run's stored ``last_seq`` was already applied (a replay after
-reconnect, or another controller process following the same run) and is skipped; UNIQUE(run_id, seq) on
-events and milestones is the safety net.  Returns follow-up actions the caller performs over the link.
+How it works
+------------
+``plan_events(run, events, now)`` reads a run as stored (``last_seq``, progress timing, spec) and journal
+events from its agent.  An event whose ``seq`` is not above ``last_seq`` was already applied (a replay after
+reconnect, or another controller process following the same run) and is skipped.  The ``Plan`` lists the
+effects in order, the new ``last_seq`` and follow-up actions (``"stop"`` for on_shape_failure).
+``plan_transition(run, event, …)`` does the same for one lifecycle event: the new state and the columns it
+sets.  crud.py carries plans out inside one writer transaction; UNIQUE(run_id, seq) is the safety net.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller import alerts, lifecycle
-from controller.store import Tx
+from controller.alerts import AlertDraft
+from controller.lifecycle import RunEvent, RunState
 
 log = logging.getLogger(__name__)
 
 
-def transition(
-    tx: Tx,
-    run_id: str,
-    event: lifecycle.RunEvent,
-    *,
-    at: float | None = None,
-    exit: dict[str, Any] | None = None,
-    reason: str | None = None,
-    cooldown_s: float = 600.0,
-    deliver: bool = False,
-) -> str | None:
-    """Move a run through the lifecycle table; returns the new state, or None when not allowed."""
-    row = tx.conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
-    if row is None:
-        return None
-    old = row["state"]
-    try:
-        new = lifecycle.next_state(old, event)
-    except lifecycle.InvalidTransition as exc:
-        log.warning("run %s: %s (ignored)", run_id, exc)
-        return None
-    if new == old and exit is None and reason is None:
-        return new
-    at = at or tx.now
-    sets: list[str] = ["state=?"]
-    args: list[Any] = [new.value]
-    if new == lifecycle.RunState.RUNNING and row["started_at"] is None:
-        sets.append("started_at=?")
-        args.append(at)
-    if lifecycle.is_terminal(new) and row["ended_at"] is None:
-        sets.append("ended_at=?")
-        args.append(at)
-    if exit is not None:
-        sets.append("exit_json=?")
-        args.append(json.dumps(exit))
-    if reason is not None and new in (lifecycle.RunState.FAILED, lifecycle.RunState.LOST):
-        sets.append("failure_reason=coalesce(failure_reason, ?)")
-        args.append(str(reason))
-    tx.conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE id=?", (*args, run_id))
-    if new != old:
-        for draft in alerts.rules_for_state(dict(row), new.value, reason):
-            alerts.raise_alert(tx, draft, cooldown_s=cooldown_s, deliver=deliver)
-    tx.run_changed(run_id)
-    return new.value
+@dataclass(frozen=True)
+class Record:
+    """An ``events`` row: the web's feed and the seq ledger."""
+
+    seq: int
+    kind: str
+    data: dict[str, Any]
+    at: float
 
 
-def apply_events(
-    tx: Tx, run_id: str, events: list[dict[str, Any]], *, cooldown_s: float, deliver: bool
-) -> list[str]:
-    """Store journal events of one run in seq order; returns actions (``"stop"`` for on_shape_failure)."""
-    row = tx.conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
-    if row is None:
-        return []
-    run = dict(row)
-    last_seq = run["last_seq"]
-    spec = json.loads(run["spec_json"])
+@dataclass(frozen=True)
+class StoreMilestone:
+    """A ``milestones`` row."""
+
+    seq: int
+    kind: str
+    at: float
+    line: Any
+    rank: Any
+    fields: dict[str, Any]
+    text: str
+
+
+@dataclass(frozen=True)
+class StoreProblem:
+    """A ``problems`` row: one problem of a shape check."""
+
+    seq: int
+    idx: int
+    code: str
+    file: str
+    message: str
+    at: float
+
+
+@dataclass(frozen=True)
+class SetProgress:
+    """The run's latest progress fields and its smoothed progress interval."""
+
+    fields: dict[str, Any]
+    at: float
+    interval_s: float | None
+
+
+@dataclass(frozen=True)
+class SetLastMilestone:
+    """The run's latest milestone kind (progress sets it too)."""
+
+    kind: str
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A lifecycle event for the run (planned again against the row when applied: see plan_transition)."""
+
+    event: RunEvent
+    at: float
+    exit: dict[str, Any] | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class RaiseAlert:
+    """An alert to store (deduplicated within the cooldown when applied)."""
+
+    draft: AlertDraft
+
+
+Effect = Record | StoreMilestone | StoreProblem | SetProgress | SetLastMilestone | Transition | RaiseAlert
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What applying a batch of journal events does."""
+
+    effects: list[Effect] = field(default_factory=list)
+    last_seq: int = 0
+    actions: list[str] = field(default_factory=list)
+    run_changed: bool = False
+
+
+def plan_events(run: dict[str, Any], events: list[dict[str, Any]], now: float) -> Plan:
+    """The effects of one run's journal events, in seq order; already applied ones are skipped."""
+    last_seq = int(run["last_seq"])
+    progress_at, interval = run.get("last_progress_at"), run.get("progress_interval_s")
+    stop_on_failure = json.loads(run["spec_json"]).get("on_shape_failure") == "stop"
+    effects: list[Effect] = []
     actions: list[str] = []
     changed = False
     for ev in events:
@@ -80,112 +118,77 @@ def apply_events(
         if seq <= last_seq:
             continue
         if seq != last_seq + 1:
-            log.warning("run %s: journal gap, seq %d after %d", run_id, seq, last_seq)
+            log.warning("run %s: journal gap, seq %d after %d", run["id"], seq, last_seq)
         last_seq = seq
-        at = float(ev.get("ts") or tx.now)
+        at = float(ev.get("ts") or now)
         etype = ev.get("type")
+        if etype == "state":
+            effects.extend(_state(run["id"], seq, at, ev))
+            continue  # alerts for failed/lost come with the transition
         if etype == "milestone":
-            changed |= _milestone(tx, run, seq, at, ev)
-        elif etype == "check":
-            _check(tx, run_id, seq, at, ev)
-        elif etype == "state":
-            agent_state = str(ev.get("state"))
-            tx.add_event(
-                run_id,
-                seq,
-                "state",
-                {
-                    "seq": seq,
-                    "state": agent_state,
-                    "at": at,
-                    "exit": ev.get("exit"),
-                    "reason": ev.get("reason"),
-                },
-                at,
-            )
-            try:
-                rev = lifecycle.event_for_agent_state(agent_state)
-            except ValueError as exc:
-                log.warning("run %s: %s", run_id, exc)
+            kind, fields = str(ev.get("kind")), ev.get("fields") or {}
+            text = str(ev.get("text", ""))
+            line, rank = ev.get("line"), ev.get("rank")
+            effects.append(StoreMilestone(seq, kind, at, line, rank, fields, text))
+            data = {
+                "seq": seq,
+                "kind": kind,
+                "at": at,
+                "line": line,
+                "rank": rank,
+                "fields": fields,
+                "text": text,
+            }
+            effects.append(Record(seq, "milestone", data, at))
+            if kind == "progress":
+                if progress_at is not None and at > progress_at:
+                    gap = at - progress_at
+                    interval = gap if interval is None else 0.7 * interval + 0.3 * gap
+                progress_at = at
+                effects.append(SetProgress(fields, at, interval))
             else:
-                # Alerts for failed/lost come from transition(); other rules below skip "state".
-                transition(
-                    tx,
-                    run_id,
-                    rev,
-                    at=at,
-                    exit=ev.get("exit"),
-                    reason=ev.get("reason"),
-                    cooldown_s=cooldown_s,
-                    deliver=deliver,
-                )
-            continue
+                effects.append(SetLastMilestone(kind))
+            changed = True
+        elif etype == "check":
+            effects.extend(_check(seq, at, ev))
         else:
-            tx.add_event(run_id, seq, "journal", {"seq": seq, "journal": ev}, at)
-        for draft in alerts.rules_for_event(run, ev):
-            alerts.raise_alert(tx, draft, cooldown_s=cooldown_s, deliver=deliver)
+            effects.append(Record(seq, "journal", {"seq": seq, "journal": ev}, at))
+        effects.extend(RaiseAlert(d) for d in alerts.rules_for_event(run, ev))
         failed_check = (etype == "check" and ev.get("ok") is False) or (
             etype == "milestone" and ev.get("kind") == "shape_check_failed"
         )
-        if failed_check and spec.get("on_shape_failure") == "stop" and "stop" not in actions:
+        if failed_check and stop_on_failure and "stop" not in actions:
             actions.append("stop")
-    tx.conn.execute("UPDATE runs SET last_seq=max(last_seq, ?) WHERE id=?", (last_seq, run_id))
-    if changed:
-        tx.run_changed(run_id)
-    return actions
+    return Plan(effects, last_seq, actions, changed)
 
 
-def _milestone(tx: Tx, run: dict[str, Any], seq: int, at: float, ev: dict[str, Any]) -> bool:
-    run_id, kind = run["id"], str(ev.get("kind"))
-    fields = ev.get("fields") or {}
-    tx.conn.execute(
-        "INSERT OR IGNORE INTO milestones(run_id, seq, kind, at, line, rank, fields_json, text)"
-        " VALUES (?,?,?,?,?,?,?,?)",
-        (run_id, seq, kind, at, ev.get("line"), ev.get("rank"), json.dumps(fields), str(ev.get("text", ""))),
-    )
-    data = {
-        "seq": seq,
-        "kind": kind,
-        "at": at,
-        "line": ev.get("line"),
-        "rank": ev.get("rank"),
-        "fields": fields,
-        "text": str(ev.get("text", "")),
-    }
-    tx.add_event(run_id, seq, "milestone", data, at)
-    if kind == "progress":
-        prev = run.get("last_progress_at")
-        interval = run.get("progress_interval_s")
-        if prev is not None and at > prev:
-            gap = at - prev
-            interval = gap if interval is None else 0.7 * interval + 0.3 * gap
-        tx.conn.execute(
-            "UPDATE runs SET progress_json=?, last_progress_at=?, progress_interval_s=?, last_milestone=?"
-            " WHERE id=?",
-            (json.dumps(fields), at, interval, kind, run_id),
-        )
-        run["last_progress_at"], run["progress_interval_s"] = at, interval
-    else:
-        tx.conn.execute("UPDATE runs SET last_milestone=? WHERE id=?", (kind, run_id))
-    return True
+def _state(run_id: str, seq: int, at: float, ev: dict[str, Any]) -> list[Effect]:
+    agent_state = str(ev.get("state"))
+    exit, reason = ev.get("exit"), ev.get("reason")
+    data = {"seq": seq, "state": agent_state, "at": at, "exit": exit, "reason": reason}
+    out: list[Effect] = [Record(seq, "state", data, at)]
+    try:
+        event = lifecycle.event_for_agent_state(agent_state)
+    except ValueError as exc:
+        log.warning("run %s: %s", run_id, exc)
+        return out
+    out.append(Transition(event, at, exit, reason))
+    return out
 
 
-def _check(tx: Tx, run_id: str, seq: int, at: float, ev: dict[str, Any]) -> None:
+def _check(seq: int, at: float, ev: dict[str, Any]) -> list[Effect]:
     problems = ev.get("problems") or []
-    for idx, p in enumerate(problems):
-        tx.conn.execute(
-            "INSERT OR IGNORE INTO problems(run_id, seq, idx, code, file, message, at)"
-            " VALUES (?,?,?,?,?,?,?)",
-            (
-                run_id,
-                seq,
-                idx,
-                str(p.get("code")),
-                str(p.get("file", ev.get("file", ""))),
-                str(p.get("message", "")),
-                at,
-            ),
+    out: list[Effect] = [
+        StoreProblem(
+            seq,
+            idx,
+            str(p.get("code")),
+            str(p.get("file", ev.get("file", ""))),
+            str(p.get("message", "")),
+            at,
         )
+        for idx, p in enumerate(problems)
+    ]
     data = {
         "seq": seq,
         "at": at,
@@ -194,4 +197,48 @@ def _check(tx: Tx, run_id: str, seq: int, at: float, ev: dict[str, Any]) -> None
         "format": ev.get("format"),
         "problems": problems,
     }
-    tx.add_event(run_id, seq, "check", data, at)
+    out.append(Record(seq, "check", data, at))
+    return out
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """A planned lifecycle step: the new state, the columns to set (None: leave as is), its alerts."""
+
+    state: RunState
+    write: bool
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_json: str | None = None
+    failure_reason: str | None = None
+    alerts: list[AlertDraft] = field(default_factory=list)
+
+
+def plan_transition(
+    run: dict[str, Any],
+    event: RunEvent,
+    *,
+    at: float,
+    exit: dict[str, Any] | None,
+    reason: str | None,
+) -> StateChange | None:
+    """Move ``run`` through the lifecycle table; None when the table does not allow ``event``."""
+    old = run["state"]
+    try:
+        new = lifecycle.next_state(old, event)
+    except lifecycle.InvalidTransition as exc:
+        log.warning("run %s: %s (ignored)", run["id"], exc)
+        return None
+    if new == old and exit is None and reason is None:
+        return StateChange(new, write=False)
+    return StateChange(
+        new,
+        write=True,
+        started_at=at if new == RunState.RUNNING else None,
+        ended_at=at if lifecycle.is_terminal(new) else None,
+        exit_json=json.dumps(exit) if exit is not None else None,
+        failure_reason=str(reason)
+        if reason is not None and new in (RunState.FAILED, RunState.LOST)
+        else None,
+        alerts=alerts.rules_for_state(run, new.value, reason) if new != old else [],
+    )

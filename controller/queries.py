@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sqlite3
+from collections.abc import Iterator
 from typing import Any
 
 from controller.bus import BusEvent, make_cursor, parse_cursor
@@ -214,6 +216,19 @@ def read_log(
     return out
 
 
+@contextlib.contextmanager
+def _snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+    """One read transaction: every SELECT inside sees the same commit (WAL snapshot)."""
+    if conn.in_transaction:  # already inside one (a write, or an outer snapshot)
+        yield
+        return
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        conn.execute("COMMIT")
+
+
 def feed_since(
     conn: sqlite3.Connection, run_id: str | None, cursor: str | None, limit: int
 ) -> list[BusEvent]:
@@ -225,15 +240,18 @@ def feed_since(
     limit = max(1, min(int(limit), 10000))
     where_run = " AND run_id = ?" if run_id is not None else ""
     run_args: list[Any] = [run_id] if run_id is not None else []
-    events = conn.execute(
-        f"SELECT * FROM events WHERE id > ?{where_run} AND kind IN ({','.join('?' * len(FEED_KINDS))})"
-        " ORDER BY id LIMIT ?",
-        [after_event, *run_args, *sorted(FEED_KINDS), limit],
-    ).fetchall()
-    logs = conn.execute(
-        f"SELECT id, run_id, offset, text FROM log_lines WHERE id > ?{where_run} ORDER BY id LIMIT ?",
-        [after_log, *run_args, limit * 10],
-    ).fetchall()
+    # Both SELECTs from one snapshot: log lines committed after the events were read would otherwise be
+    # sent with a cursor before an event that precedes them, and then again live.
+    with _snapshot(conn):
+        events = conn.execute(
+            f"SELECT * FROM events WHERE id > ?{where_run} AND kind IN ({','.join('?' * len(FEED_KINDS))})"
+            " ORDER BY id LIMIT ?",
+            [after_event, *run_args, *sorted(FEED_KINDS), limit],
+        ).fetchall()
+        logs = conn.execute(
+            f"SELECT id, run_id, offset, text FROM log_lines WHERE id > ?{where_run} ORDER BY id LIMIT ?",
+            [after_log, *run_args, limit * 10],
+        ).fetchall()
     logs_complete = len(logs) < limit * 10
     max_log = logs[-1][0] if logs else after_log
     out: list[BusEvent] = []
@@ -263,3 +281,14 @@ def feed_since(
     if len(events) < limit:
         flush_logs(max_log)
     return out
+
+
+def due_outbox(conn: sqlite3.Connection, now: float) -> list[dict[str, Any]]:
+    """Outbox rows due for delivery (not done, alert not muted), with their alert's rule and text."""
+    rows = conn.execute(
+        "SELECT o.id, o.alert_id, o.attempts, a.rule, a.severity, a.message FROM outbox o"
+        " JOIN alerts a ON a.id = o.alert_id WHERE o.done=0 AND a.muted=0 AND o.next_attempt_at <= ?"
+        " ORDER BY o.id LIMIT 100",
+        (now,),
+    )
+    return [dict(r) for r in rows]

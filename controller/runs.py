@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent.spec import RunSpec
-from controller import ingest, queries
+from controller import crud, queries
+from controller.alerts import AlertPolicy
 from controller.errors import AgentError, Conflict, NotFound, SpecInvalid, Unreachable
 from controller.fleet import Supervisors
 from controller.lifecycle import RunEvent, event_for_agent_state, is_terminal
@@ -83,14 +84,13 @@ def validate_spec(spec: dict[str, Any] | RunSpec, host: dict[str, Any] | None) -
 class RunOps:
     """Create and stop runs; launches go through the supervised link or a one-shot link."""
 
-    def __init__(self, settings: Settings, store: Store, supervisors: Supervisors) -> None:
+    def __init__(
+        self, settings: Settings, store: Store, supervisors: Supervisors, policy: AlertPolicy
+    ) -> None:
         self.settings = settings
         self.store = store
         self.supervisors = supervisors
-
-    @property
-    def _deliver(self) -> bool:
-        return bool(self.settings.apprise_urls)
+        self.policy = policy
 
     async def create(self, spec: dict[str, Any] | RunSpec) -> str:
         """Validate, write pending, launch; a failed launch leaves a failed run with the reason."""
@@ -108,21 +108,16 @@ class RunOps:
         spec_dict = parsed.model_dump(mode="json")
 
         def insert(tx: Tx) -> None:
-            tx.conn.execute(
-                "INSERT INTO runs(id, name, host, backend, model, spec_json, state, created_at,"
-                " last_seq, log_offset) VALUES (?,?,?,?,?,?,'pending',?,0,0)",
-                (
-                    run_id,
-                    parsed.name,
-                    parsed.host,
-                    parsed.backend,
-                    parsed.model,
-                    json.dumps(spec_dict),
-                    tx.now,
-                ),
+            crud.insert_run(
+                tx=tx,
+                run_id=run_id,
+                name=parsed.name,
+                host=parsed.host,
+                backend=parsed.backend,
+                model=parsed.model,
+                spec_json=json.dumps(spec_dict),
             )
-            tx.run_changed(run_id)
-            ingest.transition(tx, run_id, RunEvent.LAUNCH)
+            crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCH, policy=self.policy)
 
         await self.store.write(insert)
         try:
@@ -131,20 +126,15 @@ class RunOps:
         except (AgentError, Unreachable) as exc:
             reason = f"launch failed: {exc.message}"
             await self.store.write(
-                lambda tx: ingest.transition(
-                    tx,
-                    run_id,
-                    RunEvent.LAUNCH_FAILED,
-                    reason=reason,
-                    cooldown_s=self.settings.cooldown_s,
-                    deliver=self._deliver,
+                lambda tx: crud.transition(
+                    tx=tx, run_id=run_id, event=RunEvent.LAUNCH_FAILED, policy=self.policy, reason=reason
                 )
             )
             return run_id
 
         def launched(tx: Tx) -> None:
-            tx.conn.execute("UPDATE runs SET pid=? WHERE id=?", (result.get("pid"), run_id))
-            ingest.transition(tx, run_id, RunEvent.LAUNCHED, at=tx.now)
+            crud.set_pid(tx=tx, run_id=run_id, pid=result.get("pid"))
+            crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCHED, policy=self.policy)
 
         await self.store.write(launched)
         self.supervisors.poke(parsed.host)
@@ -164,13 +154,8 @@ class RunOps:
         if state in ("completed", "failed", "stopped", "lost"):
             ev = event_for_agent_state(str(state))
             await self.store.write(
-                lambda tx: ingest.transition(
-                    tx,
-                    run_id,
-                    ev,
-                    exit=status.get("exit"),
-                    cooldown_s=self.settings.cooldown_s,
-                    deliver=self._deliver,
+                lambda tx: crud.transition(
+                    tx=tx, run_id=run_id, event=ev, policy=self.policy, exit=status.get("exit")
                 )
             )
         return result

@@ -41,17 +41,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from types import TracebackType
 from typing import Any
 
 from agent.spec import RunSpec
-from controller import queries
-from controller.alerts import OutboxWorker
+from controller import crud, queries
+from controller.alerts import AlertPolicy
 from controller.bus import Bus, BusEvent
-from controller.errors import Conflict, NotFound
 from controller.fleet import Supervisors
 from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic
+from controller.outbox import OutboxWorker
 from controller.runs import RunOps
 from controller.settings import Settings
 from controller.store import Store
@@ -73,8 +72,11 @@ class Controller:
         self.supervise = supervise
         self.deliver_alerts = supervise if deliver_alerts is None else deliver_alerts
         self.store = Store(self.settings.database, self.bus)
-        self.supervisors = Supervisors(self.settings, self.store, supervise=supervise, only_hosts=only_hosts)
-        self.runs = RunOps(self.settings, self.store, self.supervisors)
+        policy = AlertPolicy.from_settings(self.settings)
+        self.supervisors = Supervisors(
+            self.settings, self.store, policy, supervise=supervise, only_hosts=only_hosts
+        )
+        self.runs = RunOps(self.settings, self.store, self.supervisors, policy)
         self.outbox = OutboxWorker(self.settings, self.store)
         self._tasks: list[asyncio.Task[None]] = []
         self.started = False
@@ -115,18 +117,7 @@ class Controller:
 
     async def add_host(self, host: HostCreate) -> HostPublic:
         """Store a new host (and start supervising it when this controller supervises)."""
-        now = time.time()
-
-        def op(tx: Any) -> None:
-            if tx.conn.execute("SELECT 1 FROM hosts WHERE name=?", (host.name,)).fetchone():
-                raise Conflict(f"host {host.name!r} already exists")
-            tx.conn.execute(
-                "INSERT INTO hosts(name, ssh, python, state_dir, created_at, gpus_json) VALUES (?,?,?,?,?,?)",
-                (host.name, host.ssh, host.python, host.state_dir, now, "[]"),
-            )
-            tx.host_changed(host.name)
-
-        await self.store.write(op)
+        await self.store.write(lambda tx: crud.insert_host(tx=tx, host=host))
         if self.supervise:
             await self.supervisors.ensure(host.name)
         return await self.get_host(host.name)
@@ -142,17 +133,7 @@ class Controller:
     async def remove_host(self, name: str) -> None:
         """Forget a host; Conflict while it has runs that are not finished."""
         await self.get_host(name)
-
-        def op(tx: Any) -> None:
-            busy = tx.conn.execute(
-                "SELECT id FROM runs WHERE host=? AND state NOT IN ('completed','failed','stopped','lost')",
-                (name,),
-            ).fetchall()
-            if busy:
-                raise Conflict(f"host {name!r} has unfinished runs: {', '.join(r[0] for r in busy)}")
-            tx.conn.execute("DELETE FROM hosts WHERE name=?", (name,))
-
-        await self.store.write(op)
+        await self.store.write(lambda tx: crud.delete_host(tx=tx, name=name))
         await self.supervisors.drop(name)
 
     async def check_host(self, name: str) -> HostPublic:
@@ -209,22 +190,12 @@ class Controller:
 
     async def ack_alert(self, alert_id: int) -> AlertPublic:
         """Mark an alert acknowledged."""
-        return await self._flag_alert(alert_id, "acked")
+        await self.store.write(lambda tx: crud.ack_alert(tx=tx, alert_id=alert_id))
+        return await self.store.read(queries.get_alert, alert_id)
 
     async def mute_alert(self, alert_id: int) -> AlertPublic:
         """Mute an alert: its pending delivery is dropped."""
-        return await self._flag_alert(alert_id, "muted")
-
-    async def _flag_alert(self, alert_id: int, column: str) -> AlertPublic:
-        def op(tx: Any) -> None:
-            cur = tx.conn.execute(f"UPDATE alerts SET {column}=1 WHERE id=?", (alert_id,))
-            if cur.rowcount == 0:
-                raise NotFound(f"no alert {alert_id}")
-            if column == "muted":
-                tx.conn.execute("UPDATE outbox SET done=1 WHERE alert_id=? AND done=0", (alert_id,))
-            tx.alert_changed(alert_id)
-
-        await self.store.write(op)
+        await self.store.write(lambda tx: crud.mute_alert(tx=tx, alert_id=alert_id))
         return await self.store.read(queries.get_alert, alert_id)
 
     async def feed_since(self, run_id: str | None, cursor: str | None, limit: int = 1000) -> list[BusEvent]:

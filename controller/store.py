@@ -2,10 +2,11 @@
 
 How it works
 ------------
-``write(fn)`` queues ``fn(tx)``; the writer thread takes everything queued (up to a batch), runs each
-function inside its own SAVEPOINT within one ``BEGIN IMMEDIATE`` transaction, commits, and only then
-resolves the futures and publishes the BusEvents the functions emitted (in commit order).  A failing
-function rolls back to its savepoint and gets its exception; the others in the batch still commit.
+``write(fn)`` queues ``fn(tx=tx)`` (in practice a data function of controller/crud.py); the writer thread
+takes everything queued (up to a batch), runs each function inside its own SAVEPOINT within one
+``BEGIN IMMEDIATE`` transaction, commits, and only then resolves the futures and publishes the BusEvents
+the functions emitted (in commit order).  A failing function rolls back to its savepoint and gets its
+exception; the others in the batch still commit.
 Readers run ``fn(conn, *args)`` on their own connections in a small thread pool.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import queue
 import sqlite3
@@ -22,16 +22,17 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import create_engine
 from sqlmodel import SQLModel
 
 from controller import models
-from controller.bus import Bus, BusEvent, make_cursor
+from controller.bus import Bus, BusEvent
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 BATCH_MAX = 512
 #: Event kinds the web streams; the others (raw journal records) are kept for the seq ledger only.
 FEED_KINDS = frozenset({"run", "milestone", "check", "alert", "log", "host"})
@@ -76,7 +77,8 @@ def create_schema(path: Path) -> None:
 
 
 class Tx:
-    """What a write function gets: the writer's connection and helpers that emit BusEvents after commit."""
+    """What a write function gets: the writer's connection, the BusEvents to publish after commit, and the
+    last event and log-line ids (their cursor; controller/crud.py keeps them current)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
@@ -85,68 +87,16 @@ class Tx:
         self.last_event_id = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
         self.last_log_id = conn.execute("SELECT coalesce(max(id), 0) FROM log_lines").fetchone()[0]
 
-    def add_event(
-        self, run_id: str | None, seq: int | None, kind: str, data: dict[str, Any], at: float
-    ) -> bool:
-        """Insert an event (ignored when (run, seq) exists); FEED_KINDS are published after commit."""
-        cur = self.conn.execute(
-            "INSERT OR IGNORE INTO events(run_id, seq, kind, at, data_json, log_mark) VALUES (?,?,?,?,?,?)",
-            (run_id, seq, kind, at, json.dumps(data), self.last_log_id),
-        )
-        if cur.rowcount == 0:
-            return False
-        self.last_event_id = int(cur.lastrowid or 0)
-        if kind in FEED_KINDS:
-            cursor = make_cursor(self.last_event_id, self.last_log_id)
-            self.events.append(BusEvent(kind, run_id, data, cursor))  # type: ignore[arg-type]
-        return True
 
-    def add_log_lines(self, run_id: str, lines: list[list[Any]], next_offset: int | None) -> int:
-        """Insert log lines idempotently (unique on run + offset), advance the run's log offset."""
-        before = self.last_log_id
-        rows = [(run_id, int(o), str(t)) for o, t in lines]
-        changes = self.conn.total_changes
-        self.conn.executemany("INSERT OR IGNORE INTO log_lines(run_id, offset, text) VALUES (?,?,?)", rows)
-        inserted = self.conn.total_changes - changes
-        if inserted == len(rows):
-            # All new (the usual case): we hold the write lock, so their ids are before+1 … before+n.
-            new = [{"offset": r[1], "text": r[2]} for r in rows]
-        else:
-            got = self.conn.execute(
-                "SELECT offset, text FROM log_lines WHERE id > ? AND run_id = ? ORDER BY id", (before, run_id)
-            ).fetchall()
-            new = [{"offset": r[0], "text": r[1]} for r in got]
-        if next_offset is not None:
-            self.conn.execute(
-                "UPDATE runs SET log_offset = max(log_offset, ?) WHERE id = ?", (int(next_offset), run_id)
-            )
-        if new:
-            self.last_log_id = before + len(new)
-            cursor = make_cursor(self.last_event_id, self.last_log_id)
-            self.events.append(BusEvent("log", run_id, {"lines": new}, cursor))
-        return len(new)
+class WriteFn(Protocol[T_co]):
+    """A write: called with the transaction as ``tx=`` (crud's data functions take it keyword-only)."""
 
-    def run_changed(self, run_id: str) -> None:
-        """Record + publish the run's current public shape."""
-        from controller.queries import get_run_public
-
-        self.add_event(run_id, None, "run", get_run_public(self.conn, run_id).model_dump(), self.now)
-
-    def host_changed(self, name: str) -> None:
-        """Record + publish the host's current public shape."""
-        from controller.queries import get_host
-
-        self.add_event(None, None, "host", get_host(self.conn, name).model_dump(), self.now)
-
-    def alert_changed(self, alert_id: int) -> None:
-        """Record + publish an alert's current public shape."""
-        from controller.queries import get_alert
-
-        alert = get_alert(self.conn, alert_id)
-        self.add_event(alert.run_id, None, "alert", alert.model_dump(), self.now)
+    def __call__(self, *, tx: Tx) -> T_co:
+        """Do the write inside the writer's transaction."""
+        ...
 
 
-_Item = tuple[Callable[[Tx], Any], asyncio.Future[Any]]
+_Item = tuple[WriteFn[Any], asyncio.Future[Any]]
 
 
 class Store:
@@ -183,7 +133,7 @@ class Store:
                 conn.close()
             self._reader_conns.clear()
 
-    def submit(self, fn: Callable[[Tx], T]) -> asyncio.Future[T]:
+    def submit(self, fn: WriteFn[T]) -> asyncio.Future[T]:
         """Queue a write without waiting; the future resolves after commit."""
         if self._loop is None or self._thread is None:
             raise RuntimeError("store is not open")
@@ -192,8 +142,8 @@ class Store:
         self._queue.put((fn, fut))
         return fut
 
-    async def write(self, fn: Callable[[Tx], T]) -> T:
-        """Run ``fn(tx)`` in the writer's transaction; returns its result after commit."""
+    async def write(self, fn: WriteFn[T]) -> T:
+        """Run ``fn(tx=tx)`` in the writer's transaction; returns its result after commit."""
         return await self.submit(fn)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
@@ -248,7 +198,7 @@ class Store:
                 mark, ids = len(tx.events), (tx.last_event_id, tx.last_log_id)
                 conn.execute("SAVEPOINT op")
                 try:
-                    res = fn(tx)
+                    res = fn(tx=tx)
                 except Exception as exc:  # handed to the caller's future
                     conn.execute("ROLLBACK TO op")
                     conn.execute("RELEASE op")

@@ -2,8 +2,8 @@
 
 On connect: record reachability, agent version and GPUs; reconcile each unfinished run with the agent's
 ``status``; ``follow`` it from the last stored ``seq`` and log offset.  Stream messages are queued to the
-store's writer in arrival order (exactly once: see ingest.py).  A dropped link marks the host unreachable and
-its starting/running runs ``unknown``.  (The fleet of supervisors and the alert sweep: fleet.py.)
+store's writer in arrival order (exactly once: see ingest.py and crud.py).  A dropped link marks the host
+unreachable and its starting/running runs ``unknown``.  (The fleet of supervisors and the sweep: fleet.py.)
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import random
 import time
 from typing import Any
 
-from controller import alerts, ingest, queries
+from controller import alerts, crud, queries
+from controller.alerts import AlertPolicy
 from controller.bootstrap import open_link
 from controller.errors import AgentError, HostKeyRejected, NotFound, Unreachable
 from controller.lifecycle import RunEvent, event_for_agent_state
 from controller.link import Link
 from controller.settings import Settings
-from controller.store import Store, Tx
+from controller.store import Store
 
 log = logging.getLogger(__name__)
 #: Queue this many writes before the link reader waits for the writer (backpressure).
@@ -33,10 +34,11 @@ RECENT_S = 3600.0
 class HostSupervisor:
     """Keeps one host's link up and its runs followed."""
 
-    def __init__(self, name: str, settings: Settings, store: Store) -> None:
+    def __init__(self, name: str, settings: Settings, store: Store, policy: AlertPolicy) -> None:
         self.name = name
         self.settings = settings
         self.store = store
+        self.policy = policy
         self.link: Link | None = None
         self.connected = asyncio.Event()
         self.following: set[str] = set()
@@ -44,11 +46,6 @@ class HostSupervisor:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._side_tasks: set[asyncio.Future[None]] = set()
-
-    @property
-    def deliver(self) -> bool:
-        """Whether alerts raised here go to the outbox."""
-        return bool(self.settings.apprise_urls)
 
     def start(self) -> None:
         """Start the supervising task."""
@@ -78,7 +75,7 @@ class HostSupervisor:
                 link, fp = await open_link(host, self.settings, self._on_stream)
                 self.link, was_up = link, True
                 delay = self.settings.reconnect_initial_s
-                await self._connected(link, fp)
+                await self.connected_to(link, fp)
                 await self._serve(link)
                 reason = link.close_reason or "link closed"
             except asyncio.CancelledError:
@@ -87,7 +84,7 @@ class HostSupervisor:
                 return  # host removed
             except HostKeyRejected as exc:
                 reason = exc.message
-                await self._key_rejected(exc)
+                await self.key_rejected(exc)
                 delay = max(delay, self.settings.reconnect_max_s / 2)
             except Exception as exc:
                 reason = exc.message if isinstance(exc, Unreachable) else f"{type(exc).__name__}: {exc}"
@@ -104,29 +101,17 @@ class HostSupervisor:
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.settings.reconnect_max_s)
 
-    async def _connected(self, link: Link, fp: str | None) -> None:
+    async def connected_to(self, link: Link, fp: str | None) -> None:
+        """Record a fresh link: reachable, agent version, fingerprint and GPUs."""
         try:
             gpus = (await link.request("gpus", timeout=30)).get("gpus", [])
         except (AgentError, Unreachable) as exc:
             log.warning("host %s: gpus failed: %s", self.name, exc)
             gpus = None
         version = link.hello.get("agent_version")
-
-        def op(tx: Tx) -> None:
-            import json
-
-            sets = "reachable=1, last_seen=?, unreachable_since=NULL, agent_version=?, last_error=NULL"
-            args: list[Any] = [tx.now, version]
-            if fp:
-                sets += ", fingerprint=?"
-                args.append(fp)
-            if gpus is not None:
-                sets += ", gpus_json=?"
-                args.append(json.dumps(gpus))
-            tx.conn.execute(f"UPDATE hosts SET {sets} WHERE name=?", (*args, self.name))
-            tx.host_changed(self.name)
-
-        await self.store.write(op)
+        await self.store.write(
+            lambda tx: crud.host_up(tx=tx, name=self.name, agent_version=version, fingerprint=fp, gpus=gpus)
+        )
         self.connected.set()
 
     async def _serve(self, link: Link) -> None:
@@ -142,9 +127,7 @@ class HostSupervisor:
             with contextlib.suppress(TimeoutError):
                 self._wake.clear()
                 await asyncio.wait_for(self._race(link.closed.wait(), self._wake.wait()), 1.0)
-            await self.store.write(
-                lambda tx: tx.conn.execute("UPDATE hosts SET last_seen=? WHERE name=?", (tx.now, self.name))
-            )
+            await self.store.write(lambda tx: crud.host_seen(tx=tx, name=self.name))
 
     async def _catch_up_ended(self, link: Link) -> None:
         """Runs that ended recently may have journal events or log lines the last link did not deliver."""
@@ -187,13 +170,8 @@ class HostSupervisor:
                     else "the agent has no record of this job"
                 )
                 await self.store.write(
-                    lambda tx: ingest.transition(
-                        tx,
-                        run_id,
-                        event,
-                        reason=reason,
-                        cooldown_s=self.settings.cooldown_s,
-                        deliver=self.deliver,
+                    lambda tx: crud.transition(
+                        tx=tx, run_id=run_id, event=event, policy=self.policy, reason=reason
                     )
                 )
                 return
@@ -207,19 +185,22 @@ class HostSupervisor:
             log.warning("run %s: follow failed: %s", run_id, exc)
             return
         if status.get("state") == "running" and run["state"] in ("unknown", "starting"):
-            await self.store.write(lambda tx: ingest.transition(tx, run_id, RunEvent.JOB_RUNNING))
+            await self.store.write(
+                lambda tx: crud.transition(
+                    tx=tx, run_id=run_id, event=RunEvent.JOB_RUNNING, policy=self.policy
+                )
+            )
         elif status.get("state") in ("lost",) and run["state"] in ("unknown", "running", "starting"):
             # A lost job never writes a final journal state of its own.
             ev = event_for_agent_state("lost")
             await self.store.write(
-                lambda tx: ingest.transition(
-                    tx,
-                    run_id,
-                    ev,
+                lambda tx: crud.transition(
+                    tx=tx,
+                    run_id=run_id,
+                    event=ev,
+                    policy=self.policy,
                     exit=status.get("exit"),
                     reason="the agent lost the job",
-                    cooldown_s=self.settings.cooldown_s,
-                    deliver=self.deliver,
                 )
             )
 
@@ -230,14 +211,14 @@ class HostSupervisor:
         if mtype == "event" and isinstance(msg.get("event"), dict):
             ev = msg["event"]
             fut = self.store.submit(
-                lambda tx: ingest.apply_events(
-                    tx, run_id, [ev], cooldown_s=self.settings.cooldown_s, deliver=self.deliver
-                )
+                lambda tx: crud.apply_events(tx=tx, run_id=run_id, events=[ev], policy=self.policy)
             )
             fut.add_done_callback(lambda f: self._after_events(run_id, f))
         elif mtype == "log" and isinstance(msg.get("lines"), list):
             lines, nxt = msg["lines"], msg.get("next_offset")
-            fut2 = self.store.submit(lambda tx: tx.add_log_lines(run_id, lines, nxt))
+            fut2 = self.store.submit(
+                lambda tx: crud.add_log_lines(tx=tx, run_id=run_id, lines=lines, next_offset=nxt)
+            )
             fut2.add_done_callback(_log_failure)
         if self.store.pending > MAX_PENDING_WRITES:
             await self._drain_writes()
@@ -263,34 +244,14 @@ class HostSupervisor:
             log.warning("run %s: stop after shape failure: %s", run_id, exc)
 
     async def _down(self, reason: str, was_up: bool) -> None:
-        def op(tx: Tx) -> None:
-            row = tx.conn.execute("SELECT reachable FROM hosts WHERE name=?", (self.name,)).fetchone()
-            if row is None:
-                return
-            tx.conn.execute(
-                "UPDATE hosts SET reachable=0, last_error=?, unreachable_since=coalesce(unreachable_since, ?)"
-                " WHERE name=?",
-                (reason, tx.now, self.name),
-            )
-            if row[0] != 0:
-                tx.host_changed(self.name)
-            for r in tx.conn.execute(
-                "SELECT id FROM runs WHERE host=? AND state IN ('starting','running')", (self.name,)
-            ).fetchall():
-                ingest.transition(tx, r[0], RunEvent.LINK_DOWN)
+        await self.store.write(
+            lambda tx: crud.host_down(tx=tx, name=self.name, reason=reason, policy=self.policy)
+        )
 
-        await self.store.write(op)
-
-    async def _key_rejected(self, exc: HostKeyRejected) -> None:
-        def op(tx: Tx) -> None:
-            alerts.raise_alert(
-                tx,
-                alerts.host_key_changed(self.name, exc.message),
-                cooldown_s=self.settings.cooldown_s,
-                deliver=self.deliver,
-            )
-
-        await self.store.write(op)
+    async def key_rejected(self, exc: HostKeyRejected) -> None:
+        """Raise the host_key_changed alert: the host presented a key known_hosts does not trust."""
+        draft = alerts.host_key_changed(self.name, exc.message)
+        await self.store.write(lambda tx: crud.raise_alert(tx=tx, draft=draft, policy=self.policy))
 
 
 def _log_failure(fut: asyncio.Future[Any]) -> None:

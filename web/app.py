@@ -17,6 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 import agent
 from controller.errors import ControllerError
+from controller.service import Controller
 from controller.settings import Settings
 from web import api, filters, metrics, pages, security
 from web.middleware import WebSecurity
@@ -50,7 +51,7 @@ def _allowed_hosts(bind: str, extra: Iterable[str]) -> frozenset[str]:
 
 
 def create_app(
-    controller: Any = None,
+    controller: Controller | None = None,
     *,
     settings: Settings | None = None,
     bind: str | None = None,
@@ -60,8 +61,6 @@ def create_app(
 ) -> FastAPI:
     """Build the app around a Controller (created from ``settings`` and started by the lifespan if None)."""
     if controller is None:
-        from controller.service import Controller
-
         controller = Controller(settings or Settings())
         manage = True if manage_controller is None else manage_controller
     else:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
+from controller.service import Controller
 from web import security
 from web.run_templates import TemplateStore
 
 
-def get_controller(request: Request) -> Any:
+def get_controller(request: Request) -> Controller:
     """The Controller facade this app serves."""
-    return request.app.state.controller
+    controller: Controller = request.app.state.controller
+    return controller
 
 
 def get_session(request: Request) -> security.Session:
@@ -48,7 +50,7 @@ def get_template_store(request: Request) -> TemplateStore:
     return store
 
 
-ControllerDep = Annotated[Any, Depends(get_controller)]
+ControllerDep = Annotated[Controller, Depends(get_controller)]
 SessionDep = Annotated[security.Session, Depends(get_session)]
 CsrfTokenDep = Annotated[str, Depends(get_csrf_token)]
 TemplateStoreDep = Annotated[TemplateStore, Depends(get_template_store)]

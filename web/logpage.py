@@ -8,21 +8,44 @@ Filtered views (search, errors only) read forwards once and keep the last matche
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 MAX_OFFSET = 2**62
 _SCAN_LIMIT = 100_000
 
 
+class LogReader(Protocol):
+    """The facade's ``read_log`` (controller/service.py's Controller has it)."""
+
+    async def read_log(
+        self,
+        run_id: str,
+        *,
+        after_offset: int = -1,
+        limit: int = 1000,
+        query: str | None = None,
+        errors_only: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Lines after ``after_offset``, ascending, filtered, at most ``limit``."""
+        ...
+
+
 async def _count_after(
-    ctl: Any, run_id: str, after: int, before: int | None, limit: int
+    ctl: LogReader, run_id: str, after: int, before: int | None, limit: int
 ) -> list[dict[str, Any]]:
     lines: list[dict[str, Any]] = await ctl.read_log(run_id, after_offset=after, limit=limit)
     return [ln for ln in lines if before is None or ln["offset"] < before]
 
 
 async def read_log_page(
-    ctl: Any, run_id: str, *, after: int, before: int | None, limit: int, q: str | None, errors_only: bool
+    ctl: LogReader,
+    run_id: str,
+    *,
+    after: int,
+    before: int | None,
+    limit: int,
+    q: str | None,
+    errors_only: bool,
 ) -> list[dict[str, Any]]:
     """Lines after ``after`` (ascending); with ``after == -1`` and no filter: the last ``limit`` lines
     (before ``before`` when given)."""

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from controller.models import RUN_STATES
+from controller.service import Controller
 
 
 class Metrics:
@@ -33,7 +32,7 @@ class Metrics:
         """Count one served request."""
         self.requests.labels(method, route, str(status)).inc()
 
-    async def refresh(self, ctl: Any) -> None:
+    async def refresh(self, ctl: Controller) -> None:
         """Set the gauges from the controller's current view."""
         runs = await ctl.list_runs()
         counts = dict.fromkeys(RUN_STATES, 0)

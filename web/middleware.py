@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 from http.cookies import SimpleCookie
-from typing import Any
 from urllib.parse import quote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from web import security
+from web.metrics import Metrics
 
 _OPEN_PATHS = ("/login", "/static/", "/api/health")
 
@@ -26,7 +26,7 @@ class WebSecurity:
         require_auth: bool,
         token_hash: dict[str, str] | None,
         allowed_hosts: frozenset[str],
-        metrics: Any = None,
+        metrics: Metrics | None = None,
         secure_cookie: bool = False,
     ) -> None:
         self.app = app

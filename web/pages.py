@@ -12,10 +12,11 @@ from pydantic import ValidationError
 
 from agent.spec import parse_spec
 from controller.errors import SpecInvalid
+from controller.service import Controller
 from web import forms, security
 from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep, TemplateStoreDep
 from web.logpage import read_log_page
-from web.run_templates import TemplateError
+from web.run_templates import TemplateError, TemplateStore
 from web.sse import TERMINAL_STATES
 
 router = APIRouter(include_in_schema=False)
@@ -58,8 +59,8 @@ async def new_run(
 
 async def _form_page(
     request: Request,
-    ctl: Any,
-    store: Any,
+    ctl: Controller,
+    store: TemplateStore,
     values: dict[str, str],
     errors: dict[str, str],
     *,

@@ -12,29 +12,19 @@ Host events are not journalled (no cursor); they are forwarded live, without an 
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
 
 from fastapi.sse import ServerSentEvent, format_sse_event
 
 from controller.bus import BusEvent
+from controller.service import Controller
 
 TERMINAL_STATES = frozenset({"completed", "failed", "stopped", "lost"})
 RETRY_MS = 1500
 BACKLOG_PAGE = 1000
 #: The dashboard's feed leaves out log lines and milestones (the run rows carry the last milestone).
 DASHBOARD_KINDS = frozenset({"run", "alert", "host"})
-
-T = TypeVar("T")
-
-
-async def maybe_await(value: T | Awaitable[T]) -> T:
-    """Await ``value`` when the facade method was async; pass it through otherwise."""
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 def to_sse(event: BusEvent) -> ServerSentEvent:
@@ -68,7 +58,7 @@ def end_event(state: str) -> ServerSentEvent:
 
 
 async def event_stream(
-    controller: Any,
+    controller: Controller,
     run_id: str | None,
     cursor: str | None,
     *,
@@ -84,9 +74,7 @@ async def event_stream(
         sub = controller.bus.subscribe()
         try:
             while not from_now:
-                backlog: list[BusEvent] = await maybe_await(
-                    controller.feed_since(run_id, last or None, limit=BACKLOG_PAGE)
-                )
+                backlog = await controller.feed_since(run_id, last or None, limit=BACKLOG_PAGE)
                 fresh = [ev for ev in backlog if ev.cursor > last]
                 for ev in fresh:
                     if wanted(ev, run_id, host, kinds):

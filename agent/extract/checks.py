@@ -5,10 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-try:  # the pure checker (owner C); the facade may re-export it as agent.outputs
-    from agent.outputs import Expectation, check_shapes
-except ImportError:  # pragma: no cover - depends on the other helper's module layout
-    from agent.output_shapes import Expectation, check_shapes
+from agent.checks.shapes import Expectation, check_shapes
 
 if TYPE_CHECKING:
     import torch

@@ -22,7 +22,7 @@ RUNNER = (
     "import sys\n"
     "for name in sys.argv[1].split(','):\n"
     "    if name: sys.modules[name] = None\n"
-    "from agent.cmd_check import run\n"
+    "from agent.checks.cli import run\n"
     "sys.exit(run(sys.argv[2:]))\n"
 )
 
@@ -63,7 +63,7 @@ def test_module_entry_point_runs(tmp_path: Path) -> None:
     hs_file(tmp_path / "hs_0.safetensors")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run(
-        [sys.executable, "-m", "agent.cmd_check", str(tmp_path), "--hidden-size", str(H)],
+        [sys.executable, "-m", "agent.checks.cli", str(tmp_path), "--hidden-size", str(H)],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -16,8 +16,8 @@ from tests.helpers.vllm_log import make_log
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def milestones(*args: str | Path, entry: str = "agent.cmd_milestones") -> subprocess.CompletedProcess[str]:
-    """Run it in a subprocess: ``python -m agent.cmd_milestones …`` or ``python -m agent milestones …``."""
+def milestones(*args: str | Path, entry: str = "agent.milestones.cli") -> subprocess.CompletedProcess[str]:
+    """Run it in a subprocess: ``python -m agent.milestones.cli …`` or ``python -m agent milestones …``."""
     argv = [sys.executable, "-m", *entry.split(), *map(str, args)]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
 
@@ -30,7 +30,7 @@ def oom_log(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("entry", ["agent.cmd_milestones", "agent milestones"])
+@pytest.mark.parametrize("entry", ["agent.milestones.cli", "agent milestones"])
 def test_json_output(oom_log: Path, entry: str) -> None:
     """--json: one object a line with exactly kind, line, rank, fields, text; per-rank lines once."""
     res = milestones(oom_log, "--json", entry=entry)

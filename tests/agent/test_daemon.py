@@ -229,7 +229,7 @@ def test_shutdown_leaves_jobs_running(agent_daemon: AgentProc, tmp_path: Path) -
         res = c.result("launch", run="keep", spec=_cmd(sleeper(tmp_path, seconds=60)))
         assert c.result("shutdown") == {"stopping": True}
     assert agent_daemon.proc.wait(10) == 0
-    from agent import procfs
+    from agent.jobs import procfs
 
     assert procfs.is_running(res["pid"])
     assert not agent_daemon.socket.exists()

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from agent import jobs, procfs
+from agent.jobs import control as jobs
+from agent.jobs import procfs
 from agent.paths import RunPaths, atomic_write_json, read_json, run_paths
 from tests.helpers.agentjobs import forker, printer, sleeper, write_script
 from tests.helpers.agentproc import cleanup_runs
@@ -198,6 +199,6 @@ def test_supervisor_usage_error() -> None:
     import subprocess
 
     out = subprocess.run(
-        [sys.executable, "-m", "agent.supervise"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "agent.jobs.supervise"], capture_output=True, text=True, check=False
     )
     assert out.returncode == 2 and "usage" in out.stderr

@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from agent.lines import Line, LineSplitter, strip_ansi
+from agent.logs.splitter import Line, LineSplitter, strip_ansi
 from tests.helpers.vllm_log import make_log
 
 

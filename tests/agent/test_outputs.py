@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from agent.output_shapes import CODES
-from agent.outputs import Expectation, check_path
+from agent.checks.checker import Expectation, check_path
+from agent.checks.shapes import CODES
 
 T, L, H = 12, 4, 64
 EXPECT = Expectation(layers=L, hidden_size=H)
@@ -335,7 +335,7 @@ def test_shallow_check_skips_value_scans(tmp_path: Path) -> None:
 
 def test_value_scan_across_many_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tiny chunk size forces the scan through many reads; the NaN sits in a late chunk."""
-    from agent import tensorfiles
+    from agent.checks import tensorfiles
 
     monkeypatch.setattr(tensorfiles, "CHUNK_BYTES", 3 * L * H * 2)
     big = torch.randn(100, L, H)

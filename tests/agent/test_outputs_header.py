@@ -8,8 +8,8 @@ import struct
 import pytest
 from safetensors.numpy import save
 
-from agent.output_shapes import Expectation, canonical_dtype, check_shapes
-from agent.safetensors_header import HeaderError, header_length, parse_header
+from agent.checks.safetensors_header import HeaderError, header_length, parse_header
+from agent.checks.shapes import Expectation, canonical_dtype, check_shapes
 
 
 def entry(dtype: str, shape: list[int], begin: int, end: int) -> dict[str, object]:

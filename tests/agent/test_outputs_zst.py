@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from agent.outputs import Expectation, check_path, is_capture_file
+from agent.checks.checker import Expectation, check_path, is_capture_file
 
 zstd = pytest.importorskip("zstandard")
 
@@ -107,7 +107,7 @@ def test_without_zstandard_it_is_unchecked(tmp_path: Path) -> None:
     code = (
         "import sys, json\n"
         "sys.modules['zstandard'] = None\n"
-        "from agent.outputs import check_path\n"
+        "from agent.checks.checker import check_path\n"
         "print(json.dumps(check_path(sys.argv[1]).to_dict()))\n"
     )
     out = subprocess.run(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agent import procfs
+from agent.jobs import procfs
 from agent.paths import atomic_write_json, read_json, run_paths
 from tests.helpers.agentjobs import marker, printer, write_script
 from tests.helpers.agentproc import AgentClient, AgentProc, cleanup_runs, start_agent, terminal_event

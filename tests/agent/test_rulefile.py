@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from agent.logline import Gate
-from agent.rulefile import BUILTIN_DIR, BUILTIN_FILES, RuleError, convert, read_rule_file
-from agent.rules import MilestoneEngine, load_rules
+from agent.milestones.engine import MilestoneEngine, load_rules
+from agent.milestones.logline import Gate
+from agent.milestones.rulefile import BUILTIN_DIR, BUILTIN_FILES, RuleError, convert, read_rule_file
 
 GOOD = {
     "name": "mine",

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from agent.lines import LineSplitter
-from agent.rules import Milestone, MilestoneEngine, RuleSet, load_rules, parse_line
+from agent.logs.splitter import LineSplitter
+from agent.milestones.engine import Milestone, MilestoneEngine, RuleSet, load_rules, parse_line
 from tests.helpers.vllm_log import FAILURES, FORMATS, make_log
 
 RULES = load_rules()
@@ -603,7 +603,7 @@ def test_line_table(line: str, rule: str, kind: str, fields: dict[str, Any]) -> 
 
 
 def test_table_covers_every_builtin_rule() -> None:
-    """The table above exercises every rule shipped in agent/rules/*.toml."""
+    """The table above exercises every rule shipped in agent/milestones/rules/*.toml."""
     assert set(RULES.names()) == {row[1] for row in TABLE}
 
 

@@ -1,4 +1,4 @@
-"""Table tests of the pure final-state decision (agent/runstate.py)."""
+"""Table tests of the pure final-state decision (agent/runs/summary.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agent.runstate import RunSummary, final_state
+from agent.runs.summary import RunSummary, final_state
 
 
 def _err(cls: str, text: str = "boom") -> dict[str, Any]:

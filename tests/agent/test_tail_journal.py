@@ -6,8 +6,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from agent.journal import Journal, read_events, scan
-from agent.tail import Broadcast, Inotify, Pulse, read_from
+from agent.logs.tail import Broadcast, Inotify, Pulse, read_from
+from agent.runs.journal import Journal, read_events, scan
 
 
 def test_journal_seq_and_recovery_of_a_torn_line(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent import tensorfiles
-from agent.outputs import Expectation, check_path
+from agent.checks import tensorfiles
+from agent.checks.checker import Expectation, check_path
 from tests.bench.run_all import bench_line
 
 L, H = 4, 7168

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.lines import LineSplitter
-from agent.rules import MilestoneEngine, load_rules
+from agent.logs.splitter import LineSplitter
+from agent.milestones.engine import MilestoneEngine, load_rules
 from tests.bench.run_all import bench_line
 from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent, terminal_event
 from tests.helpers.vllm_log import steady_lines

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.lines import LineSplitter
-from agent.rules import MilestoneEngine, load_rules
+from agent.logs.splitter import LineSplitter
+from agent.milestones.engine import MilestoneEngine, load_rules
 from tests.bench.run_all import bench_line
 from tests.helpers.vllm_log import make_log, steady_lines
 

@@ -26,11 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from controller import crud  # noqa: E402
 from controller.bus import Bus  # noqa: E402
 from controller.models import HostCreate  # noqa: E402
 from controller.service import Controller  # noqa: E402
 from controller.settings import Settings  # noqa: E402
-from controller.store import Store, Tx  # noqa: E402
+from controller.store import Store  # noqa: E402
 from tests.bench.run_all import SKIP_EXIT, bench_line  # noqa: E402
 from tests.helpers.sshd import SSHD, SSHD_BIN, kill_tree_matching  # noqa: E402
 
@@ -209,7 +210,9 @@ async def store_only(tmp: Path, n: int = 200_000, batch: int = 500) -> None:
     futs = []
     for start in range(0, n, batch):
         lines = [[i * 80, f"bulk {i} {'x' * 60}"] for i in range(start, start + batch)]
-        futs.append(store.submit(partial(Tx.add_log_lines, run_id="r", lines=lines, next_offset=start * 80)))
+        futs.append(
+            store.submit(partial(crud.add_log_lines, run_id="r", lines=lines, next_offset=start * 80))
+        )
     await asyncio.gather(*futs)
     dt = time.perf_counter() - t0
     await store.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.rules import MilestoneEngine, load_rules
+from agent.milestones.engine import MilestoneEngine, load_rules
 from tests.bench.run_all import bench_line
 from tests.helpers.vllm_log import steady_lines
 

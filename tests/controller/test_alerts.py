@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from controller import alerts, queries
+from controller import alerts, crud, queries
+from controller.alerts import AlertPolicy
 from controller.bus import Bus
+from controller.outbox import OutboxWorker
 from controller.settings import Settings
 from controller.store import Store, Tx
 from tests.helpers.sshd import free_port
@@ -140,7 +142,9 @@ def _settings(tmp_path: Path, port: int) -> Settings:
 
 
 async def _raise(store: Store, draft: alerts.AlertDraft) -> int | None:
-    return await store.write(lambda tx: alerts.raise_alert(tx, draft, cooldown_s=600, deliver=True))
+    return await store.write(
+        lambda tx: crud.raise_alert(tx=tx, draft=draft, policy=AlertPolicy(cooldown_s=600, deliver=True))
+    )
 
 
 async def test_delivered_once_through_apprise_json(tmp_path: Path, receiver: Receiver) -> None:
@@ -152,7 +156,7 @@ async def test_delivered_once_through_apprise_json(tmp_path: Path, receiver: Rec
         first = await _raise(store, draft)
         assert first is not None
         assert await _raise(store, draft) is None  # same (run, rule) within the cooldown: deduplicated
-        worker = alerts.OutboxWorker(settings, store)
+        worker = OutboxWorker(settings, store)
         assert await worker.deliver_due() == 1
         assert await worker.deliver_due() == 0
         assert len(receiver.bodies) == 1
@@ -173,7 +177,7 @@ async def test_outbox_survives_receiver_down_and_restart(tmp_path: Path, receive
             store, alerts.AlertDraft("run_failed", "error", "llama failed", "r-1", "gpu1")
         )
         assert alert_id is not None
-        assert await alerts.OutboxWorker(settings, store).deliver_due() == 0
+        assert await OutboxWorker(settings, store).deliver_due() == 0
         row = await store.read(lambda c: dict(c.execute("SELECT * FROM outbox").fetchone()))
         assert row["attempts"] == 1 and row["done"] == 0 and row["last_error"]
     finally:
@@ -185,7 +189,7 @@ async def test_outbox_survives_receiver_down_and_restart(tmp_path: Path, receive
         await store.write(
             lambda tx: tx.conn.execute("UPDATE outbox SET next_attempt_at=0")
         )  # skip the backoff
-        assert await alerts.OutboxWorker(settings, store).deliver_due() == 1
+        assert await OutboxWorker(settings, store).deliver_due() == 1
         assert [b["message"] for b in receiver.bodies] == ["llama failed"]
         assert (await store.read(queries.get_alert, alert_id)).delivered is True
     finally:
@@ -198,7 +202,7 @@ async def test_backoff_grows_and_muted_alerts_are_not_sent(tmp_path: Path, recei
     store = Store(settings.database, Bus())
     await store.open()
     try:
-        worker = alerts.OutboxWorker(settings, store)
+        worker = OutboxWorker(settings, store)
         await _raise(store, alerts.AlertDraft("stall", "warning", "slow", "r-2", "gpu1"))
         delays = []
         for _ in range(3):

@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 
-from controller import ingest, queries
+from controller import crud, queries
+from controller.alerts import AlertPolicy
 from controller.bus import Bus, BusEvent, parse_cursor
 from controller.lifecycle import RunEvent
-from controller.store import Store, Tx
+from controller.store import Store, Tx, connect
+
+QUIET = AlertPolicy(cooldown_s=0, deliver=False)
 
 
 def _run(tx: Tx, run_id: str = "r-1", spec: dict[str, Any] | None = None) -> None:
@@ -28,8 +31,8 @@ def _run(tx: Tx, run_id: str = "r-1", spec: dict[str, Any] | None = None) -> Non
         " VALUES (?,?,?,?,?,'pending',?,0,0)",
         (run_id, "run", "h", "command", json.dumps(spec), tx.now),
     )
-    ingest.transition(tx, run_id, RunEvent.LAUNCH)
-    ingest.transition(tx, run_id, RunEvent.LAUNCHED)
+    crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCH, policy=QUIET)
+    crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCHED, policy=QUIET)
 
 
 def _milestone(seq: int, kind: str = "progress", **fields: Any) -> dict[str, Any]:
@@ -66,9 +69,9 @@ async def test_events_exactly_once_in_order(store: Store) -> None:
     await store.write(_run)
     events = [_milestone(i) for i in range(1, 51)]
     # first delivery, then a replay overlapping it (reconnect), then the rest
-    await store.write(lambda tx: ingest.apply_events(tx, "r-1", events[:30], cooldown_s=0, deliver=False))
-    await store.write(lambda tx: ingest.apply_events(tx, "r-1", events[10:40], cooldown_s=0, deliver=False))
-    await store.write(lambda tx: ingest.apply_events(tx, "r-1", events, cooldown_s=0, deliver=False))
+    await store.write(lambda tx: crud.apply_events(tx=tx, run_id="r-1", events=events[:30], policy=QUIET))
+    await store.write(lambda tx: crud.apply_events(tx=tx, run_id="r-1", events=events[10:40], policy=QUIET))
+    await store.write(lambda tx: crud.apply_events(tx=tx, run_id="r-1", events=events, policy=QUIET))
     detail = await store.read(queries.get_run_detail, "r-1")
     assert [m.seq for m in detail.milestones] == list(range(1, 51))
     row = await store.read(queries.run_row, "r-1")
@@ -83,7 +86,7 @@ async def test_state_events_and_terminal(store: Store) -> None:
         {"seq": 2, "ts": 5.0, "type": "state", "state": "completed", "exit": {"code": 0}},
         {"seq": 3, "ts": 6.0, "type": "state", "state": "running"},
     ]
-    await store.write(lambda tx: ingest.apply_events(tx, "r-1", evs, cooldown_s=0, deliver=False))
+    await store.write(lambda tx: crud.apply_events(tx=tx, run_id="r-1", events=evs, policy=QUIET))
     run = await store.read(queries.get_run_public, "r-1")
     assert run.state == "completed" and run.exit == {"code": 0} and run.ended_at == 5.0
 
@@ -104,7 +107,9 @@ async def test_failed_check_raises_alert_and_stop_action(store: Store) -> None:
         "problems": [{"code": "hidden_dim_lost", "file": "/o/hs_0.safetensors", "message": "flat"}],
     }
     actions = await store.write(
-        lambda tx: ingest.apply_events(tx, "r-1", [check], cooldown_s=60, deliver=True)
+        lambda tx: crud.apply_events(
+            tx=tx, run_id="r-1", events=[check], policy=AlertPolicy(cooldown_s=60, deliver=True)
+        )
     )
     assert actions == ["stop"]
     detail = await store.read(queries.get_run_detail, "r-1")
@@ -116,8 +121,12 @@ async def test_failed_check_raises_alert_and_stop_action(store: Store) -> None:
 async def test_log_lines_idempotent_and_offset(store: Store) -> None:
     await store.write(_run)
     lines = [[i * 10, f"line {i}"] for i in range(100)]
-    n1 = await store.write(lambda tx: tx.add_log_lines("r-1", lines[:60], 600))
-    n2 = await store.write(lambda tx: tx.add_log_lines("r-1", lines[40:], 1000))
+    n1 = await store.write(
+        lambda tx: crud.add_log_lines(tx=tx, run_id="r-1", lines=lines[:60], next_offset=600)
+    )
+    n2 = await store.write(
+        lambda tx: crud.add_log_lines(tx=tx, run_id="r-1", lines=lines[40:], next_offset=1000)
+    )
     assert (n1, n2) == (60, 40)
     got = await store.read(queries.read_log, "r-1", -1, 1000, None, False)
     assert [g["offset"] for g in got] == [i * 10 for i in range(100)]
@@ -137,25 +146,38 @@ async def test_failing_write_is_isolated(store: Store) -> None:
         tx.conn.execute("UPDATE runs SET name='changed' WHERE id='r-1'")
         raise RuntimeError("boom")
 
-    ok = store.submit(lambda tx: tx.add_log_lines("r-1", [[0, "a"]], 2))
+    ok = store.submit(lambda tx: crud.add_log_lines(tx=tx, run_id="r-1", lines=[[0, "a"]], next_offset=2))
     failing = store.submit(bad)
-    ok2 = store.submit(lambda tx: tx.add_log_lines("r-1", [[2, "b"]], 4))
+    ok2 = store.submit(lambda tx: crud.add_log_lines(tx=tx, run_id="r-1", lines=[[2, "b"]], next_offset=4))
     assert await ok == 1 and await ok2 == 1
     with pytest.raises(RuntimeError, match="boom"):
         await failing
     assert (await store.read(queries.run_row, "r-1"))["name"] == "run"
 
 
+async def test_the_feed_reads_events_and_log_lines_from_one_snapshot(store: Store) -> None:
+    """A write committed between the feed's two SELECTs must not show in the second one."""
+    await store.write(_run)
+    conn = connect(store.path)
+    try:
+        with queries._snapshot(conn):
+            seen = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+            await store.write(partial(crud.add_log_lines, run_id="r-1", lines=[[0, "late"]], next_offset=5))
+            assert conn.execute("SELECT count(*) FROM log_lines").fetchone()[0] == 0
+            assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == seen
+        assert conn.execute("SELECT count(*) FROM log_lines").fetchone()[0] == 1
+    finally:
+        conn.close()
+
+
 async def test_feed_since_replays_what_the_bus_published(store: Store) -> None:
     sub = store.bus.subscribe()
     await store.write(_run)
     for i in range(1, 6):
-        await store.write(
-            partial(ingest.apply_events, run_id="r-1", events=[_milestone(i)], cooldown_s=0, deliver=False)
-        )
+        await store.write(partial(crud.apply_events, run_id="r-1", events=[_milestone(i)], policy=QUIET))
         await store.write(
             partial(
-                Tx.add_log_lines,
+                crud.add_log_lines,
                 run_id="r-1",
                 lines=[[i * 100, f"l{i}a"], [i * 100 + 5, f"l{i}b"]],
                 next_offset=i * 100 + 10,
@@ -182,7 +204,7 @@ async def test_concurrent_readers_while_writing(store: Store) -> None:
 
     async def writer() -> None:
         for i in range(50):
-            await store.write(partial(Tx.add_log_lines, run_id="r-1", lines=[[i, "x"]], next_offset=i + 1))
+            await store.write(partial(crud.add_log_lines, run_id="r-1", lines=[[i, "x"]], next_offset=i + 1))
 
     async def reader() -> None:
         for _ in range(50):

@@ -125,7 +125,7 @@ def test_manifest(scenario: dict[str, Any]) -> None:
     assert doc["samples"] == {str(i): n for i, n in enumerate(LENGTHS)}
     assert doc["tokens_total"] == sum(LENGTHS) and doc["samples_written"] == len(LENGTHS)
     assert doc["versions"]["vllm"] and doc["versions"]["torch"]
-    from agent.outputs import Expectation, check_path
+    from agent.checks.checker import Expectation, check_path
 
     report = check_path(scenario["out"], Expectation(layers=len(LAYERS), hidden_size=128))
     assert report.ok and report.files == len(LENGTHS), report.to_dict()

@@ -120,7 +120,7 @@ def _hello_pid(socket_path: Path) -> int | None:
 
 def cleanup_runs(state_dir: Path) -> None:
     """Kill every job (and leftover worker) of every run under ``state_dir``, then their supervisors."""
-    from agent import jobs
+    from agent.jobs import control as jobs
     from agent.paths import read_json, run_paths
 
     runs = state_dir / "runs"

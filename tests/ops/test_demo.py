@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from controller.demo import daemons_of
 from tests.helpers.agentproc import cleanup_runs
+from web.demo import daemons_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,11 +67,11 @@ def daemon_pid(home: Path) -> int | None:
 
 
 def start_demo(home: Path, *args: str, timeout: float = 600) -> Iterator[Demo]:
-    """Start `eaglewatch demo --home HOME --port 0 ARGS` (the README's command, as `python -m controller`);
+    """Start `eaglewatch demo --home HOME --port 0 ARGS` (the README's command, as `python -m web`);
     wait for its URL, token and first run."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "controller", "demo", "--home", str(home), "--port", "0", *args],
+        [sys.executable, "-m", "web", "demo", "--home", str(home), "--port", "0", *args],
         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=env, start_new_session=True,
     )  # fmt: skip
@@ -185,7 +185,9 @@ def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path) -> None:
             assert created.status_code == 201, created.text
             run = created.json()["id"]
         detail = wait_run(demo, run, lambda d: "shape_check_failed" in kinds(d) and d.get("alerts"), 600)
-        assert any("layer" in str(p).lower() for p in detail.get("problems", [])) or detail["alerts"]
+        failed = [m["fields"] for m in detail["milestones"] if m["kind"] == "shape_check_failed"]
+        assert any(f.get("code") == "layer_count_mismatch" for f in failed), failed  # the dropped layer
+        assert "shape_check_failed" in {a["rule"] for a in detail["alerts"]}, detail["alerts"]
         # The page's saved "broken" template, as the New-run form turns it into a spec.
         from web.forms import check_form
         from web.run_templates import TemplateStore
@@ -212,7 +214,7 @@ def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path) -> None:
 def test_demo_templates_fill_the_new_run_form(tmp_path: Path) -> None:
     """The saved templates turn back into valid specs through the New-run form's own conversion."""
     from agent.spec import parse_spec
-    from controller import demo as demo_mod
+    from web import demo as demo_mod
     from web.forms import check_form
     from web.run_templates import TemplateStore
 
@@ -233,7 +235,7 @@ def test_demo_templates_fill_the_new_run_form(tmp_path: Path) -> None:
 
 def test_demo_dataset_uses_the_tiny_vocabulary(tmp_path: Path) -> None:
     from agent.extract.tinymodel import SPECIALS, VOCAB_WORDS
-    from controller.demo import write_dataset
+    from web.demo import write_dataset
 
     path = tmp_path / "d.jsonl"
     write_dataset(path, samples=24)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import gpus
+from agent.jobs import gpus
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-smi"
 H200_UUID = "GPU-eb00ebd1-8708-a4aa-5053-122bb6d20cec"

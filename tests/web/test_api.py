@@ -26,7 +26,8 @@ async def test_hosts_crud_and_errors(client: httpx.AsyncClient) -> None:
     r = await client.get("/api/hosts/nope")
     assert r.status_code == 404 and r.json()["error"] == "not_found"
     r = await client.post("/api/hosts", json={"name": "gpu1", "ssh": "x"}, headers={"x-csrf-token": tok})
-    assert r.status_code == 409
+    assert r.status_code == 409 and r.json()["error"] == "conflict" and "gpu1" in r.json()["message"]
+    assert [h["ssh"] for h in (await client.get("/api/hosts")).json()] == ["user@gpu1"]  # the first one kept
     r = await client.post(
         "/api/hosts", json={"name": "gpu2", "ssh": "-oProxyCommand=x"}, headers={"x-csrf-token": tok}
     )
@@ -61,18 +62,37 @@ async def test_bad_spec_is_422_naming_the_field_and_launches_nothing(
     assert await ctl.list_runs() == []
 
 
-async def test_unknown_host_and_run(client: httpx.AsyncClient) -> None:
+async def test_unknown_host_is_a_bad_spec_naming_the_host_field(
+    client: httpx.AsyncClient, ctl: Controller
+) -> None:
+    """DESIGN.md: a bad spec is 422 naming the field; an unconfigured host is one."""
     tok = await csrf_of(client)
     r = await client.post(
         "/api/runs",
         json={"host": "ghost", "backend": "command", "command": ["true"]},
         headers={"x-csrf-token": tok},
     )
-    assert r.status_code in (404, 422) and "ghost" in r.json()["message"]
-    assert (await client.get("/api/runs/nope")).status_code == 404
-    assert (await client.post("/api/runs/nope/stop", headers={"x-csrf-token": tok})).status_code == 404
-    assert (await client.get("/api/runs/nope/events")).status_code == 404
-    assert (await client.post("/api/alerts/12345/ack", headers={"x-csrf-token": tok})).status_code == 404
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["error"] == "invalid" and "ghost" in body["message"]
+    assert [e["field"] for e in body["errors"]] == ["host"]
+    assert await ctl.list_runs() == []
+
+
+async def test_unknown_run_and_alert_are_404_naming_them(client: httpx.AsyncClient) -> None:
+    tok = await csrf_of(client)
+    csrf = {"x-csrf-token": tok}
+    for method, path, name in [
+        ("GET", "/api/runs/nope", "nope"),
+        ("POST", "/api/runs/nope/stop", "nope"),
+        ("GET", "/api/runs/nope/events", "nope"),
+        ("GET", "/api/runs/nope/log", "nope"),
+        ("POST", "/api/alerts/12345/ack", "12345"),
+        ("POST", "/api/alerts/12345/mute", "12345"),
+    ]:
+        r = await client.request(method, path, headers=csrf)
+        assert r.status_code == 404, (path, r.text)
+        assert r.json()["error"] == "not_found" and name in r.json()["message"], path
 
 
 async def test_every_post_needs_the_csrf_token(client: httpx.AsyncClient) -> None:
@@ -81,16 +101,18 @@ async def test_every_post_needs_the_csrf_token(client: httpx.AsyncClient) -> Non
                        ("/api/runs/x/stop", None),
                        ("/api/alerts/1/ack", None)]:  # fmt: skip
         r = await client.post(path, json=body)
-        assert r.status_code == 403, path
+        assert r.status_code == 403 and "CSRF" in r.json()["message"], path
         r = await client.post(path, json=body, headers={"x-csrf-token": "wrong"})
-        assert r.status_code == 403, path
+        assert r.status_code == 403 and "CSRF" in r.json()["message"], path
     r = await client.post("/runs/new", data={"host": "a"})
-    assert r.status_code == 403
+    assert r.status_code == 403 and "CSRF" in r.text
     other = httpx.AsyncClient(transport=client._transport, base_url="http://127.0.0.1")  # another session
     tok = await csrf_of(client)
     r = await other.post("/api/hosts", json={"name": "a", "ssh": "a"}, headers={"x-csrf-token": tok})
     assert r.status_code == 403  # a token only works with the session it belongs to
     await other.aclose()
+    assert (await client.get("/api/hosts")).json() == []  # and nothing was written
+    assert (await client.get("/api/runs")).json() == []
 
 
 async def test_host_and_origin_checks(client: httpx.AsyncClient) -> None:

@@ -1,4 +1,4 @@
-"""Jobs on the host: spawn detached (through agent.supervise), tell alive/finished/lost, stop for real."""
+"""Jobs on the host: spawn detached (under agent.jobs.supervise), tell alive/ended/lost, stop for real."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent import procfs
+from agent.jobs import procfs
 from agent.paths import RUN_ID_ENV, RunPaths, atomic_write_json, read_json
 
-_PKG_ROOT = Path(__file__).resolve().parent.parent
+_PKG_ROOT = Path(__file__).resolve().parents[2]
 
 
 class SpawnError(Exception):
@@ -28,7 +28,7 @@ def spawn(paths: RunPaths, argv: list[str], env: dict[str, str], cwd: str | None
     atomic_write_json(paths.launch, {"argv": argv, "env": {**env, RUN_ID_ENV: paths.run}, "cwd": cwd})
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "agent.supervise", str(paths.dir)],
+            [sys.executable, "-m", "agent.jobs.supervise", str(paths.dir)],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             start_new_session=True,
@@ -172,7 +172,7 @@ def stop(
 def gpu_released(pids: set[int]) -> bool | None:
     """False while nvidia-smi lists one of ``pids`` holding GPU memory; None on a host without GPUs."""
     try:
-        from agent import gpus  # owner G; imported late so a host without it still stops jobs
+        from agent.jobs import gpus  # imported late: only a stop that confirms GPU release needs it
     except ImportError:
         return None
     try:

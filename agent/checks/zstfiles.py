@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent.output_shapes import ValueStats
-from agent.safetensors_header import Header, HeaderError, header_length, parse_header
-from agent.tensorfiles import LoadError, Reader, read_exact, require_module, scan_stream, value_backend
+from agent.checks.safetensors_header import Header, HeaderError, header_length, parse_header
+from agent.checks.shapes import ValueStats
+from agent.checks.tensorfiles import LoadError, Reader, read_exact, require_module, scan_stream, value_backend
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _UNKNOWN_SIZE = 1 << 62  # placeholder total while the real size is not known yet

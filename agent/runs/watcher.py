@@ -17,14 +17,16 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from agent import jobs, procfs
-from agent.journal import Journal, scan
-from agent.lines import LineSplitter
-from agent.outwatch import check_events, check_file, complete_files
+from agent.jobs import control as jobs
+from agent.jobs import procfs
+from agent.logs.splitter import LineSplitter
+from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse, read_from
+from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, load_rules
 from agent.paths import RunPaths, atomic_write_json, read_json
-from agent.rules import Milestone, MilestoneEngine, RuleError, load_rules
-from agent.runstate import RunSummary, final_state
-from agent.tail import POLL_INTERVAL_S, Broadcast, Pulse, read_from
+from agent.runs.jobspec import JobSpec
+from agent.runs.journal import Journal, scan
+from agent.runs.outputs import check_events, check_file, complete_files
+from agent.runs.summary import RunSummary, final_state
 
 log = logging.getLogger("eaglewatch.agent")
 READ_CHUNK = 256 * 1024  # ~35 ms of rule work: other runs and clients are served in between
@@ -48,7 +50,7 @@ class RunWatcher:
         self,
         paths: RunPaths,
         journal: Journal,
-        spec: dict[str, Any],
+        spec: JobSpec,
         stopper: Callable[[str, str], None],
         polling: bool,
     ) -> None:
@@ -103,20 +105,13 @@ class RunWatcher:
             "last_seq": self.journal.last_seq,
             "log_size": size,
             "reason": self.summary.reason,
-            "name": self.spec.get("name"),
-            "backend": self.spec.get("backend", "worker-extension"),
+            "name": self.spec.name,
+            "backend": self.spec.backend,
         }
-
-    def _world_size(self) -> int | None:
-        """TP ranks the extraction job will run (closes per-rank groups at once); unknown for a command."""
-        if self.spec.get("backend", "command") == "command":
-            return None
-        tp = self.spec.get("tensor_parallel_size", 1)
-        return tp if isinstance(tp, int) and tp >= 1 else None
 
     def _restore_cursor(self) -> None:
         try:
-            self._rules = load_rules(extra=list(self.spec.get("rules") or []))
+            self._rules = load_rules(extra=self.spec.rules)
         except (RuleError, TypeError):  # checked at launch; a spec edited on disk falls back to built-ins
             self._rules = load_rules()
         cur = read_json(self.paths.cursor)
@@ -125,7 +120,7 @@ class RunWatcher:
         self.line = int(cur.get("line", 0))
         self.checked: dict[str, list[int]] = dict(cur.get("checked", {}))
         snap = cur.get("engine")
-        world = self._world_size()
+        world = self.spec.world_size
         try:
             self.engine = (
                 MilestoneEngine.restore(self._rules, snap) if snap else MilestoneEngine(self._rules, world)
@@ -279,7 +274,7 @@ class RunWatcher:
     # --- outputs ---------------------------------------------------------------------------------
     async def _scan_outputs(self, final: bool) -> None:
         """Check each capture file once it is complete: same size on two looks and no ``.lock`` beside it."""
-        out = self.spec.get("output_dir")
+        out = self.spec.output_dir
         if not out or self._checking or not os.path.isdir(out):
             return
         ready = complete_files(out, self.checked, self._pending_files, self._recovered_checks, final)
@@ -289,31 +284,42 @@ class RunWatcher:
         try:
             for name, sig in ready:
                 self._pending_files.pop(name, None)
-                report = await check_file(os.path.join(out, name), self.spec)
+                report = await self._check(os.path.join(out, name))
                 self.checked[name] = list(sig)
                 self._record_check(name, report)
         finally:
             self._checking = False
         self._save_cursor(force=True)
 
+    async def _check(self, path: str, deep: bool = True) -> dict[str, Any]:
+        spec = self.spec
+        return await check_file(
+            path,
+            layers=spec.expect_layers,
+            hidden_size=spec.expect_hidden_size,
+            model=spec.model,
+            layer_ids=spec.layers,
+            deep=deep,
+        )
+
     def _record_check(self, name: str, report: dict[str, Any]) -> None:
         for ev in check_events(name, report, self.line):
             self._append(ev)
         problems = list(report.get("problems") or [])
-        if problems and self.spec.get("on_shape_failure") == "stop" and not self._stop_requested:
+        if problems and self.spec.on_shape_failure == "stop" and not self._stop_requested:
             self._stop_requested = True
             p = problems[0]
             self.stopper(self.paths.run, f"shape check failed: {p.get('code')} in {p.get('file', name)}")
 
     async def _check_index_gaps(self) -> None:
         """Once, at the end: a header-only look at the whole output dir for missing hs_N/data_N indices."""
-        out = self.spec.get("output_dir")
+        out = self.spec.output_dir
         if not out or not os.path.isdir(out) or "." in self.checked:
             return
         self.checked["."] = [0, 0]
         if "." in self._recovered_checks:
             return
-        report = await check_file(out, self.spec, deep=False)
+        report = await self._check(out, deep=False)
         gaps = [p for p in report.get("problems") or [] if p.get("code") == "index_gap"]
         if gaps:
             self._record_check(".", {"ok": False, "format": report.get("format"), "problems": gaps})
@@ -362,7 +368,7 @@ class RunWatcher:
                 exit_rec if isinstance(exit_rec, dict) else None,
                 stop_rec if isinstance(stop_rec, dict) else None,
                 self.summary,
-                self.spec.get("backend", "worker-extension"),
+                self.spec.backend,
             )
             if state == "failed" and not self.summary.failed_seen:
                 self._append(

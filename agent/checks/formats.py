@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.output_shapes import (
+from agent.checks.shapes import (
     Described,
     Expectation,
     Problem,

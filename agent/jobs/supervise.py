@@ -1,4 +1,4 @@
-"""The per-job supervisor: ``python -m agent.supervise RUN_DIR`` starts the job detached and records its end.
+"""The per-job supervisor: ``python -m agent.jobs.supervise RUN_DIR`` starts the job and records its end.
 
 The daemon runs this in a new session; it forks once so the real supervisor is not the daemon's child (the
 job and its supervisor survive the daemon, the SSH link and the controller), starts the job in its own
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent import procfs
+from agent.jobs import procfs
 from agent.paths import RunPaths, atomic_write_json, read_json
 
 
@@ -79,7 +79,7 @@ def _start_job(paths: RunPaths) -> tuple[subprocess.Popen[bytes] | None, dict[st
 def main(argv: list[str]) -> int:
     """Entry point; prints the job record (or {"error": ...}) as one JSON line, then returns."""
     if len(argv) != 1:
-        print("usage: python -m agent.supervise RUN_DIR", file=sys.stderr)
+        print("usage: python -m agent.jobs.supervise RUN_DIR", file=sys.stderr)
         return 2
     run_dir = Path(argv[0])
     paths = RunPaths(run=run_dir.name, dir=run_dir)

@@ -8,15 +8,15 @@ import logging
 import os
 import platform
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from agent import __version__, jobs, protocol
-from agent.follow import stream_events, stream_log
+from agent import __version__, protocol
+from agent.daemon.streams import stream_events, stream_log
+from agent.jobs import control as jobs
+from agent.logs.tail import read_from
 from agent.protocol import ErrorCode, Op, ProtocolError, Request
-from agent.tail import read_from
-
-if TYPE_CHECKING:
-    from agent.daemon import Daemon
+from agent.runs.outputs import check_file
+from agent.runs.watcher import RunWatcher
 
 log = logging.getLogger("eaglewatch.agent")
 #: Ops that may take seconds: they run in their own task so the connection keeps answering.
@@ -40,10 +40,29 @@ def _int_arg(args: dict[str, Any], name: str, default: int, lo: int, hi: int) ->
     return value
 
 
+class Host(Protocol):
+    """What a connection asks of the daemon that accepted it (agent/daemon/server.py's Daemon)."""
+
+    hostname: str
+    runs: dict[str, RunWatcher]
+
+    def watcher(self, args: dict[str, Any]) -> RunWatcher:
+        """The run named by ``args["run"]`` or an OpError."""
+        ...
+
+    async def launch(self, run: Any, spec: Any) -> dict[str, Any]:
+        """Start a run."""
+        ...
+
+    def request_shutdown(self) -> None:
+        """Exit after the current replies."""
+        ...
+
+
 class Connection:
     """Serves one client until it disconnects."""
 
-    def __init__(self, daemon: Daemon, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, daemon: Host, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.daemon = daemon
         self.reader = reader
         self.writer = writer
@@ -247,8 +266,6 @@ class Connection:
 
     async def op_check(self, args: dict[str, Any]) -> dict[str, Any]:
         """Check a capture file or directory (in a child process)."""
-        from agent.outwatch import check_file
-
         path = args["path"]
         if not isinstance(path, str) or not path or "\0" in path:
             raise OpError(ErrorCode.BAD_ARGS, "'path' must be a non-empty string")
@@ -260,11 +277,11 @@ class Connection:
         for name, value in (("layers", layers), ("hidden_size", args.get("hidden_size"))):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise OpError(ErrorCode.BAD_ARGS, f"'{name}' must be a positive integer")
-        return await check_file(path, {"expect": {"layers": layers, "hidden_size": args.get("hidden_size")}})
+        return await check_file(path, layers=layers, hidden_size=args.get("hidden_size"))
 
     async def op_gpus(self, args: dict[str, Any]) -> dict[str, Any]:
         """nvidia-smi's view of the GPUs (empty lists without GPUs)."""
-        from agent import gpus
+        from agent.jobs import gpus
 
         result: dict[str, Any] = await asyncio.to_thread(gpus.query)
         return result

@@ -10,7 +10,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from agent.output_shapes import Problem
+from agent.checks.shapes import Problem
 
 CAPTURE = re.compile(
     r"^(?:(?P<hs>hs)_(?P<hs_i>\d+)\.safetensors(?:\.zst)?"

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.output_shapes import Described, TensorMeta, ValueStats, canonical_dtype
+from agent.checks.shapes import Described, TensorMeta, ValueStats, canonical_dtype
 
 # Bytes per value-scan chunk: big enough to amortise per-call overhead, small enough to bound temporaries.
 CHUNK_BYTES = 16 << 20

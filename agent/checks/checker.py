@@ -6,7 +6,7 @@ are loaded with torch when it is importable, else listed as unchecked; *.safeten
 optional zstandard package (else unchecked) and are decompressed end to end (truncation shows at the end).
 With deep=True, hidden states are scanned for NaN/Inf and all-zero layers (numpy, else torch; skipped with
 a note when neither is there).
-The rules themselves are pure (agent.output_shapes, agent.output_formats); this module does the I/O.
+The rules themselves are pure (agent.checks.shapes, agent.checks.formats); this module does the I/O.
 
 Report semantics: ``ok`` is True only when at least one file was checked and no problem was found — a run
 where everything was unchecked (or nothing was found) is never ``ok``. Files still being written (a
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import tensorfiles, zstfiles
-from agent.output_dirs import (
+from agent.checks import tensorfiles, zstfiles
+from agent.checks.dirs import (
     CAPTURE,
     index_gaps,
     is_capture_file,
@@ -34,8 +34,9 @@ from agent.output_dirs import (
     read_sample_lengths,
     walk,
 )
-from agent.output_formats import EAGLE, SAFETENSORS, SPECFORGE, SPECULATORS_PT, check_sample, classify
-from agent.output_shapes import (
+from agent.checks.formats import EAGLE, SAFETENSORS, SPECFORGE, SPECULATORS_PT, check_sample, classify
+from agent.checks.safetensors_header import Header, HeaderError, read_header
+from agent.checks.shapes import (
     Expectation,
     Problem,
     TensorMeta,
@@ -43,7 +44,6 @@ from agent.output_shapes import (
     missing_keys,
     value_problems,
 )
-from agent.safetensors_header import Header, HeaderError, read_header
 
 __all__ = [
     "CheckReport",

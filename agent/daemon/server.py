@@ -14,15 +14,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent import __version__, jobs, protocol
-from agent.connection import Connection, OpError
-from agent.journal import Journal
-from agent.paths import RunPaths, atomic_write_json, run_paths, runs_dir, valid_run_id
-from agent.procfs import boot_id
+from agent import __version__, protocol
+from agent.daemon.connection import Connection, OpError
+from agent.jobs import control as jobs
+from agent.jobs.procfs import boot_id
+from agent.logs.tail import POLL_INTERVAL_S, Inotify
+from agent.milestones.engine import RuleError, load_rules
+from agent.paths import RunPaths, atomic_write_json, read_json, run_paths, runs_dir, valid_run_id
 from agent.protocol import ErrorCode
-from agent.rules import RuleError, load_rules
-from agent.tail import POLL_INTERVAL_S, Inotify
-from agent.watch import RunWatcher
+from agent.runs.jobspec import JobSpec, SpecError
+from agent.runs.journal import Journal
+from agent.runs.watcher import RunWatcher
 
 log = logging.getLogger("eaglewatch.agent")
 #: How long a starting daemon waits for a shutting-down one to release the state dir.
@@ -161,13 +163,10 @@ class Daemon:
     # --- runs ------------------------------------------------------------------------------------
     def _adopt(self, paths: RunPaths) -> RunWatcher:
         """Create the watcher of an existing or new run and start it unless the run has ended."""
-        from agent.paths import read_json
-
-        spec = read_json(paths.spec)
         watcher = RunWatcher(
             paths,
             Journal(paths.events),
-            spec if isinstance(spec, dict) else {},
+            JobSpec.stored(read_json(paths.spec)),
             self._agent_stop,
             polling=self.inotify is None,
         )
@@ -211,9 +210,13 @@ class Daemon:
             raise OpError(
                 ErrorCode.BAD_ARGS, f"run id {str(run)[:80]!r} must match ^[A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}$"
             )
-        argv, env = launch_argv(run, spec, self.state_dir)
         try:
-            load_rules(extra=list(spec.get("rules") or []))
+            view = JobSpec.parse(spec)
+        except SpecError as exc:
+            raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
+        argv, env = launch_argv(run, view, self.state_dir)
+        try:
+            load_rules(extra=view.rules)
         except (RuleError, TypeError) as exc:
             raise OpError(ErrorCode.BAD_ARGS, f"spec.rules: {exc}") from None
         paths = run_paths(self.state_dir, run)
@@ -258,37 +261,16 @@ def _dump_tasks() -> None:
     sys.stderr.flush()
 
 
-def launch_argv(run: str, spec: Any, state_dir: Path) -> tuple[list[str], dict[str, str]]:
-    """The job's argv and environment additions for ``spec``; OpError naming what is wrong."""
-    if not isinstance(spec, dict):
-        raise OpError(ErrorCode.BAD_ARGS, "'spec' must be a JSON object (a run spec)")
-    backend = spec.get("backend", "worker-extension")
-    if backend not in ("worker-extension", "vllm-native", "command"):
-        raise OpError(
-            ErrorCode.BAD_ARGS,
-            f"spec.backend {str(backend)[:40]!r} is not one of worker-extension, vllm-native, command",
-        )
-    env = spec.get("env") or {}
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and k.isidentifier() and isinstance(v, str) and "\0" not in v
-        for k, v in env.items()
-    ):
-        raise OpError(ErrorCode.BAD_ARGS, "spec.env must map variable names to strings")
-    if spec.get("on_shape_failure", "alert") not in ("alert", "stop"):
-        raise OpError(ErrorCode.BAD_ARGS, "spec.on_shape_failure must be 'alert' or 'stop'")
-    if backend == "command":
-        cmd = spec.get("command")
-        if not isinstance(cmd, list) or not cmd or not all(isinstance(a, str) and "\0" not in a for a in cmd):
-            raise OpError(
-                ErrorCode.BAD_ARGS, "backend 'command' needs spec.command: a non-empty list of strings"
-            )
-        return list(cmd), dict(env)
+def launch_argv(run: str, spec: JobSpec, state_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """The job's argv and environment additions for a checked spec."""
+    if spec.backend == "command":
+        return list(spec.command), dict(spec.env)
     spec_file = run_paths(state_dir, run).spec
     # The job imports the very agent package this daemon runs (and vLLM's workers its worker extension).
-    pkg_root = str(Path(__file__).resolve().parent.parent)
-    inherited = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    env = {**env, "PYTHONPATH": pkg_root + (os.pathsep + inherited if inherited else "")}
-    return [sys.executable, "-m", "agent", "extract", "--spec", str(spec_file)], dict(env)
+    pkg_root = str(Path(__file__).resolve().parents[2])
+    inherited = spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    env = {**spec.env, "PYTHONPATH": pkg_root + (os.pathsep + inherited if inherited else "")}
+    return [sys.executable, "-m", "agent", "extract", "--spec", str(spec_file)], env
 
 
 async def run_daemon(state_dir: Path, socket_path: Path) -> int:

@@ -30,6 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controller.errors import NotFound
+from controller.models import HostCreate
+from controller.service import Controller
+from controller.settings import Settings
+from web import security
+from web.app import create_app
+from web.forms import spec_to_form
+from web.run_templates import TemplateStore
+
 DEMO_HOST = "local"
 #: A fast stand-in job for --no-extract: milestone lines in the extraction job's own format, then success.
 FAKE_JOB = """
@@ -141,16 +150,11 @@ BROKEN_TEMPLATE = "demo broken - drops a layer"
 
 def broken_form(paths: DemoPaths) -> dict[str, str]:
     """New-run form values of a run whose shape checks fail: the capture drops a layer."""
-    from web.forms import spec_to_form
-
     return spec_to_form(extraction_spec(paths, "demo-broken", "drop_layer"))
 
 
 def save_templates(home: Path, paths: DemoPaths, extract: bool) -> None:
     """Saved New-run templates: the good run and the broken one."""
-    from web.forms import spec_to_form
-    from web.run_templates import TemplateStore
-
     store = TemplateStore(home)
     if extract:
         store.save("demo tiny llama", spec_to_form(extraction_spec(paths, "demo-2")))
@@ -161,8 +165,6 @@ def save_templates(home: Path, paths: DemoPaths, extract: bool) -> None:
 
 def fresh_token(home: Path) -> str:
     """A new login token for this demo start (the old one is forgotten)."""
-    from web import security
-
     (home / security.TOKEN_FILE).unlink(missing_ok=True)
     token = security.ensure_token(home)
     assert token is not None
@@ -236,7 +238,7 @@ def _end_daemons(state_dir: Path, grace_s: float = 2.0, timeout_s: float = 15.0)
         time.sleep(0.1)
 
 
-async def _echo_milestones(ctl: Any) -> None:
+async def _echo_milestones(ctl: Controller) -> None:
     """Print each milestone and alert on the terminal as it arrives (the page shows the same)."""
     async for event in ctl.bus.subscribe():
         if event.kind == "milestone":
@@ -278,12 +280,6 @@ async def _start_server(app: Any, bind: str, port: int) -> tuple[Any, asyncio.Ta
 
 
 async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool) -> int:
-    from controller.errors import NotFound
-    from controller.models import HostCreate
-    from controller.service import Controller
-    from controller.settings import Settings
-    from web.app import create_app
-
     paths = DemoPaths(home)
     home.mkdir(parents=True, exist_ok=True)
     token = fresh_token(home)
@@ -343,7 +339,7 @@ def run_demo(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m controller.demo [--home DIR] [--port N] [--no-extract] [--broken]`."""
+    """`python -m web.demo [--home DIR] [--port N] [--no-extract] [--broken]`."""
     parser = argparse.ArgumentParser(prog="eaglewatch demo", description=__doc__.splitlines()[0])
     parser.add_argument("--home", type=Path, help="demo state (default ~/.local/share/eaglewatch-demo)")
     parser.add_argument("--bind", default="127.0.0.1", help="address of the web UI (default 127.0.0.1)")

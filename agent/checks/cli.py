@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
-from agent.outputs import CheckReport, Expectation, check_path, expectation_from_model
+from agent.checks.checker import CheckReport, Expectation, check_path, expectation_from_model
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_CANNOT_RUN = 0, 1, 2
 MAX_LINES = 50  # problems printed one per line; a run with the same fault in every file gets a summary
@@ -139,7 +139,7 @@ def run(argv: list[str]) -> int:
 
 
 def main() -> None:
-    """`python -m agent.cmd_check`."""
+    """`python -m agent.checks.cli`."""
     sys.exit(run(sys.argv[1:]))
 
 

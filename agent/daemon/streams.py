@@ -6,10 +6,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent import protocol
-from agent.journal import read_events
-from agent.lines import LineSplitter
-from agent.tail import read_from
-from agent.watch import RunWatcher
+from agent.logs.splitter import LineSplitter
+from agent.logs.tail import read_from
+from agent.runs.journal import read_events
+from agent.runs.watcher import RunWatcher
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 #: A log batch holds at most this many lines or about this many bytes of text.

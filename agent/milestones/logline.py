@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.rulefile import Rule, RuleSet
+from agent.milestones.rulefile import Rule, RuleSet
 
 # "(Worker_TP3 pid=7) ", "(VllmWorker rank=3 pid=7) ", Ray's "(RayWorkerWrapper pid=7, ip=10.0.0.2) "
 _PREFIX_RE = re.compile(

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from agent.lines import LineSplitter
-from agent.rules import Milestone, MilestoneEngine, RuleError, RuleSet, load_rules
+from agent.logs.splitter import LineSplitter
+from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, RuleSet, load_rules
 
 CHUNK = 1 << 20
 PROG = "eaglewatch-agent milestones"

@@ -1,4 +1,4 @@
-"""``python -m agent.checkrun '<json>'``: check one path in a child process and print the report as JSON.
+"""``python -m agent.checks.child '<json>'``: check one path in a child process and print the report as JSON.
 
 The daemon checks capture files this way so that torch/numpy (deep checks) never load into it.
 The argument: {"path", "layers"?, "hidden_size"?, "model"?, "layer_ids"?, "deep"? (default true)}.
@@ -13,7 +13,7 @@ from typing import Any
 
 def expectation(arg: dict[str, Any]) -> Any:
     """The Expectation for ``arg``: explicit values first, the model's config.json for the rest."""
-    from agent.outputs import Expectation, expectation_from_model
+    from agent.checks.checker import Expectation, expectation_from_model
 
     layers = arg.get("layers")
     hidden = arg.get("hidden_size")
@@ -36,9 +36,9 @@ def main(argv: list[str]) -> int:
         if not isinstance(arg, dict) or not isinstance(arg.get("path"), str):
             raise ValueError("expected a JSON object with a string 'path'")
     except (IndexError, ValueError) as exc:
-        print(f"usage: python -m agent.checkrun '{{\"path\": ...}}': {exc}", file=sys.stderr)
+        print(f"usage: python -m agent.checks.child '{{\"path\": ...}}': {exc}", file=sys.stderr)
         return 2
-    from agent.outputs import check_path
+    from agent.checks.checker import check_path
 
     report = check_path(arg["path"], expectation(arg), deep=bool(arg.get("deep", True)))
     print(json.dumps(report.to_dict()))

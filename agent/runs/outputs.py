@@ -23,8 +23,8 @@ def complete_files(
     second look.
     """
     try:
-        from agent.output_dirs import lock_names
-        from agent.outputs import is_capture_file
+        from agent.checks.checker import is_capture_file
+        from agent.checks.dirs import lock_names
     except ImportError:
         return []
     try:
@@ -84,23 +84,30 @@ def check_events(name: str, report: dict[str, Any], line: int) -> list[dict[str,
     return events
 
 
-async def check_file(path: str, spec: dict[str, Any], deep: bool = True) -> dict[str, Any]:
+async def check_file(
+    path: str,
+    *,
+    layers: int | None = None,
+    hidden_size: int | None = None,
+    model: str | None = None,
+    layer_ids: list[int] | None = None,
+    deep: bool = True,
+) -> dict[str, Any]:
     """Run the output checker on a path in a child process (keeps torch/numpy out of the daemon)."""
-    expect = dict(spec.get("expect") or {})
     arg = json.dumps(
         {
             "path": path,
-            "layers": expect.get("layers"),
-            "hidden_size": expect.get("hidden_size"),
-            "model": spec.get("model"),
-            "layer_ids": spec.get("layers"),
+            "layers": layers,
+            "hidden_size": hidden_size,
+            "model": model,
+            "layer_ids": layer_ids,
             "deep": deep,
         }
     )
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "agent.checkrun",
+        "agent.checks.child",
         arg,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,

@@ -1,13 +1,13 @@
-"""Pure milestone engine: already-split log lines in, milestones out (rule data in agent/rules/*.toml).
+"""Pure milestone engine: already-split log lines in, milestones out (rule data in rules/*.toml beside it).
 
 How it works
 ------------
-Each line goes through a cheap gate first (``agent.logline.Gate``: a split into words and one set test,
+Each line goes through a cheap gate first (``logline.Gate``: a split into words and one set test,
 derived from every rule's ``words`` and ``contains`` prefilters and ``Traceback (most recent call last)``).
 Most lines stop there.  A line that passes is parsed into process prefix (``(Worker_TP3 pid=7) ``,
 ``(VllmWorker rank=3 pid=7) ``, ``(EngineCore_DP0 pid=7) ``…; the TP rank becomes ``Milestone.rank``),
 log header (new ``INFO 02-21 22:48:03 [file.py:12] `` or old ``INFO 02-21 22:48:03 file.py:12] ``) and
-message; rules are tried in order on the message and the first match wins (agent/rulefile.py describes
+message; rules are tried in order on the message and the first match wins (rulefile.py describes
 the schema).
 
 Rank dedupe: a ``per_rank`` rule's milestone opens a group keyed by the rule name.  The same rule matching
@@ -24,7 +24,7 @@ traceback.  The ``error`` rules classify the exception lines (the first one that
 first), else the class is ``traceback``; fields carry ``exc_type``, ``message``, ``frames`` (last five) and
 ``chain``.  Tracebacks of ranked processes are deduped across ranks like ``per_rank`` rules.
 
-Marker lines (rules with ``marker = true``; agent/rules/eaglewatch.toml ships ``EAGLEWATCH {"kind": ...}``)
+Marker lines (rules with ``marker = true``; rules/eaglewatch.toml ships ``EAGLEWATCH {"kind": ...}``)
 become the milestone the JSON object names, with its other keys as fields; a malformed marker becomes a
 ``warning`` (``fields.rule`` = ``bad_marker``, ``fields.problem`` says what is wrong).
 
@@ -39,8 +39,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agent.logline import Gate, ParsedLine, parse_line
-from agent.rulefile import (
+from agent.milestones.logline import Gate, ParsedLine, parse_line
+from agent.milestones.rulefile import (
     KINDS,
     Rule,
     RuleError,

@@ -1,0 +1,1 @@
+"""Log files: the pure line splitter and the offset reader with inotify wake-ups."""

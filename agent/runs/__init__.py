@@ -1,0 +1,1 @@
+"""One run on the host: its watcher, journal, journal summary, output-dir checks and typed spec view."""

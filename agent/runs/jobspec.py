@@ -1,0 +1,170 @@
+"""What the daemon reads of a run spec: a typed stdlib view with agent/spec.py's defaults, checked once.
+
+agent/spec.py (pydantic) is the full model and stays out of the daemon; this view holds only the fields the
+daemon acts on. ``JobSpec.parse`` is strict about what a launch acts on (backend, env, command, rules,
+on_shape_failure: SpecError naming the field); any other field, and every field of ``JobSpec.stored``
+(a spec.json already launched), falls back to its default when it cannot be read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+BACKENDS = ("worker-extension", "vllm-native", "command")
+#: The fields a launch refuses when they are wrong; the rest only inform watching and checking.
+LAUNCH_FIELDS = frozenset({"backend", "env", "command", "rules", "on_shape_failure"})
+SHAPE_FAILURE_POLICIES = ("alert", "stop")
+
+
+class SpecError(ValueError):
+    """A spec field the daemon cannot act on; the message names the field."""
+
+
+def _backend(value: Any) -> str:
+    if value not in BACKENDS:
+        raise SpecError(f"spec.backend {str(value)[:40]!r} is not one of {', '.join(BACKENDS)}")
+    return str(value)
+
+
+def _env(value: Any) -> dict[str, str]:
+    value = value or {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and k.isidentifier() and isinstance(v, str) and "\0" not in v
+        for k, v in value.items()
+    ):
+        raise SpecError("spec.env must map variable names to strings")
+    return dict(value)
+
+
+def _policy(value: Any) -> str:
+    if value not in SHAPE_FAILURE_POLICIES:
+        raise SpecError("spec.on_shape_failure must be 'alert' or 'stop'")
+    return str(value)
+
+
+def _argv(value: Any) -> list[str]:
+    value = value or []
+    if not isinstance(value, list) or not all(isinstance(a, str) and "\0" not in a for a in value):
+        raise SpecError("spec.command must be a list of strings")
+    return list(value)
+
+
+def _rules(value: Any) -> list[dict[str, Any]]:
+    value = value or []
+    if not isinstance(value, list):
+        raise SpecError("spec.rules must be a list of rules")
+    return list(value)
+
+
+def _positive(name: str) -> Callable[[Any], int | None]:
+    def read(value: Any) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"spec.{name} must be a positive integer")
+        return value
+
+    return read
+
+
+def _text(name: str) -> Callable[[Any], str | None]:
+    def read(value: Any) -> str | None:
+        if value is None or value == "":
+            return None
+        if not isinstance(value, str):
+            raise SpecError(f"spec.{name} must be a string")
+        return value
+
+    return read
+
+
+def _layer_ids(value: Any) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise SpecError("spec.layers must be a list of layer ids")
+    return list(value)
+
+
+def _expect(value: Any) -> dict[str, Any]:
+    value = value or {}
+    if not isinstance(value, dict):
+        raise SpecError("spec.expect must be an object")
+    return value
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """The fields of a run spec the daemon uses; defaults as in agent/spec.py."""
+
+    name: str | None = None
+    backend: str = "worker-extension"
+    tensor_parallel_size: int = 1
+    model: str | None = None
+    layers: list[int] | None = None
+    output_dir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    command: list[str] = field(default_factory=list)
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    on_shape_failure: str = "alert"
+    expect_layers: int | None = None
+    expect_hidden_size: int | None = None
+
+    @classmethod
+    def parse(cls, spec: Any) -> JobSpec:
+        """The view of a spec about to be launched; SpecError names the first bad field."""
+        if not isinstance(spec, dict):
+            raise SpecError("'spec' must be a JSON object (a run spec)")
+        view = cls._read(spec, strict=True)
+        if view.backend == "command" and not view.command:
+            raise SpecError("backend 'command' needs spec.command: a non-empty list of strings")
+        return view
+
+    @classmethod
+    def stored(cls, spec: Any) -> JobSpec:
+        """The view of a launched run's spec.json; a field it cannot read keeps its default."""
+        return cls._read(spec if isinstance(spec, dict) else {}, strict=False)
+
+    @classmethod
+    def _read(cls, spec: dict[str, Any], strict: bool) -> JobSpec:
+        defaults = cls()
+
+        def get(name: str, read: Callable[[Any], Any], raw: Any) -> Any:
+            try:
+                return read(raw)
+            except SpecError:
+                if strict and name in LAUNCH_FIELDS:
+                    raise
+                return getattr(defaults, name)
+
+        expect = get("expect_layers", _expect, spec.get("expect")) or {}
+        return cls(
+            name=get("name", _text("name"), spec.get("name")),
+            backend=get("backend", _backend, spec.get("backend", defaults.backend)),
+            tensor_parallel_size=get(
+                "tensor_parallel_size",
+                _positive("tensor_parallel_size"),
+                spec.get("tensor_parallel_size", defaults.tensor_parallel_size),
+            )
+            or defaults.tensor_parallel_size,
+            model=get("model", _text("model"), spec.get("model")),
+            layers=get("layers", _layer_ids, spec.get("layers")),
+            output_dir=get("output_dir", _text("output_dir"), spec.get("output_dir")),
+            env=get("env", _env, spec.get("env")),
+            command=get("command", _argv, spec.get("command")),
+            rules=get("rules", _rules, spec.get("rules")),
+            on_shape_failure=get(
+                "on_shape_failure", _policy, spec.get("on_shape_failure", defaults.on_shape_failure)
+            ),
+            expect_layers=get("expect_layers", _positive("expect.layers"), expect.get("layers")),
+            expect_hidden_size=get(
+                "expect_hidden_size", _positive("expect.hidden_size"), expect.get("hidden_size")
+            ),
+        )
+
+    @property
+    def world_size(self) -> int | None:
+        """TP ranks the extraction job runs (closes per-rank groups at once); unknown for a command."""
+        return None if self.backend == "command" else self.tensor_parallel_size

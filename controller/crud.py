@@ -1,0 +1,369 @@
+"""Every write to the database: data functions with a keyword-only ``tx`` (the store's writer transaction).
+
+The store runs each function in its own savepoint and publishes the BusEvents it queued (``tx.events``)
+only after commit.  What to write for journal and lifecycle events is decided by the pure ingest.py; the
+functions here carry its plans out.  INSERTs are compiled (once per column set) from the SQLModel tables
+of models.py, so a column the schema lacks fails loudly; rare rows are built as table models, with their
+defaults.  Reads live in queries.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from functools import cache
+from typing import Any
+
+from sqlalchemy import insert
+from sqlalchemy.dialects import sqlite
+from sqlmodel import SQLModel
+
+from controller import alerts, ingest, queries
+from controller.alerts import AlertDraft, AlertPolicy
+from controller.bus import BusEvent, make_cursor
+from controller.errors import Conflict, NotFound
+from controller.lifecycle import RunEvent
+from controller.models import Alert, Event, Host, HostCreate, LogLine, Milestone, Outbox, Problem, Run
+from controller.store import FEED_KINDS, Tx
+
+#: Columns of the rows written once per journal event or log line, in their tables' order.
+EVENT_COLUMNS = ("run_id", "seq", "kind", "at", "data_json", "log_mark")
+LOG_LINE_COLUMNS = ("run_id", "offset", "text")
+MILESTONE_COLUMNS = ("run_id", "seq", "kind", "at", "line", "rank", "fields_json", "text")
+PROBLEM_COLUMNS = ("run_id", "seq", "idx", "code", "file", "message", "at")
+
+
+@cache
+def _insert_sql(model: type[SQLModel], columns: tuple[str, ...], or_ignore: bool) -> str:
+    """INSERT of these columns (in the table's order) of a table model, compiled from its SQLModel table."""
+    table = model.__table__  # type: ignore[attr-defined]
+    order = tuple(col.name for col in table.columns if col.name in columns)
+    if order != columns:
+        unknown = sorted(set(columns) - set(order))
+        raise KeyError(f"{model.__name__}: no column(s) {unknown}" if unknown else f"{columns} != {order}")
+    stmt = insert(table).prefix_with("OR IGNORE") if or_ignore else insert(table)
+    return str(stmt.compile(dialect=sqlite.dialect(), column_keys=list(columns)))
+
+
+def _insert(tx: Tx, row: SQLModel) -> sqlite3.Cursor:
+    """Insert one table-model row, its defaults included (None columns are left to the table)."""
+    values = row.model_dump()
+    table = type(row).__table__  # type: ignore[attr-defined]
+    columns = tuple(col.name for col in table.columns if values.get(col.name) is not None)
+    return tx.conn.execute(_insert_sql(type(row), columns, False), tuple(values[c] for c in columns))
+
+
+# ----------------------------------------------------------------------------------------------- the feed
+
+
+def add_event(
+    *, tx: Tx, run_id: str | None, seq: int | None, kind: str, data: dict[str, Any], at: float
+) -> bool:
+    """Insert an event (ignored when (run, seq) exists); FEED_KINDS are published after commit."""
+    cur = tx.conn.execute(
+        _insert_sql(Event, EVENT_COLUMNS, True), (run_id, seq, kind, at, json.dumps(data), tx.last_log_id)
+    )
+    if cur.rowcount == 0:
+        return False
+    tx.last_event_id = int(cur.lastrowid or 0)
+    if kind in FEED_KINDS:
+        tx.events.append(BusEvent(kind, run_id, data, make_cursor(tx.last_event_id, tx.last_log_id)))  # type: ignore[arg-type]
+    return True
+
+
+def add_log_lines(*, tx: Tx, run_id: str, lines: list[list[Any]], next_offset: int | None) -> int:
+    """Insert log lines idempotently (unique on run + offset), advance the run's log offset."""
+    before = tx.last_log_id
+    rows = [(run_id, int(o), str(t)) for o, t in lines]
+    changes = tx.conn.total_changes
+    tx.conn.executemany(_insert_sql(LogLine, LOG_LINE_COLUMNS, True), rows)
+    if tx.conn.total_changes - changes == len(rows):
+        # All new (the usual case): we hold the write lock, so their ids are before+1 … before+n.
+        new = [{"offset": r[1], "text": r[2]} for r in rows]
+    else:
+        got = tx.conn.execute(
+            "SELECT offset, text FROM log_lines WHERE id > ? AND run_id = ? ORDER BY id", (before, run_id)
+        ).fetchall()
+        new = [{"offset": r[0], "text": r[1]} for r in got]
+    if next_offset is not None:
+        tx.conn.execute(
+            "UPDATE runs SET log_offset = max(log_offset, ?) WHERE id = ?", (int(next_offset), run_id)
+        )
+    if new:
+        tx.last_log_id = before + len(new)
+        tx.events.append(
+            BusEvent("log", run_id, {"lines": new}, make_cursor(tx.last_event_id, tx.last_log_id))
+        )
+    return len(new)
+
+
+def publish_run(*, tx: Tx, run_id: str) -> None:
+    """Record + publish the run's current public shape."""
+    run = queries.get_run_public(tx.conn, run_id)
+    add_event(tx=tx, run_id=run_id, seq=None, kind="run", data=run.model_dump(), at=tx.now)
+
+
+def publish_host(*, tx: Tx, name: str) -> None:
+    """Record + publish the host's current public shape."""
+    host = queries.get_host(tx.conn, name)
+    add_event(tx=tx, run_id=None, seq=None, kind="host", data=host.model_dump(), at=tx.now)
+
+
+def publish_alert(*, tx: Tx, alert_id: int) -> None:
+    """Record + publish an alert's current public shape."""
+    alert = queries.get_alert(tx.conn, alert_id)
+    add_event(tx=tx, run_id=alert.run_id, seq=None, kind="alert", data=alert.model_dump(), at=tx.now)
+
+
+# ----------------------------------------------------------------------------------------------- runs
+
+
+def insert_run(
+    *, tx: Tx, run_id: str, name: str, host: str, backend: str, model: str | None, spec_json: str
+) -> None:
+    """A new run, ``pending``."""
+    run = Run(
+        id=run_id, name=name, host=host, backend=backend, model=model, spec_json=spec_json, created_at=tx.now
+    )
+    _insert(tx, run)
+    publish_run(tx=tx, run_id=run_id)
+
+
+def set_pid(*, tx: Tx, run_id: str, pid: int | None) -> None:
+    """The job's pid as the agent reported it at launch."""
+    tx.conn.execute("UPDATE runs SET pid=? WHERE id=?", (pid, run_id))
+
+
+_SET_STATE = (
+    "UPDATE runs SET state=:state, started_at=coalesce(started_at, :started_at),"
+    " ended_at=coalesce(ended_at, :ended_at), exit_json=coalesce(:exit_json, exit_json),"
+    " failure_reason=coalesce(failure_reason, :failure_reason) WHERE id=:id"
+)
+
+
+def transition(
+    *,
+    tx: Tx,
+    run_id: str,
+    event: RunEvent,
+    policy: AlertPolicy,
+    at: float | None = None,
+    exit: dict[str, Any] | None = None,
+    reason: str | None = None,
+) -> str | None:
+    """Move a run through the lifecycle table; returns the new state, or None when not allowed."""
+    row = tx.conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+    if row is None:
+        return None
+    change = ingest.plan_transition(dict(row), event, at=at or tx.now, exit=exit, reason=reason)
+    if change is None:
+        return None
+    if change.write:
+        tx.conn.execute(
+            _SET_STATE,
+            {
+                "state": change.state.value,
+                "started_at": change.started_at,
+                "ended_at": change.ended_at,
+                "exit_json": change.exit_json,
+                "failure_reason": change.failure_reason,
+                "id": run_id,
+            },
+        )
+        for draft in change.alerts:
+            raise_alert(tx=tx, draft=draft, policy=policy)
+        publish_run(tx=tx, run_id=run_id)
+    return change.state.value
+
+
+def apply_events(*, tx: Tx, run_id: str, events: list[dict[str, Any]], policy: AlertPolicy) -> list[str]:
+    """Store journal events of one run in seq order; returns actions (``"stop"`` for on_shape_failure)."""
+    row = tx.conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+    if row is None:
+        return []
+    run = dict(row)
+    plan = ingest.plan_events(run, events, tx.now)
+    for effect in plan.effects:
+        _apply(tx, run, effect, policy)
+    tx.conn.execute("UPDATE runs SET last_seq=max(last_seq, ?) WHERE id=?", (plan.last_seq, run_id))
+    if plan.run_changed:
+        publish_run(tx=tx, run_id=run_id)
+    return plan.actions
+
+
+def _apply(tx: Tx, run: dict[str, Any], effect: ingest.Effect, policy: AlertPolicy) -> None:
+    run_id = run["id"]
+    match effect:
+        case ingest.Record(seq, kind, data, at):
+            add_event(tx=tx, run_id=run_id, seq=seq, kind=kind, data=data, at=at)
+        case ingest.StoreMilestone(seq, kind, at, line, rank, fields, text):
+            tx.conn.execute(
+                _insert_sql(Milestone, MILESTONE_COLUMNS, True),
+                (run_id, seq, kind, at, line, rank, json.dumps(fields), text),
+            )
+        case ingest.StoreProblem(seq, idx, code, file, message, at):
+            tx.conn.execute(
+                _insert_sql(Problem, PROBLEM_COLUMNS, True), (run_id, seq, idx, code, file, message, at)
+            )
+        case ingest.SetProgress(fields, at, interval_s):
+            tx.conn.execute(
+                "UPDATE runs SET progress_json=?, last_progress_at=?, progress_interval_s=?,"
+                " last_milestone='progress' WHERE id=?",
+                (json.dumps(fields), at, interval_s, run_id),
+            )
+        case ingest.SetLastMilestone(kind):
+            tx.conn.execute("UPDATE runs SET last_milestone=? WHERE id=?", (kind, run_id))
+        case ingest.Transition(event, at, exit, reason):
+            transition(tx=tx, run_id=run_id, event=event, policy=policy, at=at, exit=exit, reason=reason)
+        case ingest.RaiseAlert(draft):
+            raise_alert(tx=tx, draft=draft, policy=policy)
+
+
+# ----------------------------------------------------------------------------------------------- hosts
+
+
+def insert_host(*, tx: Tx, host: HostCreate) -> None:
+    """A new host; Conflict when the name exists."""
+    if tx.conn.execute("SELECT 1 FROM hosts WHERE name=?", (host.name,)).fetchone():
+        raise Conflict(f"host {host.name!r} already exists")
+    _insert(tx, Host(**host.model_dump(), created_at=tx.now))
+    publish_host(tx=tx, name=host.name)
+
+
+def delete_host(*, tx: Tx, name: str) -> None:
+    """Forget a host; Conflict while it has runs that are not finished."""
+    busy = tx.conn.execute(
+        f"SELECT id FROM runs WHERE host=? AND state NOT IN {queries.TERMINAL_SQL}", (name,)
+    ).fetchall()
+    if busy:
+        raise Conflict(f"host {name!r} has unfinished runs: {', '.join(r[0] for r in busy)}")
+    tx.conn.execute("DELETE FROM hosts WHERE name=?", (name,))
+
+
+def host_up(
+    *, tx: Tx, name: str, agent_version: str | None, fingerprint: str | None, gpus: list[Any] | None
+) -> None:
+    """The host answered: reachable, its agent version, key fingerprint and GPUs (None: keep the old)."""
+    tx.conn.execute(
+        "UPDATE hosts SET reachable=1, last_seen=?, unreachable_since=NULL, agent_version=?, last_error=NULL,"
+        " fingerprint=coalesce(?, fingerprint), gpus_json=coalesce(?, gpus_json) WHERE name=?",
+        (tx.now, agent_version, fingerprint or None, None if gpus is None else json.dumps(gpus), name),
+    )
+    publish_host(tx=tx, name=name)
+
+
+def host_seen(*, tx: Tx, name: str) -> None:
+    """The link to the host is still up."""
+    tx.conn.execute("UPDATE hosts SET last_seen=? WHERE name=?", (tx.now, name))
+
+
+def host_unreachable(*, tx: Tx, name: str, reason: str) -> bool:
+    """Mark the host unreachable with the reason; False when there is no such host."""
+    row = tx.conn.execute("SELECT reachable FROM hosts WHERE name=?", (name,)).fetchone()
+    if row is None:
+        return False
+    tx.conn.execute(
+        "UPDATE hosts SET reachable=0, last_error=?, unreachable_since=coalesce(unreachable_since, ?)"
+        " WHERE name=?",
+        (reason, tx.now, name),
+    )
+    if row[0] != 0:
+        publish_host(tx=tx, name=name)
+    return True
+
+
+def host_down(*, tx: Tx, name: str, reason: str, policy: AlertPolicy) -> None:
+    """The link dropped: the host is unreachable and its starting/running runs become ``unknown``."""
+    if not host_unreachable(tx=tx, name=name, reason=reason):
+        return
+    for (run_id,) in tx.conn.execute(
+        "SELECT id FROM runs WHERE host=? AND state IN ('starting','running')", (name,)
+    ).fetchall():
+        transition(tx=tx, run_id=run_id, event=RunEvent.LINK_DOWN, policy=policy)
+
+
+# ----------------------------------------------------------------------------------------------- alerts
+
+
+def raise_alert(*, tx: Tx, draft: AlertDraft, policy: AlertPolicy) -> int | None:
+    """Store ``draft`` unless the same key fired within the cooldown; returns the new alert id."""
+    recent = tx.conn.execute(
+        "SELECT 1 FROM alerts WHERE dedupe_key=? AND created_at > ? LIMIT 1",
+        (draft.dedupe_key, tx.now - policy.cooldown_s),
+    ).fetchone()
+    if recent:
+        return None
+    alert = Alert(
+        run_id=draft.run_id,
+        host=draft.host,
+        rule=draft.rule,
+        severity=draft.severity,
+        message=draft.message,
+        created_at=tx.now,
+        dedupe_key=draft.dedupe_key,
+    )
+    alert_id = int(_insert(tx, alert).lastrowid or 0)
+    if policy.deliver:
+        _insert(tx, Outbox(alert_id=alert_id, next_attempt_at=tx.now))
+    publish_alert(tx=tx, alert_id=alert_id)
+    return alert_id
+
+
+def sweep(
+    *, tx: Tx, policy: AlertPolicy, unreachable_minutes: float, stall_factor: float, stall_min_s: float,
+    only_hosts: list[str] | None,
+) -> None:  # fmt: skip
+    """Alerts on absence: hosts unreachable too long, running runs whose progress is overdue."""
+    now = time.time()
+    for name, since in tx.conn.execute(
+        "SELECT name, unreachable_since FROM hosts WHERE reachable=0"
+    ).fetchall():
+        if only_hosts is not None and name not in only_hosts:
+            continue
+        draft = alerts.host_unreachable(name, since, now, unreachable_minutes)
+        if draft:
+            raise_alert(tx=tx, draft=draft, policy=policy)
+    for row in tx.conn.execute("SELECT * FROM runs WHERE state='running'").fetchall():
+        draft = alerts.stall(dict(row), now, stall_factor, stall_min_s)
+        if draft:
+            raise_alert(tx=tx, draft=draft, policy=policy)
+
+
+def ack_alert(*, tx: Tx, alert_id: int) -> None:
+    """Mark an alert acknowledged; NotFound names it."""
+    if tx.conn.execute("UPDATE alerts SET acked=1 WHERE id=?", (alert_id,)).rowcount == 0:
+        raise NotFound(f"no alert {alert_id}")
+    publish_alert(tx=tx, alert_id=alert_id)
+
+
+def mute_alert(*, tx: Tx, alert_id: int) -> None:
+    """Mute an alert and drop its pending delivery; NotFound names it."""
+    if tx.conn.execute("UPDATE alerts SET muted=1 WHERE id=?", (alert_id,)).rowcount == 0:
+        raise NotFound(f"no alert {alert_id}")
+    tx.conn.execute("UPDATE outbox SET done=1 WHERE alert_id=? AND done=0", (alert_id,))
+    publish_alert(tx=tx, alert_id=alert_id)
+
+
+def claim_outbox(*, tx: Tx, outbox_id: int, now: float, lease_s: float = 60.0) -> bool:
+    """Take a due outbox row for one delivery attempt (another process may poll the same outbox)."""
+    cur = tx.conn.execute(
+        "UPDATE outbox SET next_attempt_at=? WHERE id=? AND done=0 AND next_attempt_at <= ?",
+        (now + lease_s, outbox_id, now),
+    )
+    return cur.rowcount == 1
+
+
+def outbox_delivered(*, tx: Tx, row: dict[str, Any]) -> None:
+    """The channel took the alert."""
+    tx.conn.execute("UPDATE outbox SET done=1, attempts=attempts+1 WHERE id=?", (row["id"],))
+    tx.conn.execute("UPDATE alerts SET delivered=1 WHERE id=?", (row["alert_id"],))
+    publish_alert(tx=tx, alert_id=row["alert_id"])
+
+
+def outbox_failed(*, tx: Tx, row: dict[str, Any], delay_s: float, error: str | None) -> None:
+    """The channel refused: try again after ``delay_s``."""
+    tx.conn.execute(
+        "UPDATE outbox SET attempts=?, next_attempt_at=?, last_error=? WHERE id=?",
+        (row["attempts"] + 1, tx.now + delay_s, error, row["id"]),
+    )
