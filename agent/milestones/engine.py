@@ -91,6 +91,9 @@ class Milestone:
         return cls(d["kind"], d["line"], d["rank"], dict(d["fields"]), d["text"])
 
 
+_UNNAMED = "\0unnamed:"  # stands for a line without a process prefix (no real prefix holds a NUL)
+
+
 @dataclass
 class _Group:
     key: str
@@ -155,6 +158,24 @@ class MilestoneEngine:
         for key in list(self._groups):
             self._close_group(key)
         return self._release()
+
+    def release_ready(self) -> list[Milestone]:
+        """Close tracebacks and release every held milestone, but keep rank groups open.
+
+        For a quiet log: the ranks of a large TP world print the same line seconds apart on a real GPU
+        host, so an idle second must not split one milestone per rank. A group released later carries
+        its first line's number, which may then be lower than milestones released before it.
+        """
+        for proc in list(self._traces):
+            self._close_trace(proc)
+        out = sorted(self._held, key=lambda m: m.line)
+        self._held = []
+        return out
+
+    @property
+    def open_groups(self) -> int:
+        """Rank groups still waiting for more ranks."""
+        return len(self._groups)
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-serialisable state (open groups, tracebacks, held milestones) for a daemon restart."""
@@ -264,12 +285,12 @@ class MilestoneEngine:
     # ---- rank groups ------------------------------------------------------------------------------
     def _join(self, key: str, ms: Milestone, proc: str, rank: int | None) -> None:
         group = self._groups.get(key)
-        if group is not None and proc in group.procs:
+        if group is not None and proc and proc in group.procs:  # no prefix names no process: never "again"
             self._close_group(key)
             group = None
         if group is None:
             group = self._groups[key] = _Group(key, ms, [], [])
-        group.procs.append(proc)
+        group.procs.append(proc or f"{_UNNAMED}{len(group.procs)}")
         if rank is not None and rank not in group.ranks:
             group.ranks.append(rank)
         if self.world_size is not None and len(group.procs) >= self.world_size:
@@ -280,6 +301,12 @@ class MilestoneEngine:
         fields = dict(g.first.fields)
         fields["ranks"] = sorted(g.ranks)
         fields["processes"] = len(g.procs)
+        unnamed = sum(p.startswith(_UNNAMED) for p in g.procs)
+        if unnamed and not g.ranks and self.world_size is not None and len(g.procs) == self.world_size:
+            # vLLM 0.26's GPU workers log their first lines (the injection) before any prefix exists: one
+            # unprefixed line per rank of the world means every rank printed it
+            fields["ranks"] = list(range(self.world_size))
+            fields["ranks_inferred"] = True
         self._held.append(Milestone(g.first.kind, g.first.line, None, fields, g.first.text))
 
     # ---- tracebacks ---------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ IDLE_FLUSH_S = 1.0
 # A job that never goes quiet (progress lines every 0.5 s) must not hold its milestones until the group
 # window of lines passes: release whatever the engine holds after this long, idle or not.
 MAX_HOLD_S = 3.0
+# How long a rank group (one line every TP rank prints) waits for its other ranks in a quiet log.
+GROUP_HOLD_S = 15.0
 OUTPUT_SCAN_S = 2.0
 LIVENESS_S = 5.0  # a safety net: inotify reports exit.json the moment it appears
 CURSOR_EVERY_S = 0.5
@@ -231,9 +233,13 @@ class RunWatcher:
         if not self._flushed and (
             now - self._last_data >= IDLE_FLUSH_S or now - self._dirty_since >= MAX_HOLD_S
         ):
-            self._journal_milestones(self.engine.flush())
-            self._flushed = True
-            self._save_cursor(force=True)
+            # rank groups stay open until the log has been quiet for GROUP_HOLD_S (or their world is full)
+            quiet = now - self._last_data >= GROUP_HOLD_S
+            released = self.engine.flush() if quiet else self.engine.release_ready()
+            self._journal_milestones(released)
+            self._flushed = self.engine.open_groups == 0
+            if released or self._flushed:
+                self._save_cursor(force=True)
         if now - self._last_scan >= OUTPUT_SCAN_S:
             self._last_scan = now
             await self._scan_outputs(final=False)

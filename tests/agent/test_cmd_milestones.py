@@ -178,3 +178,29 @@ def test_live_vllm_cpu_engine_log(tmp_path: Path) -> None:
     assert rules["weights_time"]["kind"] == "weights_loaded"
     assert rules["engine_ready"]["fields"]["seconds"] > 0
     assert "error" not in {r["kind"] for r in rows}
+
+
+@pytest.mark.parametrize(
+    ("log", "want"),
+    [
+        (
+            "vllm-0.26.0-h200-tp2-worker-extension.log",
+            {"extension_injected", "weights_loaded", "kv_cache_ready", "engine_ready"},
+        ),
+        (
+            "vllm-0.26.0-h200-tp2-native-graphs.log",
+            {"weights_loaded", "kv_cache_ready", "cuda_graphs_captured", "engine_ready"},
+        ),
+    ],
+)
+def test_real_h200_tp2_logs(log: str, want: set[str]) -> None:
+    """Recorded on the H200 with vLLM 0.26.0 (tests/gpu/validation.md): TP=2, the injection unprefixed."""
+    res = milestones(ROOT / "tests" / "fixtures" / log, "--tp", "2", "--json")
+    assert res.returncode == 0, res.stderr
+    found = [json.loads(x) for x in res.stdout.splitlines()]
+    assert want <= {m["kind"] for m in found}
+    assert not [m for m in found if m["kind"] == "error"]
+    injected = [m for m in found if m["kind"] == "extension_injected"]
+    assert len(injected) == int("extension_injected" in want)
+    for m in injected:
+        assert m["fields"]["ranks"] == [0, 1] and m["fields"]["processes"] == 2

@@ -409,3 +409,32 @@ def test_extract_backend_runs_the_agents_own_extract_job(agent_daemon: AgentProc
     assert len(failed) == 1 and "no-model" in failed[0]["fields"]["reason"]  # the job's own failed marker
     assert events[-1]["state"] == "failed" and "exit code 2" in events[-1]["reason"]
     assert "job reported: model path" in events[-1]["reason"]
+
+
+def test_ranks_printing_seconds_apart_still_make_one_milestone(
+    agent_daemon: AgentProc, tmp_path: Path
+) -> None:
+    """On a real GPU host TP ranks print the same line seconds apart (4 s here, other lines between)."""
+    rank = (
+        "(Worker_TP{r} pid=10{r}) INFO 11-30 09:53:00 [gpu_model_runner.py:5347] "
+        "Model loading took 7.48 GiB memory and 1.{r} seconds"
+    )
+    argv = write_script(
+        tmp_path,
+        "slow_ranks",
+        f"""
+        import time
+        print({rank.format(r=0)!r}, flush=True)
+        for i in range(20):  # the engine core keeps talking meanwhile: the log is never idle
+            print(f"(EngineCore pid=99) INFO 11-30 09:53:01 [core.py:1] step {{i}}", flush=True)
+            time.sleep(0.2)
+        print({rank.format(r=1)!r}, flush=True)
+        time.sleep(0.5)
+    """,
+    )
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="slow-ranks", spec=_cmd(argv, tensor_parallel_size=2))
+        c.result("follow", run="slow-ranks", after_seq=0)
+        events = _events(c.wait_for(terminal_event, timeout=60))
+    loaded = [e for e in events if e.get("kind") == "weights_loaded"]
+    assert len(loaded) == 1 and loaded[0]["fields"]["ranks"] == [0, 1], loaded

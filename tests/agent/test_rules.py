@@ -1136,3 +1136,32 @@ def test_chunking_and_restarts_do_not_change_milestones(seed: int, restart: bool
     reference = _ingest(data, [], restart=False)
     cuts = sorted(rng.sample(range(1, len(data)), 25))
     assert _ingest(data, cuts, restart) == reference
+
+
+def test_unprefixed_lines_one_per_rank_become_one_milestone_for_the_world() -> None:
+    """vLLM 0.26 GPU workers log the injection before any process prefix exists: one line per rank."""
+    line = new(
+        "Injected <class 'agent.extract.worker_ext.EagleWatchCapture'> into <class "
+        "'vllm.v1.worker.gpu_worker.Worker'> for extended collective_rpc calls ['eaglewatch_setup']",
+        proc=None,
+    )
+    (m,) = run_lines([line, line], world_size=2)
+    assert m.kind == "extension_injected" and m.fields["processes"] == 2
+    assert m.fields["ranks"] == [0, 1] and m.fields["ranks_inferred"] is True
+
+
+def test_unprefixed_lines_short_of_the_world_infer_no_ranks() -> None:
+    line = new("Loading weights took 1.0 seconds", proc=None)
+    (m,) = run_lines([line], world_size=2)
+    assert m.fields["ranks"] == [] and "ranks_inferred" not in m.fields
+
+
+def test_release_ready_keeps_rank_groups_open_and_releases_the_rest() -> None:
+    """An idle log releases what is held, but rank 1's line may come seconds after rank 0's."""
+    eng = MilestoneEngine(RULES, world_size=2)
+    rank_lines = per_rank("Loading weights took 1.0 seconds", [0, 1])
+    assert eng.feed(rank_lines[0], 1) == []
+    assert eng.feed(new("Using max model len 4096", "(APIServer pid=1) "), 2) == []
+    assert [m.line for m in eng.release_ready()] == [2] and eng.open_groups == 1
+    (m,) = eng.feed(rank_lines[1], 3)
+    assert (m.line, m.fields["ranks"], eng.open_groups) == (1, [0, 1], 0)
