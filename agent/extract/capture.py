@@ -95,7 +95,6 @@ class CaptureSink:
         self._q: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self._results: list[dict[str, Any]] = []
         self._futures: list[Future[None]] = []
-        self._by_idx: dict[int, Future[None]] = {}  # the writer future of each sample, until collected
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=cfg.writers, thread_name_prefix="eaglewatch-write")
         self._thread = threading.Thread(target=self._run, name="eaglewatch-assemble", daemon=True)
@@ -116,24 +115,14 @@ class CaptureSink:
         """Rows [tokens, L, H] of one step (+ token_flags); event is waited on; release() frees the buffer."""
         self._q.put(("step", host, spans, event, release, flags))
 
-    def drain(self, until: list[int] | None = None) -> list[dict[str, Any]]:
-        """Return (and forget) the finished-sample results, after waiting for the writes.
-
-        With ``until`` (sample indices) only those samples' writes are waited for, so the engine can run
-        the next batch while this one's files are still being written; results of other samples that
-        happen to be finished come back too. A sample whose rows never arrived is simply absent.
-        """
-        self._q.join()  # every submitted step is placed: each finished sample has its writer future
+    def drain(self) -> list[dict[str, Any]]:
+        """Wait until everything submitted is written; return (and forget) the finished-sample results."""
+        self._q.join()
         with self._lock:
-            if until is None:
-                futures, self._futures = self._futures, []
-                self._by_idx.clear()
-            else:
-                futures = [f for i in until if (f := self._by_idx.pop(i, None)) is not None]
+            futures, self._futures = self._futures, []
         wait(futures)
         with self._lock:
             out, self._results = self._results, []
-            self._futures = [f for f in self._futures if not f.done()]
         return out
 
     def pending(self) -> int:
@@ -207,7 +196,6 @@ class CaptureSink:
         fut = self._pool.submit(self._finish, req, hidden, flags, done)
         with self._lock:
             self._futures.append(fut)
-            self._by_idx[req.idx] = fut
 
     def _finish(self, req: _Request, hidden: torch.Tensor, flags: torch.Tensor, done: Any) -> None:
         try:

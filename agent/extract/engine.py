@@ -224,20 +224,6 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     manifest.dtype = info["dtype"]
     configured(plan, info["dtype"], info["layer_class"], model_runner=info.get("model_runner"))
     prog.restart_clock()
-    returned: set[int] = set()
-
-    def collect(batch: list[Sample], until: list[int] | None) -> None:
-        drained = one_result(llm.collective_rpc("eaglewatch_drain", args=(until,)))
-        prog.sp_gathers = int(drained.get("gathers", 0))
-        returned.update(r["idx"] for r in drained["results"] if "idx" in r)
-        handle_results(drained["results"], plan, manifest, prog)
-        missing = [s.idx for s in batch if s.idx not in returned]
-        if missing:
-            raise CaptureFailed(f"no capture came back for samples {missing}")
-        batch_done(batch, prog)
-
-    # Batch k's files are written while the engine runs batch k + 1: wait for them only after that.
-    previous: list[Sample] | None = None
     for start in range(0, len(todo), spec.batch_size):
         batch = todo[start : start + spec.batch_size]
         prompts = [TokensPrompt(prompt_token_ids=list(s.token_ids)) for s in batch]
@@ -245,11 +231,14 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
             SamplingParams(max_tokens=1, temperature=0.0, extra_args={"eaglewatch_idx": s.idx}) for s in batch
         ]
         llm.generate(prompts, params, use_tqdm=False)
-        if previous is not None:
-            collect(previous, [s.idx for s in previous])
-        previous = batch
-    if previous is not None:
-        collect(previous, None)
+        drained = one_result(llm.collective_rpc("eaglewatch_drain"))
+        prog.sp_gathers = int(drained.get("gathers", 0))
+        got = {r.get("idx") for r in drained["results"]}
+        missing = [s.idx for s in batch if s.idx not in got]
+        handle_results(drained["results"], plan, manifest, prog)
+        if missing:
+            raise CaptureFailed(f"no capture came back for samples {missing}")
+        batch_done(batch, prog)
 
 
 def configured(plan: Plan, dtype: str, layer_class: str, model_runner: str | None = None) -> None:

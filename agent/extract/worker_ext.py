@@ -172,11 +172,11 @@ class EagleWatchCapture:
 
         runner.prepare_inputs = prepare_inputs
 
-    def eaglewatch_drain(self, until: list[int] | None = None) -> dict[str, Any] | None:
-        """Wait for the writer (all, or samples ``until``); finished samples as small dicts. Rank 0 only."""
+    def eaglewatch_drain(self) -> dict[str, Any] | None:
+        """Wait for the writer; return finished samples (small dicts) and the pending count. Rank 0 only."""
         if self._ew_sink is None:
             return None
-        results = self._ew_sink.drain(until)
+        results = self._ew_sink.drain()
         return {
             "results": results,
             "pending": self._ew_sink.pending(),

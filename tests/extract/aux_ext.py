@@ -43,12 +43,12 @@ class AuxCompareCapture(EagleWatchCapture):
         inner.forward = forward
         return info
 
-    def eaglewatch_drain(self, until: list[int] | None = None) -> dict[str, Any] | None:
+    def eaglewatch_drain(self) -> dict[str, Any] | None:
         """Drain both sinks, so the aux files are complete whenever the driver's batch is."""
-        out = super().eaglewatch_drain(until)
+        out = super().eaglewatch_drain()
         if self._aux_sink is None:
             return out
-        aux = self._aux_sink.drain(until)
+        aux = self._aux_sink.drain()
         errors = [r["error"] for r in aux if "error" in r]
         if errors:
             raise RuntimeError(f"aux sink failed: {errors[0]}")

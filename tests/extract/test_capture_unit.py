@@ -120,19 +120,3 @@ def test_hook_plan_for_both_conventions() -> None:
     with pytest.raises(ValueError, match=r"out of range 0\.\.7"):
         plan_hooks([8], "output", 8)
 
-
-def test_drain_until_waits_for_named_samples_and_leaves_the_rest_in_flight(tmp_path: Path) -> None:
-    """The driver collects batch k while batch k + 1 is still being assembled (pipelined writes)."""
-    sink = CaptureSink(SinkConfig(str(tmp_path), L, H))
-    a, b = _states(4, 1), _states(6, 2)
-    sink.register("ra", 0, list(range(4)))
-    sink.register("rb", 1, list(range(6)))
-    sink.submit(torch.cat([a, b[:2]]), [Span("ra", 0, 0, 4), Span("rb", 4, 0, 2)])
-    first = sink.drain(until=[0])
-    assert [(r["idx"], r["written"]) for r in first] == [(0, True)] and sink.pending() == 1
-    assert sample_path(tmp_path, 0).exists() and not sample_path(tmp_path, 1).exists()
-    sink.submit(b[2:], [Span("rb", 0, 2, 4)])
-    rest = sink.drain()
-    sink.close()
-    assert [(r["idx"], r["tokens"]) for r in rest] == [(1, 6)] and sink.pending() == 0
-    assert torch.equal(load_file(str(sample_path(tmp_path, 1)))["hidden_states"], b)

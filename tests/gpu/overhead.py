@@ -92,18 +92,22 @@ def plain(work: Path, data: Path, eager: bool, env: dict[str, str], logs: Path) 
 
 
 def overhead(
-    work: Path, logs: Path, version: str, env_for: Callable[..., dict[str, str]]
+    work: Path, logs: Path, version: str, env_for: Callable[..., dict[str, str]], quick: bool = False
 ) -> list[dict[str, Any]]:
-    """Plain eager / plain graphs / worker-extension / vllm-native on the 8B shape; then the agent run."""
+    """Plain eager / plain graphs / worker-extension / vllm-native on the 8B shape; then the agent run.
+
+    quick: plain eager against the worker extension only (a short device call after a capture change).
+    """
     from tests.gpu.run_gpu import make_data, milestones, run_job
 
     data = work / "8b.jsonl"
     make_data(data, [TOKENS] * PROMPTS, 128000, 5)
     env = env_for({"CUDA_VISIBLE_DEVICES": "0"})
-    base = {"eager": plain(work, data, True, env, logs), "graphs": plain(work, data, False, env, logs)}
+    base = {"eager": plain(work, data, True, env, logs)}
+    base["graphs"] = base["eager"] if quick else plain(work, data, False, env, logs)
     print(f"plain prefill tokens/s: {base}", flush=True)
     records = []
-    for backend, graphs in (("worker-extension", False), ("vllm-native", True)):
+    for backend, graphs in (("worker-extension", False), ("vllm-native", True))[: 1 if quick else 2]:
         tag = f"llama-8b-{backend}"
         out = work / "out" / tag
         spec = {
@@ -146,8 +150,9 @@ def overhead(
             }
         )
         print(json.dumps(records[-1]), flush=True)
-    records.append(agent_stop(work, data, version, env_for, logs))
-    print(json.dumps(records[-1]), flush=True)
+    if not quick:
+        records.append(agent_stop(work, data, version, env_for, logs))
+        print(json.dumps(records[-1]), flush=True)
     return records
 
 

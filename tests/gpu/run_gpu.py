@@ -314,7 +314,7 @@ def describe(
 def main() -> int:
     """Run a phase; write DIR/validation.json and DIR/logs.tar.gz."""
     p = argparse.ArgumentParser()
-    p.add_argument("phase", choices=["smoke", "correctness", "overhead"])
+    p.add_argument("phase", choices=["smoke", "correctness", "overhead", "overhead-quick"])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     args = p.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
@@ -329,7 +329,7 @@ def main() -> int:
     else:
         from tests.gpu.overhead import overhead
 
-        records = overhead(WORK, logs, version, env_for)
+        records = overhead(WORK, logs, version, env_for, quick=args.phase == "overhead-quick")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"validation-{args.phase}.json").write_text(json.dumps(records, indent=1) + "\n")
     with tarfile.open(args.out / f"logs-{args.phase}.tar.gz", "w:gz") as tar:
