@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from agent import limits
 
 Backend = Literal["worker-extension", "vllm-native", "command"]
 LayerConvention = Literal["input", "output"]
@@ -21,6 +31,13 @@ Fault = Literal["drop_layer", "flatten", "zero"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Bounds come from agent/limits.py (any valid spec fits in one protocol line). Numbers are StrictInt: JSON
+# "8" or true is not a tensor-parallel size; the web form converts its own text (web/forms.py).
+_Path = Annotated[str, StringConstraints(max_length=limits.MAX_PATH_CHARS)]
+_EnvName = Annotated[str, StringConstraints(max_length=limits.MAX_ENV_NAME_CHARS)]
+_EnvValue = Annotated[str, StringConstraints(max_length=limits.MAX_ENV_VALUE_CHARS)]
+_Arg = Annotated[str, StringConstraints(max_length=limits.MAX_ARG_CHARS)]
 
 
 def eagle3_default_layers(num_hidden_layers: int) -> list[int]:
@@ -34,8 +51,12 @@ class Expect(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    layers: int | None = Field(default=None, ge=1, description="number of captured layers per token")
-    hidden_size: int | None = Field(default=None, ge=1, description="hidden size of each captured layer")
+    layers: StrictInt | None = Field(
+        default=None, ge=1, le=limits.MAX_LAYERS, description="number of captured layers per token"
+    )
+    hidden_size: StrictInt | None = Field(
+        default=None, ge=1, le=limits.MAX_HIDDEN_SIZE, description="hidden size of each captured layer"
+    )
 
 
 class RunSpecBase(BaseModel):
@@ -46,20 +67,34 @@ class RunSpecBase(BaseModel):
     name: str = Field(default="run", description="a short label: letters, digits, '.', '_', '-'")
     host: str = Field(min_length=1, max_length=128, description="name of a configured host")
     backend: Backend = "worker-extension"
-    model: str | None = Field(default=None, description="absolute path of the model directory on the host")
-    layers: list[int] | None = Field(default=None, description="layer ids; default EAGLE-3 [2, N//2, N-3, N]")
+    model: _Path | None = Field(default=None, description="absolute path of the model directory on the host")
+    layers: list[StrictInt] | None = Field(
+        default=None,
+        max_length=limits.MAX_LAYERS,
+        description="layer ids; default EAGLE-3 [2, N//2, N-3, N]",
+    )
     layer_convention: LayerConvention = "input"
-    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
-    dataset: str | None = Field(default=None, description="absolute path of a JSONL dataset on the host")
-    max_samples: int | None = Field(default=None, ge=1)
-    seq_len: int = Field(default=2048, ge=1, le=1 << 20)
-    batch_size: int = Field(default=8, ge=1, le=4096)
-    output_dir: str | None = Field(default=None, description="absolute path on the host for hs_N files")
-    env: dict[str, str] = Field(default_factory=dict)
-    vllm_args: list[str] = Field(default_factory=list, description="extra engine arguments, one per item")
-    command: list[str] = Field(default_factory=list, description="argv to run (backend 'command' only)")
+    tensor_parallel_size: StrictInt = Field(default=1, ge=1, le=limits.MAX_TENSOR_PARALLEL)
+    dataset: _Path | None = Field(default=None, description="absolute path of a JSONL dataset on the host")
+    max_samples: StrictInt | None = Field(default=None, ge=1, le=limits.MAX_SAMPLES)
+    seq_len: StrictInt = Field(default=2048, ge=1, le=limits.MAX_SEQ_LEN)
+    batch_size: StrictInt = Field(default=8, ge=1, le=limits.MAX_BATCH_SIZE)
+    output_dir: _Path | None = Field(default=None, description="absolute path on the host for hs_N files")
+    env: dict[_EnvName, _EnvValue] = Field(default_factory=dict, max_length=limits.MAX_ENV_VARS)
+    vllm_args: list[_Arg] = Field(
+        default_factory=list,
+        max_length=limits.MAX_ARGS,
+        description="extra engine arguments, one per item (never a shell string)",
+    )
+    command: list[_Arg] = Field(
+        default_factory=list,
+        max_length=limits.MAX_ARGS,
+        description="argv to run without a shell (backend 'command' only)",
+    )
     expect: Expect = Field(default_factory=Expect)
-    rules: list[dict[str, Any]] = Field(default_factory=list, description="extra milestone rules")
+    rules: list[dict[str, Any]] = Field(
+        default_factory=list, max_length=limits.MAX_RULES, description="extra milestone rules"
+    )
     on_shape_failure: ShapeFailurePolicy = "alert"
     inject_fault: Fault | None = Field(default=None, description="demo/testing: corrupt the capture")
 
@@ -90,6 +125,8 @@ class RunSpecBase(BaseModel):
             raise ValueError("layers must not be empty (leave it out for the EAGLE-3 default)")
         if any(i < 0 for i in v):
             raise ValueError(f"layer ids must be >= 0, got {v}")
+        if any(i > limits.MAX_LAYER_ID for i in v):
+            raise ValueError(f"layer ids must be at most {limits.MAX_LAYER_ID}, got {max(v)}")
         if len(set(v)) != len(v):
             raise ValueError(f"layer ids must be unique, got {v}")
         return v
@@ -111,6 +148,23 @@ class RunSpecBase(BaseModel):
             raise ValueError("arguments must not contain NUL bytes")
         return v
 
+    @field_validator("vllm_args")
+    @classmethod
+    def _options(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            problem = limits.option_problem(arg)
+            if problem:
+                raise ValueError(problem)
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _program(cls, v: list[str]) -> list[str]:
+        problem = limits.program_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
     @model_validator(mode="after")
     def _backend_fields(self) -> RunSpecBase:
         if self.backend == "command":
@@ -122,6 +176,14 @@ class RunSpecBase(BaseModel):
             missing = [f for f in ("model", "dataset", "output_dir") if getattr(self, f) is None]
             if missing:
                 raise ValueError(f"backend {self.backend!r} needs {', '.join(missing)}")
+        return self
+
+    @model_validator(mode="after")
+    def _fits_one_line(self) -> RunSpecBase:
+        # The controller sends the spec, defaults filled in, in one launch line the agent reads whole.
+        problem = limits.spec_size_problem(self.model_dump(mode="json"))
+        if problem:
+            raise ValueError(problem)
         return self
 
 

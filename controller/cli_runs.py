@@ -94,6 +94,12 @@ def runs_start(
             bad = [e for e in env if "=" not in e]
             if bad:
                 raise SpecInvalid([{"field": "env", "message": f"expected KEY=VALUE, got {bad[0]!r}"}])
+            names = [e.split("=", 1)[0] for e in env]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                # the last one winning silently would launch with a value the user may not have meant
+                message = f"--env {twice[0]} given more than once; give each variable once"
+                raise SpecInvalid([{"field": "env", "message": message}])
             spec["env"] = {**spec.get("env", {}), **dict(e.split("=", 1) for e in env)}
         if expect_layers is not None or expect_hidden_size is not None:
             spec["expect"] = {

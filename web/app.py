@@ -16,11 +16,12 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 import agent
+from agent import limits
 from controller.errors import ControllerError
 from controller.service import Controller
 from controller.settings import Settings
 from web import api, filters, metrics, pages, security
-from web.middleware import WebSecurity
+from web.middleware import BodyLimit, WebSecurity
 from web.run_templates import TemplateStore
 
 HERE = Path(__file__).parent
@@ -102,6 +103,7 @@ def create_app(
         raise RuntimeError(
             f"the web UI needs a login token but none is stored under {home}; run serve() first"
         )
+    app.add_middleware(BodyLimit, limit=limits.MAX_BODY_BYTES)  # inside WebSecurity: Host and login first
     app.add_middleware(
         WebSecurity, signer=signer, require_auth=auth, token_hash=app.state.token_hash,
         allowed_hosts=_allowed_hosts(bind, allowed_hosts), metrics=app.state.metrics,

@@ -18,6 +18,15 @@ FIELDS = (
 )  # fmt: skip
 _INT_FIELDS = ("tensor_parallel_size", "max_samples", "seq_len", "batch_size")
 _GENERAL = "_form"
+#: A whole number as typed: ASCII digits only (int() would also take "1_000" and other scripts' digits).
+_WHOLE_RE = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)
+
+
+def _whole(text: str) -> int:
+    """The form's text as an int; the spec model is strict, so text is converted here, never coerced there."""
+    if not _WHOLE_RE.fullmatch(text):
+        raise ValueError(text)
+    return int(text)
 
 
 def _lines(text: str) -> list[str]:
@@ -36,31 +45,43 @@ def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
     for key in _INT_FIELDS:
         if get(key):
             try:
-                spec[key] = int(get(key))
+                spec[key] = _whole(get(key))
             except ValueError:
                 errors[key] = f"{key.replace('_', ' ')} must be a whole number, got {get(key)!r}"
     if get("layers"):
         parts = [p.strip() for p in re.split(r"[,\s]+", get("layers")) if p.strip()]
         try:
-            spec["layers"] = [int(p) for p in parts]
+            spec["layers"] = [_whole(p) for p in parts]
         except ValueError:
             errors["layers"] = f"layer ids must be whole numbers separated by commas, got {get('layers')!r}"
     expect: dict[str, int] = {}
     for key, target in (("expect_layers", "layers"), ("expect_hidden_size", "hidden_size")):
         if get(key):
             try:
-                expect[target] = int(get(key))
+                expect[target] = _whole(get(key))
             except ValueError:
                 errors[key] = f"must be a whole number, got {get(key)!r}"
     if expect:
         spec["expect"] = expect
     env: dict[str, str] = {}
-    for line in _lines(form.get("env") or ""):
+    first_line: dict[str, int] = {}
+    for number, raw in enumerate((form.get("env") or "").splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
         key, sep, value = line.partition("=")
         if not sep:
             errors["env"] = f"each line must be NAME=value, got {line!r}"
             break
-        env[key.strip()] = value.strip()
+        key = key.strip()
+        if key in first_line:
+            # Keeping the last value silently would launch with a setting the user may not see.
+            errors["env"] = (
+                f"{key} is set twice (lines {first_line[key]} and {number}); set each variable once"
+            )
+            break
+        first_line[key] = number
+        env[key] = value.strip()
     if env:
         spec["env"] = env
     for key in ("vllm_args", "command"):

@@ -1,4 +1,4 @@
-"""ASGI middleware: Host/Origin checks, session cookie, login gate, security headers, request metrics."""
+"""ASGI middleware: Host/Origin checks, session cookie, login gate, security headers, metrics, body limit."""
 
 from __future__ import annotations
 
@@ -115,6 +115,57 @@ class WebSecurity:
                 self.metrics.observe_request(
                     scope["method"], getattr(route, "path", "unmatched"), status_holder["status"]
                 )
+
+
+class BodyLimit:
+    """Answers 413 to a request body over ``limit`` bytes, having read at most ``limit`` bytes of it."""
+
+    def __init__(self, app: ASGIApp, *, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        lengths = [v for k, v in scope["headers"] if k.lower() == b"content-length"]
+        if lengths:
+            try:
+                declared = int(lengths[0])
+            except ValueError:
+                await _reject(send, 400, "bad_request", "Content-Length is not a number")
+                return
+            if declared > self.limit:
+                await _reject(send, 413, "too_large", self._message(f"{declared} bytes"))
+                return
+            # The server frames the body by Content-Length: no more than that can arrive.
+            await self.app(scope, receive, send)
+            return
+        # No length given (chunked): read up to the limit here, then hand the app what was read.
+        held: list[Message] = []
+        total = 0
+        while True:
+            message = await receive()
+            held.append(message)
+            if message["type"] != "http.request":
+                break
+            total += len(message.get("body", b""))
+            if total > self.limit:
+                await _reject(send, 413, "too_large", self._message(f"over {self.limit} bytes"))
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return held.pop(0) if held else await receive()
+
+        await self.app(scope, replay, send)
+
+    def _message(self, size: str) -> str:
+        return (
+            f"request body of {size} exceeds the limit of {self.limit} bytes "
+            "(one agent protocol line: a larger run spec could never be launched)"
+        )
 
 
 async def _reject(send: Send, status: int, code: str, message: str) -> None:

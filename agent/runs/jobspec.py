@@ -2,8 +2,10 @@
 
 agent/spec.py (pydantic) is the full model and stays out of the daemon; this view holds only the fields the
 daemon acts on. ``JobSpec.parse`` is strict about what a launch acts on (backend, env, command, rules,
-on_shape_failure: SpecError naming the field); any other field, and every field of ``JobSpec.stored``
-(a spec.json already launched), falls back to its default when it cannot be read.
+on_shape_failure: SpecError naming the field) and holds them, and the spec's size, to the bounds of
+agent/limits.py that agent/spec.py enforces too: a spec the API accepts is one the daemon launches. Any other
+field, and every field of ``JobSpec.stored`` (a spec.json already launched), falls back to its default when
+it cannot be read.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from agent import limits
 
 BACKENDS = ("worker-extension", "vllm-native", "command")
 #: The fields a launch refuses when they are wrong; the rest only inform watching and checking.
@@ -35,6 +39,14 @@ def _env(value: Any) -> dict[str, str]:
         for k, v in value.items()
     ):
         raise SpecError("spec.env must map variable names to strings")
+    if len(value) > limits.MAX_ENV_VARS:
+        raise SpecError(f"spec.env has {len(value)} variables; at most {limits.MAX_ENV_VARS}")
+    for k, v in value.items():
+        if len(k) > limits.MAX_ENV_NAME_CHARS or len(v) > limits.MAX_ENV_VALUE_CHARS:
+            raise SpecError(
+                f"spec.env {k[:40]!r}: names have at most {limits.MAX_ENV_NAME_CHARS} characters, "
+                f"values at most {limits.MAX_ENV_VALUE_CHARS}"
+            )
     return dict(value)
 
 
@@ -48,6 +60,13 @@ def _argv(value: Any) -> list[str]:
     value = value or []
     if not isinstance(value, list) or not all(isinstance(a, str) and "\0" not in a for a in value):
         raise SpecError("spec.command must be a list of strings")
+    if len(value) > limits.MAX_ARGS or any(len(a) > limits.MAX_ARG_CHARS for a in value):
+        raise SpecError(
+            f"spec.command has at most {limits.MAX_ARGS} items of at most {limits.MAX_ARG_CHARS} characters"
+        )
+    problem = limits.program_problem(value)
+    if problem:
+        raise SpecError(f"spec.{problem}")
     return list(value)
 
 
@@ -55,6 +74,8 @@ def _rules(value: Any) -> list[dict[str, Any]]:
     value = value or []
     if not isinstance(value, list):
         raise SpecError("spec.rules must be a list of rules")
+    if len(value) > limits.MAX_RULES:
+        raise SpecError(f"spec.rules has {len(value)} rules; at most {limits.MAX_RULES}")
     return list(value)
 
 
@@ -117,6 +138,9 @@ class JobSpec:
         """The view of a spec about to be launched; SpecError names the first bad field."""
         if not isinstance(spec, dict):
             raise SpecError("'spec' must be a JSON object (a run spec)")
+        problem = limits.spec_size_problem(spec)
+        if problem:
+            raise SpecError(f"spec: {problem}")
         view = cls._read(spec, strict=True)
         if view.backend == "command" and not view.command:
             raise SpecError("backend 'command' needs spec.command: a non-empty list of strings")

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from agent import limits
 from agent.runs.jobspec import JobSpec, SpecError
 from agent.spec import RunSpec
 
@@ -64,6 +65,12 @@ def test_a_validated_spec_reads_back_field_for_field() -> None:
         ({"backend": "command", "command": ["a", 1]}, "spec.command"),
         ({"backend": "command", "command": ["a\0b"]}, "spec.command"),
         ({"rules": {"name": "x"}}, "spec.rules"),
+        ({"env": {f"V{i}": "1" for i in range(limits.MAX_ENV_VARS + 1)}}, "spec.env"),
+        ({"env": {"A": "x" * (limits.MAX_ENV_VALUE_CHARS + 1)}}, "spec.env"),
+        ({"backend": "command", "command": ["true"] * (limits.MAX_ARGS + 1)}, "spec.command"),
+        ({"backend": "command", "command": ["sh -c 'rm -rf ~/x'"]}, "spec.command[0]"),
+        ({"rules": [{}] * (limits.MAX_RULES + 1)}, "spec.rules"),
+        ({"backend": "command", "command": ["true"], "pad": "x" * limits.MAX_SPEC_BYTES}, "bytes as JSON"),
     ],
 )
 def test_parse_refuses_what_a_launch_acts_on(spec: Any, names: str) -> None:

@@ -119,6 +119,11 @@ def test_runs_start_from_spec_file_and_bad_input(tmp_path: Path, reap: None) -> 
     assert badhost.returncode == 2 and "ssh" in badhost.stderr
 
 
+def test_runs_start_refuses_a_repeated_env_option(tmp_path: Path) -> None:
+    res = cli(tmp_path, "runs", "start", "--host", "ghost", "--env", "A=1", "--env", "A=2", "--", "true")
+    assert res.returncode == 2 and "--env A given more than once" in res.stderr
+
+
 @pytest.mark.ssh
 def test_hosts_add_over_ssh_shows_fingerprint(tmp_path: Path, sshd: SSHD) -> None:
     env = {

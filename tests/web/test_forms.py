@@ -42,6 +42,13 @@ def test_full_form_to_spec_and_back() -> None:
         ({"expect_layers": "x"}, "expect_layers", "whole number"),
         ({"expect_layers": "0"}, "expect_layers", "greater than"),
         ({"inject_fault": "melt"}, "inject_fault", "drop_layer"),
+        ({"env": "A=1\nB=2\n\nA=3"}, "env", "A is set twice (lines 1 and 4)"),
+        ({"tensor_parallel_size": "1_0"}, "tensor_parallel_size", "whole number"),
+        ({"max_samples": "\u0663"}, "max_samples", "whole number"),
+        ({"layers": "2, 9223372036854775808"}, "layers", "at most 65535"),
+        ({"max_samples": "18446744073709551616"}, "max_samples", "less than or equal"),
+        ({"command": "sh -c 'rm -rf ~/x'", "backend": "command"}, "command", "shell command line"),
+        ({"vllm_args": "--dtype float32; rm -rf /"}, "vllm_args", "own item"),
     ],
 )
 def test_errors_land_on_their_field(change: dict[str, str], field: str, words: str) -> None:
@@ -64,3 +71,10 @@ def test_controller_errors_are_mapped_to_fields() -> None:
     )
     assert mapped["host"] == "no host 'x'"
     assert mapped[forms.GENERAL_ERROR_KEY] == "something global"
+
+
+def test_form_text_becomes_strict_integers() -> None:
+    """The model refuses "8" for tensor_parallel_size; the form converts its text before validating."""
+    spec, errors = forms.check_form({**BASE, "tensor_parallel_size": " 8 ", "expect_layers": "+4"})
+    assert errors == {}
+    assert spec["tensor_parallel_size"] == 8 and spec["expect"] == {"layers": 4}
