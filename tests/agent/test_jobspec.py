@@ -64,6 +64,8 @@ def test_a_validated_spec_reads_back_field_for_field() -> None:
         ({"backend": "command", "command": ["a", 1]}, "spec.command"),
         ({"backend": "command", "command": ["a\0b"]}, "spec.command"),
         ({"rules": {"name": "x"}}, "spec.rules"),
+        ({"output_dir": 7}, "spec.output_dir"),
+        ({"output_dir": "/"}, "spec.output_dir"),
     ],
 )
 def test_parse_refuses_what_a_launch_acts_on(spec: Any, names: str) -> None:
@@ -80,7 +82,6 @@ def test_parse_refuses_what_a_launch_acts_on(spec: Any, names: str) -> None:
         ({"layers": "2,3"}, "layers", None),
         ({"expect": {"layers": -1}}, "expect_layers", None),
         ({"expect": [1]}, "expect_layers", None),
-        ({"output_dir": 7}, "output_dir", None),
     ],
 )
 def test_fields_a_launch_does_not_act_on_fall_back_to_defaults(spec: Any, field: str, value: Any) -> None:
