@@ -122,11 +122,16 @@ class LogChain:
         return fd
 
     def _open_identity(self, dev: int, ino: int) -> int | None:
-        """Open the file (dev, ino): at the log's name, else as the job's stdout/stderr in /proc."""
+        """Open the file (dev, ino): at the log's name, as the job's stdout/stderr in /proc, or renamed
+        beside it (``output.log.1``: where logrotate puts it, found again after a daemon restart)."""
         candidates = [str(self.path)]
         pid = self._job_pid()
         if pid is not None:
             candidates += [f"/proc/{pid}/fd/1", f"/proc/{pid}/fd/2"]
+        with contextlib.suppress(OSError):
+            candidates += sorted(
+                str(p) for p in self.path.parent.iterdir() if p.name.startswith(self.path.name + ".")
+            )
         for cand in candidates:
             try:
                 fd = os.open(cand, os.O_RDONLY | os.O_CLOEXEC)

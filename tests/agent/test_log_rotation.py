@@ -3,6 +3,7 @@ every streamed line keeps a distinct offset, and the timeline says what happened
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,14 @@ import pytest
 from controller import crud
 from controller.store import Tx, connect, create_schema
 from tests.helpers.agentjobs import marker, write_script
-from tests.helpers.agentproc import AgentClient, AgentProc, agent_daemon, terminal_event
+from tests.helpers.agentproc import (
+    AgentClient,
+    AgentProc,
+    agent_daemon,
+    cleanup_runs,
+    start_agent,
+    terminal_event,
+)
 
 __all__ = ["agent_daemon"]
 
@@ -116,3 +124,36 @@ def test_no_line_or_milestone_lost_when_the_log_is_truncated_or_rotated(
     finally:
         conn.close()
     assert stored == expected_lines()
+
+
+def test_a_daemon_killed_after_the_log_was_rotated_picks_up_the_renamed_file(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    agent = start_agent(state)
+    try:
+        with AgentClient(agent.socket) as c:
+            spec = {"name": "t", "host": "h", "backend": "command", "command": log_job(tmp_path, "rename")}
+            c.result("launch", run="rot", spec=spec)
+            c.result("follow", run="rot", after_seq=0)
+            c.wait_for(lambda m: m.get("type") == "event" and m["event"].get("kind") == "warning")
+        agent.kill()  # SIGKILL: the job goes on writing into output.log.1 while no daemon watches
+        time.sleep(1.5)
+        agent = start_agent(state)
+        with AgentClient(agent.socket) as c:
+            c.result("follow", run="rot", after_seq=0, log_offset=0)
+            msgs = c.wait_for(terminal_event, timeout=60)
+            batches = [m for m in msgs if m.get("type") == "log"]
+            while sum(len(b["lines"]) for b in batches) < N:
+                m = c.read_message(timeout=10)
+                if m.get("type") == "log":
+                    batches.append(m)
+    finally:
+        agent.kill()
+        cleanup_runs(state)
+    events = _events(msgs)
+    lines = [(o, t) for b in batches for o, t in b["lines"]]
+    assert [t for _, t in lines] == expected_lines()
+    assert [o for o, _ in lines] == sorted({o for o, _ in lines})
+    progress = [e["fields"]["samples_done"] for e in events if e.get("kind") == "progress"]
+    assert progress == list(range(1, N // EVERY + 1))  # each once: exactly-once across the restart
+    assert [e["fields"]["rule"] for e in events if e.get("kind") == "warning"] == ["log_replaced"]
+    assert events[-1]["state"] == "completed"
