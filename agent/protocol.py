@@ -18,6 +18,10 @@ One JSON object per line, UTF-8, ``\\n``-terminated, in both directions, over th
    order, never twice on one connection) and, when ``log_offset`` was given,
    ``{"type": "log", "run": R, "lines": [[offset, text], ...], "next_offset": N}`` where ``offset`` is the
    byte offset of the line's start in ``output.log`` (so the receiver can store lines idempotently).
+   Once ``output.log`` was truncated or replaced, offsets run on from where the previous file ended
+   (stream offsets, agent/logs/generations.py): distinct and increasing for every line of the run;
+   ``log_offset`` and ``status``'s ``log_size`` are stream offsets too (the same numbers while the log
+   was never cut).
    ``unfollow`` ends the stream.
 
 Requests (args → result):

@@ -23,6 +23,8 @@ from pydantic import (
 
 from agent import limits
 
+from agent.runs.outdir import output_dir_error
+
 Backend = Literal["worker-extension", "vllm-native", "command"]
 LayerConvention = Literal["input", "output"]
 ShapeFailurePolicy = Literal["alert", "stop"]
@@ -107,7 +109,17 @@ class RunSpecBase(BaseModel):
             )
         return v
 
-    @field_validator("model", "dataset", "output_dir")
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        err = output_dir_error(v)
+        if err is not None:
+            raise ValueError(err)
+        return v
+
+    @field_validator("model", "dataset")
     @classmethod
     def _absolute(cls, v: str | None) -> str | None:
         if v is None or v == "":

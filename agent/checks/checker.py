@@ -27,6 +27,7 @@ from typing import Any
 from agent.checks import tensorfiles, zstfiles
 from agent.checks.dirs import (
     CAPTURE,
+    escapes,
     index_gaps,
     is_capture_file,
     is_locked,
@@ -127,6 +128,12 @@ def expectation_from_model(model_dir: str | Path, layer_ids: list[int] | None) -
 
 def _unreadable(file: str, fmt: str | None, message: str) -> _Result:
     return _Result(fmt, [Problem("unreadable", file, message)])
+
+
+def _link_out(path: Path, root: Path) -> Problem:
+    return Problem(
+        "unreadable", str(path), f"a symbolic link pointing outside {root} (not followed, not read)"
+    )
 
 
 def _tokens(shape: tuple[int, ...]) -> int | None:
@@ -260,11 +267,14 @@ def _sniff(path: Path, expect: Expectation, deep: bool) -> _Result:
     return _check_safetensors(path, expect, deep)
 
 
-def _check_file(path: Path, expect: Expectation, deep: bool, locked: bool) -> _Result:
+def _check_file(path: Path, expect: Expectation, deep: bool, locked: bool, root: Path) -> _Result:
     name = path.name
     fmt = SAFETENSORS if name.endswith((".safetensors", ".safetensors.zst")) else None
     if locked:
         return _Result(fmt, unchecked="still being written (a .lock file is beside it)")
+    # A link out of the output dir (say to /etc/shadow) must not put that file's bytes into a message.
+    if escapes(path, root):
+        return _Result(fmt, [_link_out(path, root)])
     try:
         mode = path.stat().st_mode
         if not stat.S_ISREG(mode):  # a FIFO or device named like a capture file would block or mislead
@@ -285,6 +295,8 @@ def _check_file(path: Path, expect: Expectation, deep: bool, locked: bool) -> _R
 def check_path(path: str | Path, expect: Expectation = Expectation(), deep: bool = True) -> CheckReport:  # noqa: B008
     """Check one capture file or every capture file under a directory; see the module docstring for `ok`."""
     p = Path(path)
+    if is_capture_file(p.name) and escapes(p, p.parent):  # a capture file linked (even to a dir) elsewhere
+        return CheckReport(False, 0, None, [_link_out(p, p.parent)], [], [])
     try:
         is_dir = stat.S_ISDIR(os.stat(p).st_mode)
     except OSError as e:
@@ -304,7 +316,7 @@ def check_path(path: str | Path, expect: Expectation = Expectation(), deep: bool
     checked = 0
     for file, locked in entries:
         try:
-            r = _check_file(file, expect, deep, locked)
+            r = _check_file(file, expect, deep, locked, p if is_dir else p.parent)
         except Exception as e:  # a hostile file must not take the checker (or the daemon's sweep) down
             r = _Result(None, unchecked=f"checker error: {type(e).__name__}: {str(e)[:200]}")
         if r.format:

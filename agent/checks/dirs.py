@@ -119,9 +119,23 @@ def index_gaps(root: str, names: list[str], listed: Collection[int] = ()) -> lis
     return problems
 
 
+def escapes(path: Path, root: Path) -> bool:
+    """True when ``path`` is a symbolic link whose target lies outside ``root`` (or cannot be resolved)."""
+    if not path.is_symlink():
+        return False
+    try:
+        target = os.path.realpath(path, strict=True)
+    except (OSError, RuntimeError):
+        return True  # dangling or looping: nothing inside root to read
+    top = os.path.realpath(root)
+    return not (target == top or target.startswith(top.rstrip("/") + "/"))
+
+
 def read_sample_lengths(folder: Path) -> tuple[dict[int, int], str | None]:
     """The {index: tokens} manifest in folder, if any, and a note when it exists but cannot be used."""
     path = folder / SAMPLE_LENGTHS
+    if escapes(path, folder):
+        return {}, f"{path}: ignored, a symbolic link pointing outside {folder} (not followed)"
     try:
         if path.stat().st_size > _MAX_LENGTHS_BYTES:
             return {}, f"{path}: ignored, larger than {_MAX_LENGTHS_BYTES >> 20} MiB"

@@ -24,6 +24,7 @@ from agent.paths import RunPaths, atomic_write_json, read_json, run_paths, runs_
 from agent.protocol import ErrorCode
 from agent.runs.jobspec import JobSpec, SpecError
 from agent.runs.journal import Journal
+from agent.runs.outdir import launch_output_dir_error
 from agent.runs.watcher import RunWatcher
 
 log = logging.getLogger("eaglewatch.agent")
@@ -214,6 +215,16 @@ class Daemon:
             view = JobSpec.parse(spec)
         except SpecError as exc:
             raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
+        if view.output_dir is not None:
+            # Only active runs claim their directory: a later run may resume into an ended run's output.
+            active = [
+                (r, w.spec.output_dir or "") for r, w in self.runs.items() if w.summary.terminal is None
+            ]
+            err = await asyncio.to_thread(
+                launch_output_dir_error, view.output_dir, str(self.state_dir), active
+            )
+            if err is not None:
+                raise OpError(ErrorCode.BAD_ARGS, f"spec.{err}")
         argv, env = launch_argv(run, view, self.state_dir)
         try:
             load_rules(extra=view.rules)

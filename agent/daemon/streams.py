@@ -7,7 +7,6 @@ from typing import Any
 
 from agent import protocol
 from agent.logs.splitter import LineSplitter
-from agent.logs.tail import read_from
 from agent.runs.journal import read_events
 from agent.runs.watcher import RunWatcher
 
@@ -37,25 +36,29 @@ async def stream_events(send: Send, watcher: RunWatcher, after_seq: int) -> None
 
 
 async def stream_log(send: Send, watcher: RunWatcher, log_offset: int) -> None:
-    """Send complete log lines from ``log_offset`` on, split exactly as the watcher splits them."""
+    """Send complete log lines from stream offset ``log_offset`` on, split exactly as the watcher splits them.
+
+    Offsets run on across truncations and replacements of output.log (agent/logs/generations.py): where a
+    generation ends, its unterminated last line is sent as a line, as the watcher ends it.
+    """
     run = watcher.paths.run
     splitter = LineSplitter(start_offset=log_offset)
     fed = log_offset
     flushed_at = -1
     while True:
         generation = watcher.log_changed.generation
-        res = read_from(watcher.paths.log, fed, READ_CHUNK)
-        if res.reset:
-            splitter = LineSplitter(start_offset=0)
-            fed = 0
-        if res.data:
-            fed += len(res.data)
+        chunk = watcher.chain.read_at(fed, READ_CHUNK)
+        if chunk.jumped:
+            await _send_lines(send, run, [(ln.offset, ln.text) for ln in splitter.flush()], chunk.offset)
+            splitter = LineSplitter(start_offset=chunk.offset)
+            fed = chunk.offset
+        if chunk.data:
+            fed += len(chunk.data)
             await _send_lines(
-                send, run, [(ln.offset, ln.text) for ln in splitter.feed(res.data)], splitter.pending_offset
+                send, run, [(ln.offset, ln.text) for ln in splitter.feed(chunk.data)], splitter.pending_offset
             )
-            if len(res.data) == READ_CHUNK:
-                continue
-        elif watcher.summary.terminal is not None and fed == res.size and flushed_at != fed:
+            continue  # read on until the end: a full chunk or a seam may be followed by more
+        if chunk.at_end and watcher.summary.terminal is not None and flushed_at != fed:
             # The job has ended: its unterminated last line is a line now.
             flushed_at = fed
             await _send_lines(

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent import limits
+from agent.runs.outdir import output_dir_error
 
 BACKENDS = ("worker-extension", "vllm-native", "command")
 #: The fields a launch refuses when they are wrong; the rest only inform watching and checking.
-LAUNCH_FIELDS = frozenset({"backend", "env", "command", "rules", "on_shape_failure"})
+LAUNCH_FIELDS = frozenset({"backend", "env", "command", "rules", "on_shape_failure", "output_dir"})
 SHAPE_FAILURE_POLICIES = ("alert", "stop")
 
 
@@ -101,6 +102,17 @@ def _text(name: str) -> Callable[[Any], str | None]:
     return read
 
 
+def _output_dir(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise SpecError("spec.output_dir must be a string")
+    err = output_dir_error(value)
+    if err is not None:
+        raise SpecError(f"spec.{err}")
+    return value
+
+
 def _layer_ids(value: Any) -> list[int] | None:
     if value is None:
         return None
@@ -175,7 +187,7 @@ class JobSpec:
             or defaults.tensor_parallel_size,
             model=get("model", _text("model"), spec.get("model")),
             layers=get("layers", _layer_ids, spec.get("layers")),
-            output_dir=get("output_dir", _text("output_dir"), spec.get("output_dir")),
+            output_dir=get("output_dir", _output_dir, spec.get("output_dir")),
             env=get("env", _env, spec.get("env")),
             command=get("command", _argv, spec.get("command")),
             rules=get("rules", _rules, spec.get("rules")),

@@ -19,8 +19,9 @@ from typing import Any
 
 from agent.jobs import control as jobs
 from agent.jobs import procfs
+from agent.logs.generations import MOVED, TRUNCATED, LogChain
 from agent.logs.splitter import LineSplitter
-from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse, read_from
+from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse
 from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, load_rules
 from agent.paths import RunPaths, atomic_write_json, read_json
 from agent.runs.jobspec import JobSpec
@@ -66,6 +67,10 @@ class RunWatcher:
         self.pulse = Pulse()
         journal.subscribe(lambda _ev: self.events_changed.notify())
         self.summary = RunSummary.from_events(scan(journal.path))
+        saved = read_json(paths.cursor)
+        self.chain = LogChain.restore(
+            paths.log, saved.get("log") if isinstance(saved, dict) else None, self._job_pid
+        )
         self.task: asyncio.Task[None] | None = None
         self._skip: Counter[tuple[Any, ...]] = Counter()
         self._outbox: list[dict[str, Any]] = []
@@ -92,10 +97,7 @@ class RunWatcher:
         job = read_json(self.paths.job)
         job = job if isinstance(job, dict) else {}
         exit_rec = read_json(self.paths.exit)
-        try:
-            size = self.paths.log.stat().st_size
-        except OSError:
-            size = 0
+        size = self.chain.end_offset()  # a stream offset: it keeps growing across truncation and rotation
         return {
             "run": self.paths.run,
             "state": self.state,
@@ -110,6 +112,14 @@ class RunWatcher:
             "name": self.spec.name,
             "backend": self.spec.backend,
         }
+
+    def _job_pid(self) -> int | None:
+        """The job's pid while it may still hold the log open (to reach a log renamed away)."""
+        if self.paths.exit.exists():
+            return None
+        job = read_json(self.paths.job)
+        pid = job.get("pid") if isinstance(job, dict) else None
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
 
     def _restore_cursor(self) -> None:
         try:
@@ -156,6 +166,7 @@ class RunWatcher:
                 "seq": self.journal.last_seq,
                 "engine": self.engine.snapshot(),
                 "checked": self.checked,
+                "log": self.chain.snapshot(),
             },
             fsync=False,
         )
@@ -260,22 +271,53 @@ class RunWatcher:
         """Feed what the log gained to the splitter and the engine; True when bytes were read."""
         got = False
         while True:
-            res = read_from(self.paths.log, self.fed, READ_CHUNK)
-            if res.reset:  # truncated or replaced: start again at its beginning
-                self.splitter = LineSplitter(start_offset=0)
-                self.fed = 0
-            if not res.data:
+            data, seam = self.chain.poll(self.fed, READ_CHUNK)
+            if seam is not None:
+                self._log_seam(seam)
+                got = True
+                continue
+            if not data:
                 break
             got = True
-            self.fed += len(res.data)
-            for ln in self.splitter.feed(res.data):
+            self.fed += len(data)
+            for ln in self.splitter.feed(data):
                 self.line += 1
                 self._journal_milestones(self.engine.feed(ln.text, self.line))
             self._save_cursor()
-            if len(res.data) < READ_CHUNK:
+            if len(data) < READ_CHUNK:
                 break
             await asyncio.sleep(0)  # a long backlog must not starve the other runs and clients
         return got
+
+    def _log_seam(self, seam: str) -> None:
+        """The log was truncated, replaced or renamed away: say so in the timeline, go on where it goes on."""
+        cur = self.chain.current
+        assert cur is not None  # a seam is only reported once a generation exists
+        if seam != MOVED:
+            # The old generation's unterminated last line is complete: nothing more will be added to it.
+            for ln in self.splitter.flush():
+                self.line += 1
+                self._journal_milestones(self.engine.feed(ln.text, self.line))
+            self.splitter = LineSplitter(start_offset=cur.base)
+            self.fed = cur.base
+        if seam == TRUNCATED:
+            rule, text = "log_truncated", "output.log was truncated; reading it again from its start"
+        elif seam == MOVED:
+            rule, text = "log_replaced", "output.log was renamed away; still following the job's file"
+        else:
+            rule, text = "log_replaced", "output.log was replaced by a new file; following the new file"
+        self._append(
+            {
+                "type": "milestone",
+                "kind": "warning",
+                "line": self.line,
+                "rank": None,
+                "fields": {"rule": rule, "generation": cur.number, "offset": cur.base},
+                "text": text,
+            }
+        )
+        self._save_cursor(force=True)
+        self.log_changed.notify()
 
     # --- outputs ---------------------------------------------------------------------------------
     async def _scan_outputs(self, final: bool) -> None:
@@ -393,4 +435,5 @@ class RunWatcher:
             self._append(ev)
         self._save_cursor(force=True)
         self.journal.close()
+        self.chain.close(keep_unnamed=True)  # streams reopen the named file; a renamed one is kept open
         self.log_changed.notify()  # log followers flush the job's unterminated last line now

@@ -71,6 +71,8 @@ def test_a_validated_spec_reads_back_field_for_field() -> None:
         ({"backend": "command", "command": ["sh -c 'rm -rf ~/x'"]}, "spec.command[0]"),
         ({"rules": [{}] * (limits.MAX_RULES + 1)}, "spec.rules"),
         ({"backend": "command", "command": ["true"], "pad": "x" * limits.MAX_SPEC_BYTES}, "bytes as JSON"),
+        ({"output_dir": 7}, "spec.output_dir"),
+        ({"output_dir": "/"}, "spec.output_dir"),
     ],
 )
 def test_parse_refuses_what_a_launch_acts_on(spec: Any, names: str) -> None:
@@ -87,7 +89,6 @@ def test_parse_refuses_what_a_launch_acts_on(spec: Any, names: str) -> None:
         ({"layers": "2,3"}, "layers", None),
         ({"expect": {"layers": -1}}, "expect_layers", None),
         ({"expect": [1]}, "expect_layers", None),
-        ({"output_dir": 7}, "output_dir", None),
     ],
 )
 def test_fields_a_launch_does_not_act_on_fall_back_to_defaults(spec: Any, field: str, value: Any) -> None:
