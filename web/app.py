@@ -18,7 +18,7 @@ from fastapi.staticfiles import StaticFiles
 import agent
 from controller.errors import ControllerError
 from controller.service import Controller
-from controller.settings import Settings
+from controller.settings import Settings, ensure_home
 from web import api, filters, metrics, pages, security
 from web.middleware import WebSecurity
 from web.run_templates import TemplateStore
@@ -69,7 +69,7 @@ def create_app(
     bind = bind or settings.bind
     auth = (not security.is_loopback(bind)) if require_auth is None else require_auth
     home: Path = settings.home
-    home.mkdir(parents=True, exist_ok=True)
+    ensure_home(home)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -157,7 +157,7 @@ def serve(settings: Settings, bind: str, port: int) -> None:
     """Run controller + web UI with uvicorn (``eaglewatch serve``); off loopback a login token is required."""
     import uvicorn
 
-    settings.home.mkdir(parents=True, exist_ok=True)
+    ensure_home(settings.home)
     if not security.is_loopback(bind):
         token = security.ensure_token(settings.home)
         if token is not None:

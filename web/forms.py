@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent.spec import RunSpecBase, parse_spec
+from web.filters import is_secret_name
 
 #: Form fields in display order (text inputs unless noted in the template).
 FIELDS = (
@@ -60,6 +61,10 @@ def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
         if not sep:
             errors["env"] = f"each line must be NAME=value, got {line!r}"
             break
+        if is_secret_name(key.strip()) and not value.strip():
+            # secret values are never saved in templates nor sent back: an empty one must be typed again
+            errors["env"] = f"{key.strip()} has no value: type it (secret values are never saved or shown)"
+            break
         env[key.strip()] = value.strip()
     if env:
         spec["env"] = env
@@ -67,6 +72,19 @@ def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
         if _lines(form.get(key) or ""):
             spec[key] = _lines(form.get(key) or "")
     return spec, errors
+
+
+def without_secret_values(values: Mapping[str, str]) -> dict[str, str]:
+    """Form values with the values of secret-looking env names emptied (``HF_TOKEN=``): what may be
+    saved in a template or sent back in a page."""
+    out = dict(values)
+    lines = []
+    for line in (values.get("env") or "").splitlines():
+        key, sep, _value = line.partition("=")
+        lines.append(f"{key}=" if sep and is_secret_name(key.strip()) else line)
+    if "env" in values:
+        out["env"] = "\n".join(lines)
+    return out
 
 
 def spec_to_form(spec: Mapping[str, Any]) -> dict[str, str]:

@@ -69,8 +69,9 @@ async def _form_page(
     saved: str | None = None,
 ) -> HTMLResponse:
     hosts = await ctl.list_hosts()
+    shown = forms.without_secret_values(values)  # a page never carries a secret back to the browser
     return render(
-        request, "new_run.html", status=status, values=values, errors=errors, hosts=hosts,
+        request, "new_run.html", status=status, values=shown, errors=errors, hosts=hosts,
         templates=store.names(), template=template, saved=saved, help=forms.field_help(),
         general_error=errors.get(forms.GENERAL_ERROR_KEY),
     )  # fmt: skip
