@@ -62,6 +62,9 @@ class Settings(BaseSettings):
         description="where the agent is uploaded on hosts (relative to the remote home, or absolute)",
     )
     outbox_max_backoff_s: float = Field(default=300.0, gt=0)
+    session_ttl_s: float = Field(
+        default=12 * 3600.0, gt=0, le=30 * 86400, description="web login sessions expire after this"
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -89,11 +89,15 @@ def create_app(
         docs_url=None,  # the Swagger page loads scripts from a CDN, which the CSP forbids
         redoc_url=None,
     )
-    signer = security.Signer(security.load_secret(home))
+    token_hash = security.load_token_hash(home)
+    generation = security.token_generation(token_hash)
+    signer = security.Signer(security.load_secret(home), generation, ttl_s=settings.session_ttl_s)
     app.state.controller = controller
     app.state.signer = signer
     app.state.require_auth = auth
-    app.state.token_hash = security.load_token_hash(home)
+    app.state.token_hash = token_hash
+    app.state.token_checker = security.TokenChecker(token_hash)
+    app.state.sessions = security.SessionTable(home / security.SESSIONS_FILE, generation)
     app.state.secure_cookie = False
     app.state.jinja = _jinja()
     app.state.template_store = TemplateStore(home)
@@ -103,8 +107,9 @@ def create_app(
             f"the web UI needs a login token but none is stored under {home}; run serve() first"
         )
     app.add_middleware(
-        WebSecurity, signer=signer, require_auth=auth, token_hash=app.state.token_hash,
-        allowed_hosts=_allowed_hosts(bind, allowed_hosts), metrics=app.state.metrics,
+        WebSecurity, signer=signer, require_auth=auth, checker=app.state.token_checker,
+        sessions=app.state.sessions, allowed_hosts=_allowed_hosts(bind, allowed_hosts),
+        metrics=app.state.metrics,
     )  # fmt: skip
     app.include_router(api.router)
     app.include_router(api.post_router)
