@@ -22,7 +22,6 @@ from pydantic import (
 )
 
 from agent import limits
-
 from agent.runs.outdir import output_dir_error
 
 Backend = Literal["worker-extension", "vllm-native", "command"]

@@ -52,7 +52,7 @@ from controller.fleet import Supervisors
 from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic
 from controller.outbox import OutboxWorker
 from controller.runs import RunOps
-from controller.settings import Settings
+from controller.settings import Settings, ensure_home
 from controller.store import Store
 
 
@@ -83,7 +83,7 @@ class Controller:
 
     async def start(self) -> None:
         """Open the store; with ``supervise`` start a supervisor per host and the outbox worker."""
-        self.settings.home.mkdir(parents=True, exist_ok=True)
+        ensure_home(self.settings.home)
         await self.store.open()
         if self.supervise:
             await self.supervisors.start()

@@ -21,6 +21,19 @@ def default_home() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".local" / "share" / "eaglewatch"
 
 
+def ensure_home(path: Path) -> Path:
+    """Create the home directory private to its owner (0700); an existing one we own is tightened to 0700.
+
+    It holds the database (launched specs with their environment), the web token hash, the cookie
+    secret and the run templates: nobody else on the workstation has any business listing it.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
 class Settings(BaseSettings):
     """Everything the controller needs to know; precedence: init args > env > config.toml > defaults."""
 
@@ -49,6 +62,9 @@ class Settings(BaseSettings):
         description="where the agent is uploaded on hosts (relative to the remote home, or absolute)",
     )
     outbox_max_backoff_s: float = Field(default=300.0, gt=0)
+    session_ttl_s: float = Field(
+        default=12 * 3600.0, gt=0, le=30 * 86400, description="web login sessions expire after this"
+    )
 
     @classmethod
     def settings_customise_sources(

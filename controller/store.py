@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -51,9 +52,21 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def make_private(path: Path) -> None:
+    """Create the database file 0600 before SQLite does (it would use the umask, often 0644) and tighten
+    an existing one and its -wal/-shm files: launched specs keep their environment, secrets included."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        with contextlib.suppress(FileNotFoundError):
+            if p.stat().st_mode & 0o077 and p.stat().st_uid == os.getuid():
+                p.chmod(0o600)
+
+
 def create_schema(path: Path) -> None:
     """Create the tables (idempotent), switch to WAL, record the schema version."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    make_private(path)
     conn = connect(path)
     try:
         conn.execute("PRAGMA journal_mode=WAL")

@@ -19,7 +19,7 @@ import agent
 from agent import limits
 from controller.errors import ControllerError
 from controller.service import Controller
-from controller.settings import Settings
+from controller.settings import Settings, ensure_home
 from web import api, filters, metrics, pages, security
 from web.middleware import BodyLimit, WebSecurity
 from web.run_templates import TemplateStore
@@ -70,7 +70,7 @@ def create_app(
     bind = bind or settings.bind
     auth = (not security.is_loopback(bind)) if require_auth is None else require_auth
     home: Path = settings.home
-    home.mkdir(parents=True, exist_ok=True)
+    ensure_home(home)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -90,11 +90,15 @@ def create_app(
         docs_url=None,  # the Swagger page loads scripts from a CDN, which the CSP forbids
         redoc_url=None,
     )
-    signer = security.Signer(security.load_secret(home))
+    token_hash = security.load_token_hash(home)
+    generation = security.token_generation(token_hash)
+    signer = security.Signer(security.load_secret(home), generation, ttl_s=settings.session_ttl_s)
     app.state.controller = controller
     app.state.signer = signer
     app.state.require_auth = auth
-    app.state.token_hash = security.load_token_hash(home)
+    app.state.token_hash = token_hash
+    app.state.token_checker = security.TokenChecker(token_hash)
+    app.state.sessions = security.SessionTable(home / security.SESSIONS_FILE, generation)
     app.state.secure_cookie = False
     app.state.jinja = _jinja()
     app.state.template_store = TemplateStore(home)
@@ -105,8 +109,9 @@ def create_app(
         )
     app.add_middleware(BodyLimit, limit=limits.MAX_BODY_BYTES)  # inside WebSecurity: Host and login first
     app.add_middleware(
-        WebSecurity, signer=signer, require_auth=auth, token_hash=app.state.token_hash,
-        allowed_hosts=_allowed_hosts(bind, allowed_hosts), metrics=app.state.metrics,
+        WebSecurity, signer=signer, require_auth=auth, checker=app.state.token_checker,
+        sessions=app.state.sessions, allowed_hosts=_allowed_hosts(bind, allowed_hosts),
+        metrics=app.state.metrics,
     )  # fmt: skip
     app.include_router(api.router)
     app.include_router(api.post_router)
@@ -159,7 +164,7 @@ def serve(settings: Settings, bind: str, port: int) -> None:
     """Run controller + web UI with uvicorn (``eaglewatch serve``); off loopback a login token is required."""
     import uvicorn
 
-    settings.home.mkdir(parents=True, exist_ok=True)
+    ensure_home(settings.home)
     if not security.is_loopback(bind):
         token = security.ensure_token(settings.home)
         if token is not None:

@@ -33,7 +33,7 @@ from typing import Any
 from controller.errors import NotFound
 from controller.models import HostCreate
 from controller.service import Controller
-from controller.settings import Settings
+from controller.settings import Settings, ensure_home
 from web import security
 from web.app import create_app
 from web.forms import spec_to_form
@@ -281,7 +281,7 @@ async def _start_server(app: Any, bind: str, port: int) -> tuple[Any, asyncio.Ta
 
 async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool) -> int:
     paths = DemoPaths(home)
-    home.mkdir(parents=True, exist_ok=True)
+    ensure_home(home)
     token = fresh_token(home)
     settings = Settings(home=home, bind=bind, port=port)
     ctl = Controller(settings)

@@ -86,9 +86,14 @@ def problem_words(code: str) -> str:
     return PROBLEM_WORDS.get(code, code.replace("_", " "))
 
 
+def is_secret_name(name: str) -> bool:
+    """True for environment names whose values are never shown or saved (``*TOKEN*``, ``*KEY*``…)."""
+    return bool(_SECRET_RE.search(name))
+
+
 def masked_env(env: dict[str, str] | None) -> list[tuple[str, str]]:
     """Environment for display: values of secret-looking names are never rendered."""
-    return [(k, SECRET_MASK if _SECRET_RE.search(k) else v) for k, v in sorted((env or {}).items())]
+    return [(k, SECRET_MASK if is_secret_name(k) else v) for k, v in sorted((env or {}).items())]
 
 
 def masked_spec(spec: dict[str, Any]) -> dict[str, Any]:
@@ -96,7 +101,7 @@ def masked_spec(spec: dict[str, Any]) -> dict[str, Any]:
     env = spec.get("env")
     if not isinstance(env, dict):
         return spec
-    return {**spec, "env": {k: SECRET_MASK if _SECRET_RE.search(k) else v for k, v in env.items()}}
+    return {**spec, "env": {k: SECRET_MASK if is_secret_name(k) else v for k, v in env.items()}}
 
 
 def percent(progress: dict[str, Any] | None) -> float | None:

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent.spec import RunSpecBase, parse_spec
+from web.filters import is_secret_name
 
 #: Form fields in display order (text inputs unless noted in the template).
 FIELDS = (
@@ -80,6 +81,10 @@ def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
                 f"{key} is set twice (lines {first_line[key]} and {number}); set each variable once"
             )
             break
+        if is_secret_name(key) and not value.strip():
+            # secret values are never saved in templates nor sent back: an empty one must be typed again
+            errors["env"] = f"{key} has no value: type it (secret values are never saved or shown)"
+            break
         first_line[key] = number
         env[key] = value.strip()
     if env:
@@ -88,6 +93,19 @@ def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
         if _lines(form.get(key) or ""):
             spec[key] = _lines(form.get(key) or "")
     return spec, errors
+
+
+def without_secret_values(values: Mapping[str, str]) -> dict[str, str]:
+    """Form values with the values of secret-looking env names emptied (``HF_TOKEN=``): what may be
+    saved in a template or sent back in a page."""
+    out = dict(values)
+    lines = []
+    for line in (values.get("env") or "").splitlines():
+        key, sep, _value = line.partition("=")
+        lines.append(f"{key}=" if sep and is_secret_name(key.strip()) else line)
+    if "env" in values:
+        out["env"] = "\n".join(lines)
+    return out
 
 
 def spec_to_form(spec: Mapping[str, Any]) -> dict[str, str]:

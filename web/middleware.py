@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from http.cookies import SimpleCookie
 from urllib.parse import quote
@@ -24,7 +23,8 @@ class WebSecurity:
         *,
         signer: security.Signer,
         require_auth: bool,
-        token_hash: dict[str, str] | None,
+        checker: security.TokenChecker,
+        sessions: security.SessionTable,
         allowed_hosts: frozenset[str],
         metrics: Metrics | None = None,
         secure_cookie: bool = False,
@@ -32,23 +32,16 @@ class WebSecurity:
         self.app = app
         self.signer = signer
         self.require_auth = require_auth
-        self.token_hash = token_hash
+        self.checker = checker
+        self.sessions = sessions
         self.allowed_hosts = allowed_hosts
         self.metrics = metrics
         self.secure_cookie = secure_cookie
-        self._bearer_ok: set[str] = set()
 
-    def _bearer_valid(self, header: str | None) -> bool:
-        if not header or not header.lower().startswith("bearer ") or self.token_hash is None:
-            return False
-        token = header[7:].strip()
-        key = hashlib.sha256(token.encode()).hexdigest()
-        if key in self._bearer_ok:
-            return True
-        if security.verify_token(token, self.token_hash):
-            self._bearer_ok.add(key)  # scrypt is slow on purpose; remember tokens already verified
-            return True
-        return False
+    async def _bearer(self, header: str | None, client: str) -> security.Verdict:
+        if not header or not header.lower().startswith("bearer "):
+            return security.Verdict.BAD
+        return await self.checker.check(header[7:].strip()[:512], client)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -74,7 +67,17 @@ class WebSecurity:
             cookie = SimpleCookie()
         morsel = cookie.get(security.SESSION_COOKIE)
         session = self.signer.load(morsel.value if morsel else None)
-        bearer = self._bearer_valid(headers.get("authorization"))
+        if session is not None and session.authed and not self.sessions.active(session):
+            session = None  # logged out (or never logged in here): the cookie is void
+        verdict = security.Verdict.BAD
+        if "authorization" in headers:
+            verdict = await self._bearer(headers["authorization"], client_of(scope))
+        if verdict is security.Verdict.LIMITED:
+            await _reject(
+                send, 429, "rate_limited", "too many wrong tokens from this client; retry in a minute"
+            )
+            return
+        bearer = verdict is security.Verdict.OK
         fresh = session is None
         if session is None:
             session = self.signer.new_session(authed=False)
@@ -168,9 +171,17 @@ class BodyLimit:
         )
 
 
+def client_of(scope: Scope) -> str:
+    """The peer address a request came from (what rate limits are keyed on)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
 async def _reject(send: Send, status: int, code: str, message: str) -> None:
     body = json.dumps({"error": code, "message": message}).encode()
     hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 429:
+        hdrs.append((b"retry-after", b"60"))
     hdrs += [(k.encode(), v.encode()) for k, v in security.SECURITY_HEADERS.items()]
     await send({"type": "http.response.start", "status": status, "headers": hdrs})
     await send({"type": "http.response.body", "body": body})

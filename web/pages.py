@@ -16,6 +16,7 @@ from controller.service import Controller
 from web import forms, security
 from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep, TemplateStoreDep
 from web.logpage import read_log_page
+from web.middleware import client_of
 from web.run_templates import TemplateError, TemplateStore
 from web.sse import TERMINAL_STATES
 
@@ -69,8 +70,9 @@ async def _form_page(
     saved: str | None = None,
 ) -> HTMLResponse:
     hosts = await ctl.list_hosts()
+    shown = forms.without_secret_values(values)  # a page never carries a secret back to the browser
     return render(
-        request, "new_run.html", status=status, values=values, errors=errors, hosts=hosts,
+        request, "new_run.html", status=status, values=shown, errors=errors, hosts=hosts,
         templates=store.names(), template=template, saved=saved, help=forms.field_help(),
         general_error=errors.get(forms.GENERAL_ERROR_KEY),
     )  # fmt: skip
@@ -186,12 +188,20 @@ async def login(
     request: Request, token: Annotated[str, Form(max_length=200)], next: Annotated[str, Form()] = "/"
 ) -> Response:
     """Check the token; on success rotate the session to a logged-in one (HttpOnly, SameSite=Strict)."""
-    stored = request.app.state.token_hash
-    if stored is None or not security.verify_token(token, stored):
+    checker: security.TokenChecker = request.app.state.token_checker
+    verdict = await checker.check(token, client_of(request.scope))
+    if verdict is security.Verdict.LIMITED:
+        return render(
+            request, "login.html", status=429, next=_safe_next(next),
+            error="too many wrong tokens from this address; wait a minute and retry",
+        )  # fmt: skip
+    if verdict is not security.Verdict.OK:
         return render(request, "login.html", status=401, next=_safe_next(next), error="wrong token")
     signer: security.Signer = request.app.state.signer
     response = _redirect(_safe_next(next))
     session = signer.new_session(authed=True)
+    sessions: security.SessionTable = request.app.state.sessions
+    sessions.add(session)
     response.headers.append(
         "set-cookie", security.session_cookie(signer, session, request.app.state.secure_cookie)
     )
@@ -200,8 +210,10 @@ async def login(
 
 @router.post("/logout", dependencies=CSRF_REQUIRED)
 async def logout(request: Request, _token: CsrfTokenDep) -> Response:
-    """Forget the session."""
+    """Forget the session: revoked server-side, so a copy of the cookie no longer logs anyone in."""
     signer: security.Signer = request.app.state.signer
+    sessions: security.SessionTable = request.app.state.sessions
+    sessions.revoke(request.state.session)
     response = _redirect("/login")
     response.headers.append(
         "set-cookie",

@@ -35,12 +35,39 @@ def test_session_cookie_roundtrip_and_forgery() -> None:
     s = signer.new_session(authed=True)
     value = signer.dump(s)
     assert signer.load(value) == s
-    sid, _flag, mac = value.split(".")
-    assert signer.load(f"{sid}.0.{mac}") is None  # flipping the auth flag breaks the signature
+    sid, _flag, exp, mac = value.split(".")
+    assert signer.load(f"{sid}.0.{exp}.{mac}") is None  # flipping the auth flag breaks the signature
+    assert signer.load(f"{sid}.1.{int(exp) + 3600}.{mac}") is None  # so does extending the expiry
     other = "1" if mac.endswith("0") else "0"
-    assert signer.load(f"{sid}.1.{mac[:-1]}{other}") is None  # one changed character of the MAC
+    assert signer.load(f"{sid}.1.{exp}.{mac[:-1]}{other}") is None  # one changed character of the MAC
     assert signer.load("garbage") is None
     assert security.Signer(b"j" * 32).load(value) is None
+
+
+def test_session_cookie_expires_and_dies_with_the_token() -> None:
+    signer = security.Signer(b"k" * 32, "gen-a", ttl_s=60)
+    s = signer.new_session(authed=True, now=1000.0)
+    value = signer.dump(s)
+    assert signer.load(value, now=1059.0) == s
+    assert signer.load(value, now=1060.0) is None  # expired
+    assert security.Signer(b"k" * 32, "gen-b").load(value, now=1000.0) is None  # another token's cookie
+    assert "Max-Age=" in security.session_cookie(signer, signer.new_session(False))
+
+
+def test_session_table_revokes_and_forgets_other_generations(tmp_path: Path) -> None:
+    path = tmp_path / security.SESSIONS_FILE
+    signer = security.Signer(b"k" * 32, "gen-a")
+    table = security.SessionTable(path, "gen-a")
+    a, b = signer.new_session(True), signer.new_session(True)
+    table.add(a)
+    table.add(b)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert a.sid not in path.read_text()  # only digests: the file cannot be replayed as cookies
+    table.revoke(a)
+    assert not table.active(a) and table.active(b)
+    assert security.SessionTable(path, "gen-a").active(b)  # survives a restart
+    assert not security.SessionTable(path, "gen-b").active(b)  # but not a new token
+    assert not table.active(b, now=b.expires)
 
 
 def test_csrf_token_bound_to_session() -> None:
