@@ -119,4 +119,3 @@ def test_hook_plan_for_both_conventions() -> None:
     assert plan_hooks([1, 7], "output", 8) == [(1, "post", 0), (7, "post", 1)]
     with pytest.raises(ValueError, match=r"out of range 0\.\.7"):
         plan_hooks([8], "output", 8)
-
