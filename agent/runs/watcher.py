@@ -244,8 +244,9 @@ class RunWatcher:
         if not self._flushed and (
             now - self._last_data >= IDLE_FLUSH_S or now - self._dirty_since >= MAX_HOLD_S
         ):
-            # rank groups stay open until the log has been quiet for GROUP_HOLD_S (or their world is full)
-            quiet = now - self._last_data >= GROUP_HOLD_S
+            # With a known TP world, rank groups stay open until it is full or the log has been quiet for
+            # GROUP_HOLD_S; with an unknown one nothing says more ranks will come.
+            quiet = now - self._last_data >= GROUP_HOLD_S or self.engine.world_size is None
             released = self.engine.flush() if quiet else self.engine.release_ready()
             self._journal_milestones(released)
             self._flushed = self.engine.open_groups == 0

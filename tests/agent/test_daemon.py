@@ -424,6 +424,9 @@ def test_ranks_printing_seconds_apart_still_make_one_milestone(
         "slow_ranks",
         f"""
         import time
+        for r in (0, 1):  # how the engine learns the world of a command job, as vLLM says it
+            print(f"(Worker_TP{{r}} pid=10{{r}}) INFO 11-30 09:52:58 [parallel_state.py:1400] world_size=2 "
+                  f"rank={{r}} local_rank={{r}} distributed_init_method=tcp://h:1 backend=nccl", flush=True)
         print({rank.format(r=0)!r}, flush=True)
         for i in range(20):  # the engine core keeps talking meanwhile: the log is never idle
             print(f"(EngineCore pid=99) INFO 11-30 09:53:01 [core.py:1] step {{i}}", flush=True)

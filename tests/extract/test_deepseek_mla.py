@@ -41,7 +41,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         output_dir=str(out),
         layers=LAYERS,
         batch_size=len(LENGTHS),
-        vllm_args=["--max-num-batched-tokens", "32", "--max-num-seqs", "6"],
+        # bf16 asked for explicitly: the user's dtype wins over the job's CPU default (float32)
+        vllm_args=["--max-num-batched-tokens", "32", "--max-num-seqs", "6", "--dtype", "bfloat16"],
     )
     env = {
         "EAGLEWATCH_WORKER_EXTENSION": "tests.extract.aux_ext.AuxCompareCapture",
@@ -53,6 +54,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_job_completes_on_mla_layers(scenario: dict[str, Any]) -> None:
     job = scenario["job"]
     assert job.rc == 0, job.output[-3000:]
+    assert "vllm_args" not in job.of("engine_config")[0]["defaults"]  # no dtype default over the user's
     conf = job.of("capture_configured")[0]
     assert conf["layer_class"] == "DeepseekV2DecoderLayer" and conf["layers"] == LAYERS
     assert len(job.of("shape_check_passed")) == len(LENGTHS) and not job.of("shape_check_failed")
