@@ -118,7 +118,10 @@ def _to_gib(raw: str) -> float:
         raise ValueError(f"no number in {raw!r}")
     unit = re.match(r"\s*([A-Za-z]*)", raw[m.end() :])
     factor = _UNIT_TO_GIB.get(unit.group(1).lower() if unit else "", 1.0)
-    return float(m.group().replace(",", "").replace("_", "").replace(" ", "")) * factor
+    value = float(m.group().replace(",", "").replace("_", "").replace(" ", "")) * factor
+    if not math.isfinite(value):  # "1e999 GiB" would be inf, which is not JSON
+        raise ValueError(f"not a finite size: {raw!r}")
+    return value
 
 
 def _to_list(raw: str) -> list[Any]:
@@ -147,7 +150,7 @@ def convert(kind: str, raw: str) -> Any:
     """Convert a captured group; on failure keep the raw string (a log line never breaks ingestion)."""
     try:
         return CONVERTERS[kind](raw)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, OverflowError):
         return raw
 
 

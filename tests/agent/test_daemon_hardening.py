@@ -1,0 +1,60 @@
+"""The daemon against hostile input: deep markers, non-finite numbers, malformed requests, slow rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.agentjobs import OOM_TRACEBACK, VLLM_LINES, marker, printer
+from tests.helpers.agentproc import AgentClient, AgentProc, agent_daemon, terminal_event
+
+__all__ = ["agent_daemon"]
+
+
+def _cmd(argv: list[str], **extra: Any) -> dict[str, Any]:
+    return {"name": "t", "host": "local", "backend": "command", "command": argv, **extra}
+
+
+def _events(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m["event"] for m in msgs if m.get("type") == "event"]
+
+
+def _refuse(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def test_deeply_nested_marker_does_not_hide_the_lines_after_it(
+    agent_daemon: AgentProc, tmp_path: Path
+) -> None:
+    lines = [
+        VLLM_LINES[0],
+        'EAGLEWATCH {"kind": "progress", "x": ' + "[" * 5000,
+        *OOM_TRACEBACK,
+        marker("shape_check_failed", file="hs_0.safetensors", problem="hidden_dim_lost"),
+    ]
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="deep", spec=_cmd(printer(tmp_path, lines, exit_code=0)))
+        c.result("follow", run="deep", after_seq=0)
+        events = _events(c.wait_for(terminal_event))
+    kinds = [e.get("kind") for e in events]
+    bad = [e for e in events if e.get("kind") == "warning"]
+    assert bad and bad[0]["fields"]["rule"] == "bad_marker" and "deeper" in bad[0]["fields"]["problem"]
+    assert any(e.get("kind") == "error" and e["fields"]["class"] == "oom" for e in events), kinds
+    assert "shape_check_failed" in kinds
+    assert events[-1]["state"] == "failed"
+
+
+def test_non_finite_marker_numbers_are_written_as_json_null(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    lines = [
+        'EAGLEWATCH {"kind": "throughput", "tok_s": NaN, "peak": Infinity, "low": -Infinity, "big": 1e999}',
+    ]
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="nan", spec=_cmd(printer(tmp_path, lines)))
+        c.result("follow", run="nan", after_seq=0)
+        events = _events(c.wait_for(terminal_event))
+    journal = (agent_daemon.state_dir / "runs" / "nan" / "events.jsonl").read_text()
+    for line in journal.splitlines():  # strict JSON: no bare constants, which Python's json alone accepts
+        json.loads(line, parse_constant=_refuse)
+    tp = [e for e in events if e.get("kind") == "throughput"]
+    assert tp and tp[0]["fields"] == {"tok_s": None, "peak": None, "low": None, "big": None}
