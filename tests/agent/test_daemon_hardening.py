@@ -58,3 +58,19 @@ def test_non_finite_marker_numbers_are_written_as_json_null(agent_daemon: AgentP
         json.loads(line, parse_constant=_refuse)
     tp = [e for e in events if e.get("kind") == "throughput"]
     assert tp and tp[0]["fields"] == {"tok_s": None, "peak": None, "low": None, "big": None}
+
+
+def test_malformed_requests_get_error_replies_and_the_connection_carries_on(agent_daemon: AgentProc) -> None:
+    bad_lines = [
+        b'{"id": ' + b"9" * 5000 + b', "op": "version"}\n',
+        b"[" * 200_000 + b"\n",
+        b'{"id": 1, "op": "version", "x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}\n",
+        b'{"id": ' + b"9" * 40 + b', "op": "version"}\n',
+    ]
+    with AgentClient(agent_daemon.socket) as c:
+        for raw in bad_lines:
+            c.send_raw(raw)
+            msg = c.read_message(timeout=10)
+            assert msg["type"] == "error" and msg["id"] is None, msg
+            assert msg["code"] in ("bad_json", "bad_args")
+        assert c.result("version")["protocol"] == 1
