@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agent.milestones.rulefile import RuleError, validate_rules
+
 Backend = Literal["worker-extension", "vllm-native", "command"]
 LayerConvention = Literal["input", "output"]
 ShapeFailurePolicy = Literal["alert", "stop"]
@@ -62,6 +64,16 @@ class RunSpecBase(BaseModel):
     rules: list[dict[str, Any]] = Field(default_factory=list, description="extra milestone rules")
     on_shape_failure: ShapeFailurePolicy = "alert"
     inject_fault: Fault | None = Field(default=None, description="demo/testing: corrupt the capture")
+
+    @field_validator("rules")
+    @classmethod
+    def _rules(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # checked here so a bad rule is a 422 naming it, not a launch failure on the host
+        try:
+            validate_rules(v, "spec.rules", user=True)
+        except RuleError as exc:
+            raise ValueError(str(exc)) from None
+        return v
 
     @field_validator("name")
     @classmethod

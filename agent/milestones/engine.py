@@ -48,6 +48,7 @@ from typing import Any
 from agent.milestones.logline import Gate, ParsedLine, parse_line
 from agent.milestones.rulefile import (
     KINDS,
+    MAX_USER_TEXT,
     Rule,
     RuleError,
     RuleSet,
@@ -283,7 +284,7 @@ class MilestoneEngine:
             self._traces[parsed.proc] = _Trace(line=line, rank=parsed.rank, proc=parsed.proc, last_line=line)
             return self._release()
         for rule in self._gate.candidates(text):
-            m = rule.regex.search(msg)
+            m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
             if m is not None:
                 if rule.once:
                     if rule.name in self._fired:

@@ -27,6 +27,12 @@ A rule file holds ``[[rule]]`` tables (a run spec's ``rules`` is a list of dicts
 
 Rules are tried in order (built-ins first, then ``--rules`` files, then the run spec's); the first rule
 whose regex matches a line wins.
+
+A run spec's rules come from users and run inside the daemon, where one slow regex would stall every run
+of the host, so they are held to more (``check_user_regex``): a regex of at most ``MAX_USER_REGEX``
+characters, no quantified group that itself holds a quantifier or an alternation (``(a+)+``, ``(a*)*``,
+``(a|a)*``: the shapes whose backtracking grows exponentially), and they search only the first
+``MAX_USER_TEXT`` characters of a message (which bounds the polynomial cases such as ``\\d+\\d+x``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ import ast
 import json
 import math
 import re
+import re._constants as sre_c
+import re._parser as sre_parse
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -172,6 +180,7 @@ class Rule:
     marker: bool = False
     enabled: bool = True
     source: str = "<builtin>"
+    user: bool = False  # from a run spec: searches only the first MAX_USER_TEXT characters
 
 
 @dataclass(frozen=True)
@@ -185,6 +194,67 @@ class RuleSet:
         return [r.name for r in self.rules]
 
 
+MAX_USER_REGEX = 300
+MAX_USER_TEXT = 400
+_REPEATS = (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT)
+
+
+def _repeats_or_branches(items: Any) -> str | None:
+    """What inside a quantified part makes backtracking explode: a quantifier or an alternation."""
+    for op, av in items:
+        if op in _REPEATS and av[1] > 1:
+            return "a quantifier"
+        if op is sre_c.BRANCH:
+            return "an alternation"
+        found = _walk(op, av, _repeats_or_branches)
+        if found:
+            return found
+    return None
+
+
+def _walk(op: Any, av: Any, fn: Callable[[Any], str | None]) -> str | None:
+    """Apply ``fn`` to the sub-patterns of one parsed node."""
+    if op is sre_c.SUBPATTERN:
+        return fn(av[3])
+    if op in (sre_c.ASSERT, sre_c.ASSERT_NOT):
+        return fn(av[1])
+    if op is sre_c.BRANCH:
+        for alt in av[1]:
+            found = fn(alt)
+            if found:
+                return found
+    if op in _REPEATS or op is sre_c.POSSESSIVE_REPEAT:
+        return fn(av[2])
+    if op is sre_c.ATOMIC_GROUP:
+        return fn(av)
+    if op is sre_c.GROUPREF_EXISTS:
+        return fn(av[1]) or (fn(av[2]) if av[2] is not None else None)
+    return None
+
+
+def _nested(items: Any) -> str | None:
+    for op, av in items:
+        if op in _REPEATS and av[1] > 1:
+            inner = _repeats_or_branches(av[2])
+            if inner:
+                return f"a quantified group holds {inner} (catastrophic backtracking, like (a+)+ or (a|a)*)"
+        found = _walk(op, av, _nested)
+        if found:
+            return found
+    return None
+
+
+def check_user_regex(pattern: str) -> str | None:
+    """Why a user-supplied regex could stall the daemon, or None when its shape is safe enough."""
+    if len(pattern) > MAX_USER_REGEX:
+        return f"is {len(pattern)} characters long; user rules allow at most {MAX_USER_REGEX}"
+    try:
+        parsed = sre_parse.parse(pattern)
+    except (re.error, RecursionError, OverflowError) as exc:
+        return f"does not compile: {exc}"
+    return _nested(list(parsed))
+
+
 _KEYS = {"name", "kind", "contains", "words", "regex", "fields", "set", "per_rank", "class", "severity"}
 _KEYS |= {"once", "marker", "enabled"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
@@ -196,8 +266,8 @@ def _default_severity(kind: str) -> str:
     )
 
 
-def validate_rule(raw: Any, source: str, index: int) -> Rule:
-    """Check one rule dict; raise RuleError naming the field that is wrong."""
+def validate_rule(raw: Any, source: str, index: int, user: bool = False) -> Rule:
+    """Check one rule dict (``user``: a run spec's, held to check_user_regex); raise RuleError."""
     if not isinstance(raw, dict):
         raise RuleError(source, index, None, f"a rule must be a table/object, got {type(raw).__name__}")
 
@@ -219,9 +289,13 @@ def validate_rule(raw: Any, source: str, index: int) -> Rule:
         raise err("name", f"{name!r} must be 1-80 of letters, digits, '_', '.', ':', '-'")
     if kind not in KINDS:
         raise err("kind", f"unknown milestone kind {kind!r} (known: {', '.join(sorted(KINDS))})")
+    if user:
+        unsafe = check_user_regex(raw["regex"])
+        if unsafe:
+            raise err("regex", unsafe)
     try:
         regex = re.compile(raw["regex"])
-    except re.error as exc:
+    except (re.error, RecursionError, OverflowError) as exc:
         raise err("regex", f"does not compile: {exc}") from None
     contains_raw = raw.get("contains", [])
     if isinstance(contains_raw, str):
@@ -275,14 +349,15 @@ def validate_rule(raw: Any, source: str, index: int) -> Rule:
         marker=raw.get("marker", False),
         enabled=raw.get("enabled", True),
         source=source,
+        user=user,
     )
 
 
-def validate_rules(raw_rules: Any, source: str) -> list[Rule]:
-    """Validate a list of rule dicts (a parsed file's ``rule`` array or a run spec's ``rules``)."""
+def validate_rules(raw_rules: Any, source: str, user: bool = False) -> list[Rule]:
+    """Validate a list of rule dicts (a parsed file's ``rule`` array or, ``user``, a run spec's ``rules``)."""
     if not isinstance(raw_rules, list):
         raise RuleError(source, None, "rule", f"expected a list of rules, got {type(raw_rules).__name__}")
-    rules = [validate_rule(r, source, i) for i, r in enumerate(raw_rules)]
+    rules = [validate_rule(r, source, i, user) for i, r in enumerate(raw_rules)]
     seen: set[str] = set()
     for i, r in enumerate(rules):
         if r.name in seen:
@@ -330,5 +405,5 @@ def load_rules(extra: list[dict[str, Any]] | None = None, files: Sequence[Path] 
     layers = [read_rule_file(BUILTIN_DIR / name) for name in BUILTIN_FILES]
     layers += [read_rule_file(Path(f)) for f in files]
     if extra:
-        layers.append(validate_rules(extra, "spec.rules"))
+        layers.append(validate_rules(extra, "spec.rules", user=True))
     return merge(layers)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import re
+import time
 
 import pytest
 
 from agent.milestones.engine import MilestoneEngine, load_rules
-from agent.milestones.rulefile import convert
+from agent.milestones.rulefile import RuleError, check_user_regex, convert
 from agent.protocol import ProtocolError, decode_message, decode_request
 
 RULES = load_rules()
@@ -80,3 +82,37 @@ def test_random_protocol_lines_are_refused_with_a_protocol_error() -> None:
                 decode_request(line)
             with contextlib.suppress(ProtocolError):
                 decode_message(line)
+
+
+_ATOMS = ["a", r"\w", r"\d", ".", "[ab]", "(?:a|ab)", "(?:x|y)"]
+_QUANTS = ["+", "*", "{2,}", "{1,9}"]
+
+
+def test_random_nested_quantifiers_are_refused_in_user_rules() -> None:
+    rng = random.Random(99)
+    for _ in range(300):
+        inner = rng.choice(_ATOMS) + rng.choice(_QUANTS)
+        for _ in range(rng.randint(0, 2)):  # wrap in more groups, quantified or not
+            inner = f"(?:{inner}{rng.choice(['', 'b', '|c'])}){rng.choice(['', '?'])}"
+        pattern = f"{rng.choice(['', '^', 'x'])}({inner}){rng.choice(_QUANTS)}{rng.choice(['', '$', 'z'])}"
+        problem = check_user_regex(pattern)
+        assert problem is not None, pattern
+        with pytest.raises(RuleError, match=re.escape("spec.rules: rule[0] 'r': field 'regex'")):
+            load_rules(extra=[{"name": "r", "kind": "progress", "regex": pattern}])
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [r"(?:GPU|CPU) KV cache size: (?P<t>[\d,]+)", r"(?P<x>\d+(?:\.\d+)?) s", r"step (\d+)/(\d+)", r"(a|b)+"],
+)
+def test_ordinary_user_regexes_are_accepted(pattern: str) -> None:
+    assert check_user_regex(pattern) is None
+
+
+def test_user_rules_search_a_bounded_prefix_quickly() -> None:
+    rules = load_rules(extra=[{"name": "poly", "kind": "progress", "words": "go", "regex": r"\d+\d+x"}])
+    engine = MilestoneEngine(rules)
+    start = time.monotonic()
+    for n in range(1, 4):
+        engine.feed("go " + "1" * 100_000, n)
+    assert time.monotonic() - start < 10  # unbounded, one such line alone takes hours

@@ -74,3 +74,26 @@ def test_malformed_requests_get_error_replies_and_the_connection_carries_on(agen
             assert msg["type"] == "error" and msg["id"] is None, msg
             assert msg["code"] in ("bad_json", "bad_args")
         assert c.result("version")["protocol"] == 1
+
+
+def test_a_catastrophic_rule_is_refused_and_other_runs_go_on(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    slow = {"name": "slow", "kind": "progress", "regex": "(a+)+$"}
+    mine = {
+        "name": "mine",
+        "kind": "progress",
+        "contains": "step",
+        "regex": r"step (?P<n>\d+)",
+        "fields": {"n": "int"},
+    }
+    lines = ["a" * 30 + "!", "a" * 5000 + "!", VLLM_LINES[0], "a" * 5000 + " step 7", "step 3"]
+    with AgentClient(agent_daemon.socket) as c:
+        rep = c.request("launch", run="slow", spec=_cmd(printer(tmp_path, lines), rules=[slow]))
+        assert rep["type"] == "error" and rep["code"] == "bad_args", rep
+        assert "'slow'" in rep["message"] and "quantified group" in rep["message"]
+        c.result("launch", run="ok", spec=_cmd(printer(tmp_path, lines, name="ok"), rules=[mine]))
+        c.result("follow", run="ok", after_seq=0)
+        events = _events(c.wait_for(terminal_event, timeout=15))
+    kinds = [e.get("kind") for e in events]
+    assert "engine_config" in kinds and events[-1]["state"] == "completed"
+    # a user rule searches only the first MAX_USER_TEXT characters of a message: "step 7" lies past them
+    assert [e["fields"]["n"] for e in events if e.get("fields", {}).get("rule") == "mine"] == [3]
