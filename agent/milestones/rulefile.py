@@ -31,13 +31,15 @@ whose regex matches a line wins.
 A run spec's rules come from users and run inside the daemon, where one slow regex would stall every run
 of the host, so they are held to more (``check_user_regex``): a regex of at most ``MAX_USER_REGEX``
 characters, no quantified group that itself holds a quantifier or an alternation (``(a+)+``, ``(a*)*``,
-``(a|a)*``: the shapes whose backtracking grows exponentially), and they search only the first
-``MAX_USER_TEXT`` characters of a message (which bounds the polynomial cases such as ``\\d+\\d+x``).
+``(a|a)*``: the shapes whose backtracking grows exponentially), no two quantifiers in a row that match the
+same characters (``\\d+\\d+``, ``.*.*``: polynomial), and they search only the first ``MAX_USER_TEXT``
+characters of a message (which bounds what polynomial backtracking is left, such as ``.*x.*y``).
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import math
 import re
@@ -232,6 +234,64 @@ def _walk(op: Any, av: Any, fn: Callable[[Any], str | None]) -> str | None:
     return None
 
 
+_CATEGORY_CHARS = {
+    sre_c.CATEGORY_DIGIT: frozenset("0123456789"),
+    sre_c.CATEGORY_SPACE: frozenset(" \t\n\r\f\v"),
+    sre_c.CATEGORY_WORD: frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"),
+}
+
+
+def _chars(body: Any) -> frozenset[str] | None:
+    """The characters a one-item repeat body can match; None for "any, as far as this check knows"."""
+    items = list(body)
+    if len(items) != 1:
+        return None
+    op, av = items[0]
+    if op is sre_c.LITERAL:
+        return frozenset(chr(av))
+    if op is not sre_c.IN:
+        return None
+    out: set[str] = set()
+    for iop, iav in av:
+        if iop is sre_c.LITERAL:
+            out.add(chr(iav))
+        elif iop is sre_c.RANGE and iav[1] - iav[0] <= 256:
+            out.update(chr(c) for c in range(iav[0], iav[1] + 1))
+        elif iop is sre_c.CATEGORY and iav in _CATEGORY_CHARS:
+            out |= _CATEGORY_CHARS[iav]
+        else:  # negated sets, other categories, wide ranges
+            return None
+    return frozenset(out)
+
+
+def _edge(item: Any, last: bool) -> tuple[frozenset[str] | None] | None:
+    """The class of the quantifier at the start (or end) of ``item``; None when it has none there."""
+    op, av = item
+    if op in _REPEATS and av[1] > 1:
+        return (_chars(av[2]),)
+    if op is sre_c.SUBPATTERN and list(av[3]):
+        inner = list(av[3])
+        return _edge(inner[-1] if last else inner[0], last)
+    return None
+
+
+def _adjacent(items: Any) -> str | None:
+    items = list(items)
+    for a, b in itertools.pairwise(items):
+        tail, head = _edge(a, last=True), _edge(b, last=False)
+        if tail is None or head is None:
+            continue
+        if tail[0] is None or head[0] is None or tail[0] & head[0]:
+            return (
+                "two quantifiers in a row match the same characters (polynomial backtracking, like \\d+\\d+)"
+            )
+    for op, av in items:
+        found = _walk(op, av, _adjacent)
+        if found:
+            return found
+    return None
+
+
 def _nested(items: Any) -> str | None:
     for op, av in items:
         if op in _REPEATS and av[1] > 1:
@@ -252,7 +312,7 @@ def check_user_regex(pattern: str) -> str | None:
         parsed = sre_parse.parse(pattern)
     except (re.error, RecursionError, OverflowError) as exc:
         return f"does not compile: {exc}"
-    return _nested(list(parsed))
+    return _nested(list(parsed)) or _adjacent(list(parsed))
 
 
 _KEYS = {"name", "kind", "contains", "words", "regex", "fields", "set", "per_rank", "class", "severity"}

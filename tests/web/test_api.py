@@ -178,6 +178,7 @@ async def test_bad_or_unsafe_rules_are_422_naming_the_rule(
     cases = [
         ({"name": "slow", "kind": "progress", "regex": "(a+)+$"}, "quantified group holds a quantifier"),
         ({"name": "alt", "kind": "progress", "regex": "(a|ab)*c"}, "alternation"),
+        ({"name": "poly", "kind": "progress", "regex": r"\d+\d+x"}, "two quantifiers in a row"),
         ({"name": "paren", "kind": "progress", "regex": "("}, "does not compile"),
         ({"name": "nokind", "regex": "x"}, "field 'kind': missing"),
         ({"name": "long", "kind": "progress", "regex": "x" * 301}, "at most 300"),
