@@ -10,8 +10,9 @@ One JSON object per line, UTF-8, ``\\n``-terminated, in both directions, over th
 2. The client sends requests ``{"id": <int|str>, "op": <op>, ...args}``.  Every request gets exactly one
    reply carrying the same ``id``: ``{"type": "reply", "id": ..., "ok": true, "result": {...}}`` or
    ``{"type": "error", "id": ..., "code": <ErrorCode>, "message": "..."}``.  A line that is not JSON, not an
-   object, too long, or names an unknown op gets an error reply (``id`` null when it could not be read) and
-   the connection carries on.
+   object, too long, nested too deeply, carries an ``id`` that is not an integer in [-2**63, 2**63] or a
+   string of at most 256 characters, or names an unknown op gets an error reply (``id`` null when it could
+   not be read) and the connection carries on.
 3. ``follow`` additionally streams, after its reply, messages tagged with the run:
    ``{"type": "event", "run": R, "event": {<journal event>}}`` for every journal event with
    ``seq > after_seq`` (first the backlog from ``runs/<R>/events.jsonl``, then live ones, strictly in seq
@@ -60,6 +61,9 @@ from typing import Any
 PROTOCOL_VERSION = 1
 #: Longest request line the daemon accepts; longer lines are discarded and answered with ``too_long``.
 MAX_LINE_BYTES = 1 << 20
+#: Bounds of a request ``id``: it is echoed in every reply, so it must stay small.
+MAX_INT_ID = 1 << 63
+MAX_STR_ID = 256
 
 
 class Op(StrEnum):
@@ -137,11 +141,19 @@ def decode_request(line: bytes | str) -> Request:
         raise ProtocolError(
             ErrorCode.BAD_JSON, f"line is not JSON: {exc.msg} at column {exc.colno}"
         ) from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise ProtocolError(ErrorCode.BAD_JSON, f"line is not usable JSON: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise ProtocolError(ErrorCode.BAD_JSON, "line is not usable JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.NOT_AN_OBJECT, f"expected a JSON object, got {type(obj).__name__}")
     req_id = obj.get("id")
     if req_id is not None and not isinstance(req_id, (int, str)):
         raise ProtocolError(ErrorCode.BAD_ARGS, "'id' must be an integer or a string")
+    if isinstance(req_id, int) and not -MAX_INT_ID <= req_id <= MAX_INT_ID:
+        raise ProtocolError(ErrorCode.BAD_ARGS, "'id' must be an integer in [-2**63, 2**63]")
+    if isinstance(req_id, str) and len(req_id) > MAX_STR_ID:
+        raise ProtocolError(ErrorCode.BAD_ARGS, f"'id' must be a string of at most {MAX_STR_ID} characters")
     raw_op = obj.get("op")
     if not isinstance(raw_op, str):
         raise ProtocolError(ErrorCode.BAD_ARGS, "missing string field 'op'", req_id)
@@ -201,8 +213,13 @@ def decode_message(line: bytes | str) -> dict[str, Any]:
     """Parse one daemon→client line (controller side); raise ProtocolError when malformed."""
     try:
         obj = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProtocolError(ErrorCode.BAD_JSON, f"daemon sent a line that is not JSON: {exc}") from None
+    except (
+        ValueError,
+        RecursionError,
+    ) as exc:  # JSONDecodeError, UnicodeDecodeError, huge ints, deep nesting
+        raise ProtocolError(
+            ErrorCode.BAD_JSON, f"daemon sent a line that is not JSON: {str(exc)[:200]}"
+        ) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
         raise ProtocolError(ErrorCode.NOT_AN_OBJECT, "daemon sent a message without a string 'type'")
     return obj

@@ -24,6 +24,8 @@ from pydantic import (
 from agent import limits
 from agent.runs.outdir import output_dir_error
 
+from agent.milestones.rulefile import RuleError, validate_rules
+
 Backend = Literal["worker-extension", "vllm-native", "command"]
 LayerConvention = Literal["input", "output"]
 ShapeFailurePolicy = Literal["alert", "stop"]
@@ -98,6 +100,16 @@ class RunSpecBase(BaseModel):
     )
     on_shape_failure: ShapeFailurePolicy = "alert"
     inject_fault: Fault | None = Field(default=None, description="demo/testing: corrupt the capture")
+
+    @field_validator("rules")
+    @classmethod
+    def _rules(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # checked here so a bad rule is a 422 naming it, not a launch failure on the host
+        try:
+            validate_rules(v, "spec.rules", user=True)
+        except RuleError as exc:
+            raise ValueError(str(exc)) from None
+        return v
 
     @field_validator("name")
     @classmethod

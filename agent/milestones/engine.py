@@ -26,7 +26,12 @@ first), else the class is ``traceback``; fields carry ``exc_type``, ``message``,
 
 Marker lines (rules with ``marker = true``; rules/eaglewatch.toml ships ``EAGLEWATCH {"kind": ...}``)
 become the milestone the JSON object names, with its other keys as fields; a malformed marker becomes a
-``warning`` (``fields.rule`` = ``bad_marker``, ``fields.problem`` says what is wrong).
+``warning`` (``fields.rule`` = ``bad_marker``, ``fields.problem`` says what is wrong).  A marker nested
+deeper than ``MAX_MARKER_DEPTH`` is malformed; ``NaN``/``Infinity`` (and numbers too large for a float)
+become ``null``, since they are not JSON and the journal and SSE must stay JSON.
+
+No line stops the lines after it: a line whose processing raises anyway becomes a ``warning``
+(``fields.rule`` = ``line_error``) and the engine goes on with the next line.
 
 Ordering: milestones are released in line order; one that follows an open group or traceback waits for
 it, so the daemon calls ``flush()`` when the log has been idle for a second and at job end.
@@ -35,6 +40,7 @@ it, so the daemon calls ``flush()`` when the log has been idle for a second and 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -42,6 +48,7 @@ from typing import Any
 from agent.milestones.logline import Gate, ParsedLine, parse_line
 from agent.milestones.rulefile import (
     KINDS,
+    MAX_USER_TEXT,
     Rule,
     RuleError,
     RuleSet,
@@ -59,10 +66,48 @@ __all__ = [
 TRACEBACK_START = "Traceback (most recent call last)"
 DEFAULT_WINDOW = 200
 MAX_TRACEBACK_LINES = 1000
+#: Deepest nesting of arrays/objects a marker may hold; deeper ones are bad markers (never a RecursionError).
+MAX_MARKER_DEPTH = 32
 
 _FRAME_RE = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<lineno>\d+)(?:, in (?P<func>.+))?')
 _EXC_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+def _nesting_depth(text: str, limit: int) -> int:
+    """Deepest ``[``/``{`` nesting of JSON text (strings skipped); stops counting once past ``limit``."""
+    if text.count("[") + text.count("{") <= limit:  # the common case, without the loop
+        return 0
+    depth = deepest = 0
+    in_str = escaped = False
+    for ch in text:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _finite_float(raw: str) -> float | None:
+    value = float(raw)
+    return value if math.isfinite(value) else None  # 1e999 parses to inf, which is not JSON
+
+
+# NaN, Infinity and -Infinity are accepted by Python's json but are not JSON: read them as null.
+_MARKER_DECODER = json.JSONDecoder(parse_constant=lambda _name: None, parse_float=_finite_float)
 
 
 @dataclass(frozen=True)
@@ -134,6 +179,18 @@ class MilestoneEngine:
     # ---- public API -------------------------------------------------------------------------------
     def feed(self, text: str, line: int) -> list[Milestone]:
         """Process one line (1-based number ``line``); return the milestones released by it."""
+        try:
+            return self._feed(text, line)
+        except Exception as exc:  # the watcher has already read past this line: never lose the next ones
+            fields = {
+                "rule": "line_error",
+                "severity": "warning",
+                "problem": f"{type(exc).__name__}: {exc}"[:500],
+            }
+            self._held.append(Milestone("warning", line, None, fields, text))
+            return self._release()
+
+    def _feed(self, text: str, line: int) -> list[Milestone]:
         if self._groups or self._traces:
             self._expire(line)
             if self._traces:
@@ -227,7 +284,7 @@ class MilestoneEngine:
             self._traces[parsed.proc] = _Trace(line=line, rank=parsed.rank, proc=parsed.proc, last_line=line)
             return self._release()
         for rule in self._gate.candidates(text):
-            m = rule.regex.search(msg)
+            m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
             if m is not None:
                 if rule.once:
                     if rule.name in self._fired:
@@ -265,10 +322,15 @@ class MilestoneEngine:
 
     def _marker(self, rule: Rule, m: re.Match[str], text: str, line: int, parsed: ParsedLine) -> None:
         problem = None
-        try:
-            obj, _ = json.JSONDecoder().raw_decode(m.group("json"))
-        except ValueError as exc:
-            obj, problem = None, f"marker is not JSON: {exc}"
+        raw = m.group("json")
+        depth = _nesting_depth(raw, MAX_MARKER_DEPTH)
+        if depth > MAX_MARKER_DEPTH:
+            obj, problem = None, f"marker nests deeper than {MAX_MARKER_DEPTH} levels"
+        else:
+            try:
+                obj, _ = _MARKER_DECODER.raw_decode(raw)
+            except (ValueError, RecursionError) as exc:
+                obj, problem = None, f"marker is not JSON: {exc}"[:500]
         if problem is None:
             if not isinstance(obj, dict):
                 problem = "marker is not a JSON object"

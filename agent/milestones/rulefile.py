@@ -27,14 +27,24 @@ A rule file holds ``[[rule]]`` tables (a run spec's ``rules`` is a list of dicts
 
 Rules are tried in order (built-ins first, then ``--rules`` files, then the run spec's); the first rule
 whose regex matches a line wins.
+
+A run spec's rules come from users and run inside the daemon, where one slow regex would stall every run
+of the host, so they are held to more (``check_user_regex``): a regex of at most ``MAX_USER_REGEX``
+characters, no quantified group that itself holds a quantifier or an alternation (``(a+)+``, ``(a*)*``,
+``(a|a)*``: the shapes whose backtracking grows exponentially), no two quantifiers in a row that match the
+same characters (``\\d+\\d+``, ``.*.*``: polynomial), and they search only the first ``MAX_USER_TEXT``
+characters of a message (which bounds what polynomial backtracking is left, such as ``.*x.*y``).
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import math
 import re
+import re._constants as sre_c
+import re._parser as sre_parse
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -118,7 +128,10 @@ def _to_gib(raw: str) -> float:
         raise ValueError(f"no number in {raw!r}")
     unit = re.match(r"\s*([A-Za-z]*)", raw[m.end() :])
     factor = _UNIT_TO_GIB.get(unit.group(1).lower() if unit else "", 1.0)
-    return float(m.group().replace(",", "").replace("_", "").replace(" ", "")) * factor
+    value = float(m.group().replace(",", "").replace("_", "").replace(" ", "")) * factor
+    if not math.isfinite(value):  # "1e999 GiB" would be inf, which is not JSON
+        raise ValueError(f"not a finite size: {raw!r}")
+    return value
 
 
 def _to_list(raw: str) -> list[Any]:
@@ -147,7 +160,7 @@ def convert(kind: str, raw: str) -> Any:
     """Convert a captured group; on failure keep the raw string (a log line never breaks ingestion)."""
     try:
         return CONVERTERS[kind](raw)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, OverflowError):
         return raw
 
 
@@ -169,6 +182,7 @@ class Rule:
     marker: bool = False
     enabled: bool = True
     source: str = "<builtin>"
+    user: bool = False  # from a run spec: searches only the first MAX_USER_TEXT characters
 
 
 @dataclass(frozen=True)
@@ -182,6 +196,125 @@ class RuleSet:
         return [r.name for r in self.rules]
 
 
+MAX_USER_REGEX = 300
+MAX_USER_TEXT = 400
+_REPEATS = (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT)
+
+
+def _repeats_or_branches(items: Any) -> str | None:
+    """What inside a quantified part makes backtracking explode: a quantifier or an alternation."""
+    for op, av in items:
+        if op in _REPEATS and av[1] > 1:
+            return "a quantifier"
+        if op is sre_c.BRANCH:
+            return "an alternation"
+        found = _walk(op, av, _repeats_or_branches)
+        if found:
+            return found
+    return None
+
+
+def _walk(op: Any, av: Any, fn: Callable[[Any], str | None]) -> str | None:
+    """Apply ``fn`` to the sub-patterns of one parsed node."""
+    if op is sre_c.SUBPATTERN:
+        return fn(av[3])
+    if op in (sre_c.ASSERT, sre_c.ASSERT_NOT):
+        return fn(av[1])
+    if op is sre_c.BRANCH:
+        for alt in av[1]:
+            found = fn(alt)
+            if found:
+                return found
+    if op in _REPEATS or op is sre_c.POSSESSIVE_REPEAT:
+        return fn(av[2])
+    if op is sre_c.ATOMIC_GROUP:
+        return fn(av)
+    if op is sre_c.GROUPREF_EXISTS:
+        return fn(av[1]) or (fn(av[2]) if av[2] is not None else None)
+    return None
+
+
+_CATEGORY_CHARS = {
+    sre_c.CATEGORY_DIGIT: frozenset("0123456789"),
+    sre_c.CATEGORY_SPACE: frozenset(" \t\n\r\f\v"),
+    sre_c.CATEGORY_WORD: frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"),
+}
+
+
+def _chars(body: Any) -> frozenset[str] | None:
+    """The characters a one-item repeat body can match; None for "any, as far as this check knows"."""
+    items = list(body)
+    if len(items) != 1:
+        return None
+    op, av = items[0]
+    if op is sre_c.LITERAL:
+        return frozenset(chr(av))
+    if op is not sre_c.IN:
+        return None
+    out: set[str] = set()
+    for iop, iav in av:
+        if iop is sre_c.LITERAL:
+            out.add(chr(iav))
+        elif iop is sre_c.RANGE and iav[1] - iav[0] <= 256:
+            out.update(chr(c) for c in range(iav[0], iav[1] + 1))
+        elif iop is sre_c.CATEGORY and iav in _CATEGORY_CHARS:
+            out |= _CATEGORY_CHARS[iav]
+        else:  # negated sets, other categories, wide ranges
+            return None
+    return frozenset(out)
+
+
+def _edge(item: Any, last: bool) -> tuple[frozenset[str] | None] | None:
+    """The class of the quantifier at the start (or end) of ``item``; None when it has none there."""
+    op, av = item
+    if op in _REPEATS and av[1] > 1:
+        return (_chars(av[2]),)
+    if op is sre_c.SUBPATTERN and list(av[3]):
+        inner = list(av[3])
+        return _edge(inner[-1] if last else inner[0], last)
+    return None
+
+
+def _adjacent(items: Any) -> str | None:
+    items = list(items)
+    for a, b in itertools.pairwise(items):
+        tail, head = _edge(a, last=True), _edge(b, last=False)
+        if tail is None or head is None:
+            continue
+        if tail[0] is None or head[0] is None or tail[0] & head[0]:
+            return (
+                "two quantifiers in a row match the same characters (polynomial backtracking, like \\d+\\d+)"
+            )
+    for op, av in items:
+        found = _walk(op, av, _adjacent)
+        if found:
+            return found
+    return None
+
+
+def _nested(items: Any) -> str | None:
+    for op, av in items:
+        if op in _REPEATS and av[1] > 1:
+            inner = _repeats_or_branches(av[2])
+            if inner:
+                return f"a quantified group holds {inner} (catastrophic backtracking, like (a+)+ or (a|a)*)"
+        found = _walk(op, av, _nested)
+        if found:
+            return found
+    return None
+
+
+def check_user_regex(pattern: str) -> str | None:
+    """Why a user-supplied regex could stall the daemon, or None when its shape is safe enough."""
+    if len(pattern) > MAX_USER_REGEX:
+        return f"is {len(pattern)} characters long; user rules allow at most {MAX_USER_REGEX}"
+    try:
+        parsed = sre_parse.parse(pattern)
+    except (re.error, RecursionError, OverflowError) as exc:
+        return f"does not compile: {exc}"
+    return _nested(list(parsed)) or _adjacent(list(parsed))
+
+
 _KEYS = {"name", "kind", "contains", "words", "regex", "fields", "set", "per_rank", "class", "severity"}
 _KEYS |= {"once", "marker", "enabled"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
@@ -193,8 +326,8 @@ def _default_severity(kind: str) -> str:
     )
 
 
-def validate_rule(raw: Any, source: str, index: int) -> Rule:
-    """Check one rule dict; raise RuleError naming the field that is wrong."""
+def validate_rule(raw: Any, source: str, index: int, user: bool = False) -> Rule:
+    """Check one rule dict (``user``: a run spec's, held to check_user_regex); raise RuleError."""
     if not isinstance(raw, dict):
         raise RuleError(source, index, None, f"a rule must be a table/object, got {type(raw).__name__}")
 
@@ -216,9 +349,13 @@ def validate_rule(raw: Any, source: str, index: int) -> Rule:
         raise err("name", f"{name!r} must be 1-80 of letters, digits, '_', '.', ':', '-'")
     if kind not in KINDS:
         raise err("kind", f"unknown milestone kind {kind!r} (known: {', '.join(sorted(KINDS))})")
+    if user:
+        unsafe = check_user_regex(raw["regex"])
+        if unsafe:
+            raise err("regex", unsafe)
     try:
         regex = re.compile(raw["regex"])
-    except re.error as exc:
+    except (re.error, RecursionError, OverflowError) as exc:
         raise err("regex", f"does not compile: {exc}") from None
     contains_raw = raw.get("contains", [])
     if isinstance(contains_raw, str):
@@ -272,14 +409,15 @@ def validate_rule(raw: Any, source: str, index: int) -> Rule:
         marker=raw.get("marker", False),
         enabled=raw.get("enabled", True),
         source=source,
+        user=user,
     )
 
 
-def validate_rules(raw_rules: Any, source: str) -> list[Rule]:
-    """Validate a list of rule dicts (a parsed file's ``rule`` array or a run spec's ``rules``)."""
+def validate_rules(raw_rules: Any, source: str, user: bool = False) -> list[Rule]:
+    """Validate a list of rule dicts (a parsed file's ``rule`` array or, ``user``, a run spec's ``rules``)."""
     if not isinstance(raw_rules, list):
         raise RuleError(source, None, "rule", f"expected a list of rules, got {type(raw_rules).__name__}")
-    rules = [validate_rule(r, source, i) for i, r in enumerate(raw_rules)]
+    rules = [validate_rule(r, source, i, user) for i, r in enumerate(raw_rules)]
     seen: set[str] = set()
     for i, r in enumerate(rules):
         if r.name in seen:
@@ -327,5 +465,5 @@ def load_rules(extra: list[dict[str, Any]] | None = None, files: Sequence[Path] 
     layers = [read_rule_file(BUILTIN_DIR / name) for name in BUILTIN_FILES]
     layers += [read_rule_file(Path(f)) for f in files]
     if extra:
-        layers.append(validate_rules(extra, "spec.rules"))
+        layers.append(validate_rules(extra, "spec.rules", user=True))
     return merge(layers)

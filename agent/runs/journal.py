@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -10,6 +11,25 @@ from pathlib import Path
 from typing import Any
 
 _TAIL_CHUNK = 1 << 16
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN/Infinity float replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _dumps(event: dict[str, Any]) -> str:
+    """One journal line: strict JSON, since followers (the controller, SSE) must be able to read it."""
+    try:
+        return json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:  # a NaN/Infinity from some check or rule: null is the JSON for "no number"
+        return json.dumps(_finite(event), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 class Journal:
@@ -59,9 +79,7 @@ class Journal:
         """Append ``events`` with consecutive seqs, one write and one fsync; then tell the listeners."""
         ts = round(time.time(), 3)
         full = [{"seq": self.last_seq + 1 + i, "ts": ts, **ev} for i, ev in enumerate(events)]
-        data = b"".join(
-            json.dumps(ev, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n" for ev in full
-        )
+        data = b"".join(_dumps(ev).encode("utf-8") + b"\n" for ev in full)
         if self._fd < 0:  # closed while the run sat idle in a terminal state
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         view = memoryview(data)

@@ -204,3 +204,21 @@ def test_real_h200_tp2_logs(log: str, want: set[str]) -> None:
     assert len(injected) == int("extension_injected" in want)
     for m in injected:
         assert m["fields"]["ranks"] == [0, 1] and m["fields"]["processes"] == 2
+
+
+def test_deeply_nested_and_non_finite_markers_do_not_crash_it(tmp_path: Path) -> None:
+    log = tmp_path / "output.log"
+    log.write_text(
+        'EAGLEWATCH {"kind": "progress", "x": ' + "[" * 5000 + "\n"
+        'EAGLEWATCH {"kind": "throughput", "tok_s": NaN}\n'
+        "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    )
+    res = milestones(log, "--json")
+    assert res.returncode == 0, res.stderr
+    got = [
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+        for line in res.stdout.splitlines()
+    ]
+    assert got[0]["fields"]["rule"] == "bad_marker" and "deeper" in got[0]["fields"]["problem"]
+    assert got[1]["kind"] == "throughput" and got[1]["fields"] == {"tok_s": None}
+    assert len(got) == 3

@@ -88,3 +88,17 @@ async def test_broadcast_wakes_every_waiter_and_misses_nothing() -> None:
     b.notify()
     assert await asyncio.gather(*waiters) == [gen + 2] * 3
     assert await b.wait_past(b.generation, 0.01) == gen + 2  # times out quietly
+
+
+def test_journal_writes_non_finite_numbers_as_null(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "events.jsonl")
+    j.append({"type": "check", "file": "hs_0", "ok": False, "problems": [{"max": float("nan")}]})
+    j.append({"type": "milestone", "fields": {"tok_s": float("inf"), "low": [float("-inf"), 1.5]}})
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"bare {name} is not JSON")
+
+    first, second = (json.loads(line, parse_constant=refuse) for line in lines)
+    assert first["problems"] == [{"max": None}]
+    assert second["fields"] == {"tok_s": None, "low": [None, 1.5]} and second["seq"] == 2

@@ -168,3 +168,25 @@ async def test_openapi_describes_every_endpoint(client: httpx.AsyncClient) -> No
     assert "text/event-stream" in paths["/api/runs/{run_id}/events"]["get"]["responses"]["200"]["content"]
     assert "RunDetail" in doc["components"]["schemas"]
     assert "RunSpec" in doc["components"]["schemas"]
+
+
+async def test_bad_or_unsafe_rules_are_422_naming_the_rule(
+    client: httpx.AsyncClient, ctl: Controller
+) -> None:
+    tok = await csrf_of(client)
+    await client.post("/api/hosts", json={"name": "h1", "ssh": "h1"}, headers={"x-csrf-token": tok})
+    cases = [
+        ({"name": "slow", "kind": "progress", "regex": "(a+)+$"}, "quantified group holds a quantifier"),
+        ({"name": "alt", "kind": "progress", "regex": "(a|ab)*c"}, "alternation"),
+        ({"name": "poly", "kind": "progress", "regex": r"\d+\d+x"}, "two quantifiers in a row"),
+        ({"name": "paren", "kind": "progress", "regex": "("}, "does not compile"),
+        ({"name": "nokind", "regex": "x"}, "field 'kind': missing"),
+        ({"name": "long", "kind": "progress", "regex": "x" * 301}, "at most 300"),
+    ]
+    for rule, words in cases:
+        spec = {"host": "h1", "backend": "command", "command": ["true"], "rules": [rule]}
+        r = await client.post("/api/runs", json=spec, headers={"x-csrf-token": tok})
+        assert r.status_code == 422, r.text
+        message = r.json()["message"]
+        assert f"rule[0] {rule['name']!r}" in message and words in message, message
+    assert await ctl.list_runs() == []
