@@ -22,9 +22,8 @@ from pydantic import (
 )
 
 from agent import limits
-from agent.runs.outdir import output_dir_error
-
 from agent.milestones.rulefile import RuleError, validate_rules
+from agent.runs.outdir import output_dir_error
 
 Backend = Literal["worker-extension", "vllm-native", "command"]
 LayerConvention = Literal["input", "output"]
