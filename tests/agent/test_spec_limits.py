@@ -128,7 +128,9 @@ def test_argv_items_are_passed_verbatim_otherwise() -> None:
 
 def test_lone_surrogates_in_rules_are_refused_not_crashing_the_encoder() -> None:
     """Typed str fields refuse them already; free-form rules would fail only at protocol.encode."""
-    errors = _refused({**CMD, "rules": [{"name": "x", "pattern": "\ud800"}]})
+    errors = _refused(
+        {**CMD, "rules": [{"name": "x", "kind": "warning", "regex": "a", "contains": ["\ud800"]}]}
+    )
     assert "rules" in str(errors[0]["msg"]) and "Unicode" in str(errors[0]["msg"])
 
 
@@ -145,7 +147,10 @@ def test_the_largest_valid_spec_fits_one_protocol_line() -> None:
             **CMD,
             "command": ["true", *["\x01" * 4096] * n],
             "env": {f"V{i}": "\x02" * 4096 for i in range(n)},
-            "rules": [{"name": "\x03" * 1024}] * min(n, limits.MAX_RULES),
+            "rules": [
+                {"name": f"r{i}", "kind": "warning", "regex": "a", "contains": ["\x03" * 1024]}
+                for i in range(min(n, limits.MAX_RULES))
+            ],
         }
         try:
             valid = parse_spec(spec).model_dump(mode="json")
