@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib.util
 import io
 import json
 import lzma
@@ -20,7 +19,6 @@ import pytest
 from tests.gpu import wheelhouse as wh
 
 SCRIPT = Path(__file__).with_name("install_wheelhouse.sh")
-needs_pip = pytest.mark.skipif(importlib.util.find_spec("pip") is None, reason="needs pip")
 PIP_INSTALL = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
 
 
@@ -128,7 +126,6 @@ def test_rewrite_refuses_to_drop_a_member_recorded_nowhere(tmp_path: Path) -> No
     assert not (tmp_path / "out.whl").exists()
 
 
-@needs_pip
 def test_slim_wheel_installs_with_pip(tmp_path: Path) -> None:
     src = make_wheel(tmp_path / "vllm-0.0.1-py3-none-any.whl", VLLM_MEMBERS)
     dst = tmp_path / "slim" / src.name
@@ -252,7 +249,6 @@ def bash(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Complete
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, cwd=cwd, capture_output=True, text=True)
 
 
-@needs_pip
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_install_script_stash_install_and_errors(tmp_path: Path) -> None:
     manifest = xz_wheelhouse(tmp_path)

@@ -477,7 +477,7 @@ def make_tar(files: Sequence[Path], dest: Path, arcdir: str = "wheels") -> Path:
 
 def canonical(name: str) -> str:
     """PEP 503 normalized project name."""
-    from pip._vendor.packaging.utils import canonicalize_name
+    from packaging.utils import canonicalize_name
 
     return str(canonicalize_name(name))
 
@@ -494,7 +494,7 @@ def wheel_metadata(path: Path) -> tuple[str, str, list[str]]:
 
 def active_requirements(lines: Iterable[str]) -> list[Any]:
     """The non-extra requirements among Requires-Dist ``lines`` whose markers hold on the machine."""
-    from pip._vendor.packaging.requirements import Requirement
+    from packaging.requirements import Requirement
 
     out = []
     for line in lines:
@@ -554,7 +554,7 @@ def check_pins(vllm_requires: Iterable[str], pins: dict[str, str]) -> list[str]:
 
 def supported_tags() -> list[Any]:
     """Wheel tags a cp312 manylinux x86_64 interpreter accepts, best first."""
-    from pip._vendor.packaging import tags
+    from packaging import tags
 
     plats = list(PLATFORMS)
     return [
@@ -565,8 +565,8 @@ def supported_tags() -> list[Any]:
 
 def find_wheel(where: Path, name: str, version: str, ranked: dict[Any, int]) -> Path | None:
     """The best-tagged wheel of ``name==version`` in ``where`` that the machine accepts, if any."""
-    from pip._vendor.packaging.utils import InvalidWheelFilename, parse_wheel_filename
-    from pip._vendor.packaging.version import Version
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+    from packaging.version import Version
 
     best: tuple[int, Path] | None = None
     for p in sorted(where.glob("*.whl")):
@@ -924,15 +924,10 @@ def unpack_main(argv: Sequence[str]) -> int:
 
 def check_installed(manifest: dict[str, Any], site: Path) -> list[str]:
     """Unmet requirements of the installed wheelhouse, read from ``site`` plus this Python's own packages."""
-    import importlib
     import importlib.metadata as md
 
-    try:  # the image has packaging; pip's copy is the fallback
-        pkg = importlib.import_module("packaging")
-    except ImportError:
-        pkg = importlib.import_module("pip._vendor.packaging")
-    Requirement: Any = importlib.import_module(pkg.__name__ + ".requirements").Requirement
-    canonicalize_name: Any = importlib.import_module(pkg.__name__ + ".utils").canonicalize_name
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     path = [str(site), *sys.path]
     installed: dict[str, str] = {}
