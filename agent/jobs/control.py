@@ -171,10 +171,8 @@ def stop(
 
 def gpu_released(pids: set[int]) -> bool | None:
     """False while nvidia-smi lists one of ``pids`` holding GPU memory; None on a host without GPUs."""
-    try:
-        from agent.jobs import gpus  # imported late: only a stop that confirms GPU release needs it
-    except ImportError:
-        return None
+    from agent.jobs import gpus  # imported late: only a stop that confirms GPU release needs it
+
     try:
         info = gpus.query()
     except Exception:

@@ -22,11 +22,9 @@ def complete_files(
     before a daemon crash, per the journal) are updated in place; ``final`` (the job has ended) skips the
     second look.
     """
-    try:
-        from agent.checks.checker import is_capture_file
-        from agent.checks.dirs import lock_names
-    except ImportError:
-        return []
+    from agent.checks.checker import is_capture_file
+    from agent.checks.dirs import lock_names
+
     try:
         names = sorted(os.listdir(out))
     except OSError:
