@@ -147,6 +147,8 @@ class Progress:
     failed_checks: int = 0
     batches: int = 0
     sp_gathers: int = 0  # captured states that arrived sequence-parallel sharded (all-gathered by us)
+    engine_s: float = 0.0  # inside llm.generate: the engine's steps with the capture running beside them
+    drain_s: float = 0.0  # in eaglewatch_drain: waiting for writes the steps did not hide
     started: float = field(default_factory=time.monotonic)
 
     def restart_clock(self) -> None:
@@ -201,7 +203,13 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from agent.extract.writer_proc import ENV as WRITER_ENV
+    from agent.extract.writer_proc import WRITERS
+
     spec = plan.spec
+    writer = os.environ.get(WRITER_ENV) or None
+    if writer is not None and writer not in WRITERS:
+        raise CaptureFailed(f"{WRITER_ENV}={writer!r}: expected one of {', '.join(WRITERS)}")
     extra = prepare_engine(plan)
     kwargs = engine_kwargs(str(plan.model_dir), [*spec.vllm_args, *extra])
     longest = max(len(s.token_ids) for s in todo)
@@ -219,30 +227,59 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         "output_dir": spec.output_dir,
         "fault": spec.inject_fault,
         "stop_on_failure": spec.on_shape_failure == "stop",
+        "writer": writer,
     }
     info = one_result(llm.collective_rpc("eaglewatch_setup", args=(cfg,)))
     manifest.dtype = info["dtype"]
-    configured(plan, info["dtype"], info["layer_class"], model_runner=info.get("model_runner"))
+    found = {"model_runner": info.get("model_runner"), "writer": info.get("writer")}
+    configured(plan, info["dtype"], info["layer_class"], **found)
     prog.restart_clock()
+    # a writer process overlaps a batch's last writes with the next batch's steps; writer threads would
+    # contend with the forward for the GIL, so with them each batch is waited for
+    pipelined = info.get("writer") == "process"
+    outstanding: list[list[Sample]] = []
+    seen: set[int] = set()
     for start in range(0, len(todo), spec.batch_size):
         batch = todo[start : start + spec.batch_size]
         prompts = [TokensPrompt(prompt_token_ids=list(s.token_ids)) for s in batch]
         params = [
             SamplingParams(max_tokens=1, temperature=0.0, extra_args={"eaglewatch_idx": s.idx}) for s in batch
         ]
+        t0 = time.monotonic()
         llm.generate(prompts, params, use_tqdm=False)
-        drained = one_result(llm.collective_rpc("eaglewatch_drain"))
-        prog.sp_gathers = int(drained.get("gathers", 0))
-        got = {r.get("idx") for r in drained["results"]}
-        missing = [s.idx for s in batch if s.idx not in got]
-        handle_results(drained["results"], plan, manifest, prog)
-        if missing:
-            raise CaptureFailed(f"no capture came back for samples {missing}")
-        batch_done(batch, prog)
+        prog.engine_s += time.monotonic() - t0
+        outstanding.append(batch)
+        collect(llm, plan, manifest, prog, outstanding, seen, wait=not pipelined)
+    collect(llm, plan, manifest, prog, outstanding, seen, wait=True)
 
 
-def configured(plan: Plan, dtype: str, layer_class: str, model_runner: str | None = None) -> None:
-    """The capture_configured milestone (model_runner: what the worker found, where it can tell)."""
+def collect(
+    llm: Any,
+    plan: Plan,
+    manifest: Manifest,
+    prog: Progress,
+    outstanding: list[list[Sample]],
+    seen: set[int],
+    wait: bool,
+) -> None:
+    """Take the writer's finished samples; report each batch once all its files are in (in order)."""
+    t0 = time.monotonic()
+    drained = one_result(llm.collective_rpc("eaglewatch_drain", args=(wait,)))
+    prog.drain_s += time.monotonic() - t0
+    prog.sp_gathers = int(drained.get("gathers", 0))
+    seen.update(r["idx"] for r in drained["results"] if "idx" in r)
+    handle_results(drained["results"], plan, manifest, prog)
+    while outstanding and all(s.idx in seen for s in outstanding[0]):
+        batch_done(outstanding.pop(0), prog)
+    if wait and outstanding:
+        missing = [s.idx for b in outstanding for s in b if s.idx not in seen]
+        raise CaptureFailed(f"no capture came back for samples {missing}")
+
+
+def configured(
+    plan: Plan, dtype: str, layer_class: str, model_runner: str | None = None, writer: str | None = None
+) -> None:
+    """The capture_configured milestone (model_runner, writer: what the worker chose, where it tells)."""
     spec = plan.spec
     signals.emit(
         "capture_configured",
@@ -254,6 +291,7 @@ def configured(plan: Plan, dtype: str, layer_class: str, model_runner: str | Non
         layer_class=layer_class,
         model_runner=model_runner,
         tensor_parallel_size=spec.tensor_parallel_size,
+        writer=writer,
     )
     runner = f", model runner {model_runner}" if model_runner else ""
     signals.say(
