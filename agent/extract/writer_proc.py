@@ -11,6 +11,8 @@ the ordinary CaptureSink; it answers `release` once it no longer needs a buffer 
 
 from __future__ import annotations
 
+import array
+import base64
 import contextlib
 import itertools
 import json
@@ -104,7 +106,9 @@ class ProcessSink:
             )
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._out: IO[bytes] = self._proc.stdin
-        self._send({"op": "config", "config": asdict(cfg)})
+        # the writers live in their own process: more of them cost the forward nothing and shorten the
+        # wait for a batch's last files
+        self._send({"op": "config", "config": {**asdict(cfg), "writers": max(cfg.writers, 8)}})
         self._fwd = threading.Thread(target=self._forward, name="eaglewatch-forward", daemon=True)
         self._rd = threading.Thread(
             target=self._read, args=(self._proc.stdout,), name="eaglewatch-read", daemon=True
@@ -158,7 +162,7 @@ class ProcessSink:
     # -- CaptureSink's interface ----------------------------------------------------------------------
     def register(self, req_id: str, idx: int, prompt: list[int]) -> None:
         """A new request entered the batch (ordered before its steps)."""
-        self._q.put(("register", req_id, idx, list(prompt)))
+        self._q.put(("register", req_id, idx, prompt))
 
     def submit(
         self,
@@ -237,7 +241,9 @@ class ProcessSink:
                     rows = [[s.req_id, s.offset, s.start, s.n] for s in spans]
                     self._send({"op": "step", "id": k, "rows": where, "flags": flags_where, "spans": rows})
                 elif op == "register":
-                    self._send({"op": "register", "req": item[1], "idx": item[2], "prompt": item[3]})
+                    # token ids as base64 int64: a JSON list of 1k ints per prompt would hold this GIL
+                    ids = base64.b64encode(array.array("q", item[3]).tobytes()).decode()
+                    self._send({"op": "register", "req": item[1], "idx": item[2], "ids": ids})
                 elif op == "forget":
                     self._send({"op": "forget", "seg": item[1]})
                 elif op == "drain":
@@ -309,7 +315,9 @@ class _Child:
             return True
         assert self.sink is not None, "config must come first"
         if op == "register":
-            self.sink.register(msg["req"], int(msg["idx"]), list(msg["prompt"]))
+            ids = array.array("q")
+            ids.frombytes(base64.b64decode(msg["ids"]))
+            self.sink.register(msg["req"], int(msg["idx"]), ids.tolist())
         elif op == "step":
             k = int(msg["id"])
             spans = [Span(str(r), int(o), int(s), int(n)) for r, o, s, n in msg["spans"]]
