@@ -106,9 +106,7 @@ class ProcessSink:
             )
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._out: IO[bytes] = self._proc.stdin
-        # the writers live in their own process: more of them cost the forward nothing and shorten the
-        # wait for a batch's last files
-        self._send({"op": "config", "config": {**asdict(cfg), "writers": max(cfg.writers, 8)}})
+        self._send({"op": "config", "config": asdict(cfg)})
         self._fwd = threading.Thread(target=self._forward, name="eaglewatch-forward", daemon=True)
         self._rd = threading.Thread(
             target=self._read, args=(self._proc.stdout,), name="eaglewatch-read", daemon=True

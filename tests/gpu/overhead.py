@@ -99,8 +99,8 @@ FULL = [
     ("vllm-native", "vllm-native", True, {}, False),
 ]
 WRITER = [
-    ("worker-extension-threads", "worker-extension", False, {"EAGLEWATCH_WRITER": "thread"}, False),
     ("worker-extension", "worker-extension", False, {}, False),
+    ("worker-extension-threads", "worker-extension", False, {"EAGLEWATCH_WRITER": "thread"}, False),
     ("worker-extension-tmpfs", "worker-extension", False, {}, True),
 ]
 
