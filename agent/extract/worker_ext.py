@@ -107,7 +107,7 @@ class EagleWatchCapture:
         tp_rank = ps.get_tp_group().rank_in_group
         hidden = int(text_cfg.hidden_size)
         device = torch.device(getattr(runner, "device", torch.device("cpu")))
-        writer = choose_writer(device.type, cfg.get("writer"))
+        writer = choose_writer(cfg.get("writer"))
         sink_cfg = SinkConfig(
             cfg["output_dir"],
             len(cfg["layer_ids"]),

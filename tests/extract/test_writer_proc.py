@@ -22,11 +22,10 @@ def _memfds() -> int:
 
 
 def test_choose_writer() -> None:
-    assert choose_writer("cuda", None) == "process"
-    assert choose_writer("cpu", None) == "thread"
-    assert choose_writer("cpu", "process") == "process"
+    assert choose_writer(None) == "thread"
+    assert choose_writer("process") == "process"
     with pytest.raises(ValueError, match=r"EAGLEWATCH_WRITER='disk': expected one of process, thread"):
-        choose_writer("cuda", "disk")
+        choose_writer("disk")
 
 
 def test_many_steps_through_two_buffers_keep_order_and_content(tmp_path: Path) -> None:
