@@ -46,13 +46,24 @@ def colour(page: Any, selector: str) -> str:
     return str(page.eval_on_selector(selector, "e => getComputedStyle(e).color"))
 
 
-def test_broken_run_page_says_problems_and_groups_them(seeded: LiveServer, browser: Any) -> None:
+def test_broken_run_page_says_problems_in_the_warning_colour(seeded: LiveServer, browser: Any) -> None:
     page = open_page(browser, seeded.url)
     page.goto("/runs/r-broken")
     verdict = page.locator("#verdict")
     assert verdict.is_visible()
     assert "Completed — 24 of 24 files failed shape checks; no file is good" in verdict.inner_text()
     assert colour(page, "#verdict") == WARN and colour(page, ".run-head [data-field=state]") == WARN
+    page.goto("/runs/r-partly")  # and which files are good
+    assert "4 of 24 files failed shape checks; good: hs_0 … hs_2, hs_4 … hs_6, hs_10 … hs_23" in (
+        page.locator("#verdict").inner_text()
+    )
+    assert page.js_errors == []
+
+
+def test_identical_shape_problems_are_one_row_with_a_files_range(seeded: LiveServer, browser: Any) -> None:
+    """24 identical problems with absolute paths → one row: count, range relative to output_dir, expandable."""
+    page = open_page(browser, seeded.url)
+    page.goto("/runs/r-broken")
     rows = page.locator("#checks tr.bad")
     assert rows.count() == 1  # not 24
     row = rows.first
@@ -65,9 +76,6 @@ def test_broken_run_page_says_problems_and_groups_them(seeded: LiveServer, brows
     assert files.count() == 24 and files.first.inner_text() == "hs_0.safetensors" and files.first.is_visible()
     screenshot(page, "verdict-broken-run")
     page.goto("/runs/r-partly")
-    assert "4 of 24 files failed shape checks; good: hs_0 … hs_2, hs_4 … hs_6, hs_10 … hs_23" in (
-        page.locator("#verdict").inner_text()
-    )
     assert page.locator("#checks [data-field=range]").inner_text() == "hs_3, hs_7 … hs_9"
     assert page.js_errors == []
 
