@@ -24,6 +24,7 @@ FIELD_LABELS = {
     "gib": "GiB", "memory_gib": "GiB", "weights_gib": "GiB loaded", "kv_tokens": "KV tokens",
     "tokens": "tokens", "ranks": "ranks", "seconds": "s", "samples_done": "samples", "samples_total": "of",
     "tokens_per_s": "tok/s", "samples_per_s": "samples/s", "files_written": "files", "bytes_written": "bytes",
+    "root_cause": "root cause",
 }  # fmt: skip
 #: Bookkeeping fields of the rule engine, not worth a reader's attention.
 _HIDDEN_FIELDS = frozenset({"rule", "processes"})

@@ -1,5 +1,6 @@
-"""Seed a controller database with the demo's broken run, through the controller's own ingest: a job that
-exited 0 and completed although every capture file lost its last layer (``inject_fault: drop_layer``)."""
+"""Seed a controller database through the controller's own ingest: the demo's broken run (a job that exited 0
+and completed although every capture file lost its last layer, ``inject_fault: drop_layer``), or a run whose
+journal the agent's own milestone engine and final-state decision made from a real log."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agent.logs.splitter import LineSplitter
+from agent.milestones.engine import MilestoneEngine, load_rules
+from agent.runs.summary import RunSummary, final_state
 from controller import crud
 from controller.alerts import AlertPolicy
 from controller.bus import Bus
@@ -55,10 +59,30 @@ def journal(out_dir: str, files: int, bad: set[int]) -> list[dict[str, Any]]:
     return events
 
 
+def journal_of_log(log: bytes, exit_code: int) -> list[dict[str, Any]]:
+    """What the agent journals for a job that printed ``log`` and exited with ``exit_code``."""
+    sp, eng = LineSplitter(), MilestoneEngine(load_rules())
+    events: list[dict[str, Any]] = [{"type": "state", "state": "running"}]
+    for i, ln in enumerate(sp.feed(log) + sp.flush(), 1):
+        events += [{"type": "milestone", **m.to_dict()} for m in eng.feed(ln.text, i)]
+    events += [{"type": "milestone", **m.to_dict()} for m in eng.flush()]
+    exit_rec = {"code": exit_code, "signal": None}
+    state, reason = final_state(exit_rec, None, RunSummary.from_events(events), "worker-extension")
+    events.append({"type": "state", "state": state, "reason": reason, "exit": exit_rec})
+    return [{"seq": n, "ts": 1000.0 + n, **ev} for n, ev in enumerate(events, 1)]
+
+
 def seed(
-    db: Path, out_dir: str, *, run_id: str = "r-broken", files: int = 24, bad: set[int] | None = None
+    db: Path,
+    out_dir: str,
+    *,
+    run_id: str = "r-broken",
+    files: int = 24,
+    bad: set[int] | None = None,
+    events: list[dict[str, Any]] | None = None,
 ) -> str:
-    """Write the host ``local`` and the run ``run_id`` (alerts raised as a live controller would)."""
+    """Write the host ``local`` and the run ``run_id`` (alerts raised as a live controller would) with the
+    broken run's journal, or with ``events``."""
     bad = set(range(files)) if bad is None else bad
     spec = {
         "name": "demo-broken", "host": "local", "backend": "worker-extension", "model": "/models/tiny-llama",
@@ -77,7 +101,8 @@ def seed(
         policy = AlertPolicy(cooldown_s=600, deliver=False)
         crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCH, policy=policy)
         crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCHED, policy=policy)
-        crud.apply_events(tx=tx, run_id=run_id, events=journal(out_dir, files, bad), policy=policy)
+        evs = events if events is not None else journal(out_dir, files, bad)
+        crud.apply_events(tx=tx, run_id=run_id, events=evs, policy=policy)
 
     async def main() -> None:
         store = Store(db, Bus())

