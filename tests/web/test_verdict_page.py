@@ -153,3 +153,49 @@ def test_live_run_ends_with_the_verdict_without_a_reload(
     assert colour(page, "#verdict") == WARN and colour(page, ".run-head [data-field=state]") == WARN
     assert page.locator("#checks tr.bad [data-field=range]").inner_text() == "hs_0"
     assert page.js_errors == []
+
+
+JSON_JOB = """
+import json, sys, time
+time.sleep(float(sys.argv[1]))
+rec = {"asctime": "2026-11-30 10:00:03,512", "levelname": "INFO", "name": "vllm.v1.worker.gpu_worker",
+       "filename": "gpu_worker.py", "lineno": 436, "processName": "Worker_TP1", "process": 4242,
+       "message": "Available KV cache memory: 10.5 GiB"}
+print(json.dumps(rec), flush=True)
+rec.update(levelname="ERROR", lineno=857, filename="multiproc_executor.py",
+           message="RuntimeError: NCCL error: unhandled system error")
+print(json.dumps(rec), flush=True)
+"""
+KV_TEXT = "(Worker_TP1 pid=4242) INFO 11-30 10:00:03 [gpu_worker.py:436] Available KV cache memory: 10.5 GiB"
+
+
+def test_json_log_records_are_shown_as_text(
+    agent_host: AgentHost, live_server: LiveServer, browser: Any, tmp_path: Path
+) -> None:
+    """vLLM's JSON log records: milestones and the log view show the text line, live and after a reload."""
+    with httpx.Client(base_url=live_server.url) as c:
+        c.headers["x-csrf-token"] = c.get("/api/csrf").json()["csrf_token"]
+        host = {"name": "local", "ssh": "local", "state_dir": str(agent_host.state_dir)}
+        assert c.post("/api/hosts", json=host).status_code == 201
+        wait_until(lambda: c.get("/api/hosts/local").json()["reachable"], 30, what="agent reachable")
+        spec = {"name": "json-log", "host": "local", "backend": "command",
+                "command": [sys.executable, "-c", JSON_JOB, "3"]}  # fmt: skip
+        run_id = c.post("/api/runs", json=spec).json()["id"]
+        page = open_page(browser, live_server.url)
+        page.goto(f"/runs/{run_id}")
+        page.wait_for_function("document.querySelectorAll('#log .ln').length >= 2", timeout=60000)
+        page.wait_for_selector("#timeline li.ms-error", timeout=30000)
+        # the NCCL error is fatal: exit 0 or not, the run fails
+        run = wait_until(lambda: (r := c.get(f"/api/runs/{run_id}").json())["state"] == "failed" and r)
+    assert "nccl: RuntimeError: NCCL error: unhandled system error" in run["failure_reason"]
+    (kv,) = [m for m in run["milestones"] if m["kind"] == "kv_cache_ready"]
+    (err,) = [m for m in run["milestones"] if m["kind"] == "error"]
+    assert kv["text"] == KV_TEXT and kv["fields"]["ranks"] == [1]
+    assert (err["fields"]["class"], err["fields"]["ranks"]) == ("nccl", [1])
+    for _ in ("live", "reloaded"):
+        log = page.locator("#log").inner_text()
+        assert KV_TEXT in log and "levelname" not in log
+        assert KV_TEXT in page.locator("#timeline").inner_text()
+        page.reload()
+        page.wait_for_selector("#log .ln")
+    assert page.js_errors == []

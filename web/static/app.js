@@ -88,6 +88,22 @@
     b.textContent = state;
     b.className = "state state-" + state + (verdict === "problems" ? " verdict-problems" : "");
   }
+  // vLLM's JSON log records shown as the text line they stand for: web/filters.py log_text, and the agent's
+  // agent/milestones/records.py json_record_lines.
+  function logText(text) {
+    if (text.charAt(0) !== "{") return text;
+    let r;
+    try { r = JSON.parse(text); } catch (e) { return text; }
+    if (!r || typeof r !== "object" || typeof r.message !== "string" || typeof r.levelname !== "string" || !/^[A-Za-z]+$/.test(r.levelname)) return text;
+    const proc = r.processName, pid = r.process;
+    const prefix = typeof proc === "string" && proc !== "MainProcess" && /^[A-Za-z][\w.-]*$/.test(proc) && Number.isInteger(pid) ? "(" + proc + " pid=" + pid + ") " : "";
+    const when = /^(?:\d{4}-)?(\d\d-\d\d)[ T](\d\d:\d\d:\d\d)/.exec(String(r.asctime || ""));
+    const where = String(r.filename || r.name || "?").replace(/ /g, "_");
+    const head = prefix + r.levelname.toUpperCase() + " " + (when ? when[1] + " " + when[2] : "00-00 00:00:00") + " [" + where + ":" + (Number.isInteger(r.lineno) ? r.lineno : 0) + "] ";
+    let body = r.message.split(/\r\n|\r|\n/);
+    if (typeof r.exc_info === "string") body = body.concat(r.exc_info.split(/\r\n|\r|\n/));
+    return body.map(function (b) { return head + b; }).join(" ⏎ ");
+  }
   // Numbered files as runs of indices, "hs_0 … hs_23" (suffix dropped): controller/verdict.py file_ranges.
   function fileRanges(files) {
     const series = new Map(), plain = [], pieces = [];
@@ -295,7 +311,7 @@
         lines.forEach(function (l) {
           if (seen.has(l.offset)) return;
           seen.add(l.offset);
-          const line = { o: l.offset, t: String(l.text) };
+          const line = { o: l.offset, t: logText(String(l.text)) };
           all.push(line);
           if (view !== all && matches(line)) view.push(line);
           added++;
@@ -314,7 +330,7 @@
         if (!filter) { view = all; }
         else {
           const merged = new Map();
-          (serverLines || []).forEach(function (l) { merged.set(l.offset, { o: l.offset, t: String(l.text) }); });
+          (serverLines || []).forEach(function (l) { merged.set(l.offset, { o: l.offset, t: logText(String(l.text)) }); });
           all.forEach(function (l) { if (matches(l)) merged.set(l.o, l); });
           view = Array.from(merged.values()).sort(function (a, b) { return a.o - b.o; });
         }
