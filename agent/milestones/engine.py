@@ -149,25 +149,29 @@ class MilestoneEngine:
     # ---- public API -------------------------------------------------------------------------------
     def feed(self, text: str, line: int) -> list[Milestone]:
         """Process one line (1-based number ``line``); return the milestones released by it."""
-        parts = json_record_lines(text) if text[:1] == "{" else None
-        if parts is None:
-            return self._roots.annotate(self._feed_safe(text, line))
-        out: list[Milestone] = []
-        for part in parts:  # a record's message and exception lines all carry the record's line number
-            out += self._feed_safe(part, line)
-        return self._roots.annotate(out)
+        if text[:1] == "{" and (parts := json_record_lines(text)) is not None:
+            out: list[Milestone] = []
+            for part in parts:  # a record's lines all carry the record's line number
+                out += self._feed_safe(part, line)
+            return self._roots.annotate(out)
+        try:  # _feed_safe inlined: this is the per-line hot path
+            out = self._feed(text, line)
+        except Exception as exc:
+            out = self._line_error(text, line, exc)
+        return self._roots.annotate(out) if out else out  # most lines release nothing
 
     def _feed_safe(self, text: str, line: int) -> list[Milestone]:
         try:
             return self._feed(text, line)
-        except Exception as exc:  # the watcher has already read past this line: never lose the next ones
-            fields = {
-                "rule": "line_error",
-                "severity": "warning",
-                "problem": f"{type(exc).__name__}: {exc}"[:500],
-            }
-            self._held.append(Milestone("warning", line, None, fields, text))
-            return self._release()
+        except Exception as exc:
+            return self._line_error(text, line, exc)
+
+    def _line_error(self, text: str, line: int, exc: Exception) -> list[Milestone]:
+        """The watcher has already read past this line: a warning, and never lose the next ones."""
+        problem = f"{type(exc).__name__}: {exc}"[:500]
+        fields = {"rule": "line_error", "severity": "warning", "problem": problem}
+        self._held.append(Milestone("warning", line, None, fields, text))
+        return self._release()
 
     def _feed(self, text: str, line: int) -> list[Milestone]:
         if self._groups or self._traces:
