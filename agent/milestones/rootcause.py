@@ -45,9 +45,9 @@ def is_wrapper(fields: dict[str, Any]) -> bool:
 def root_text(fields: dict[str, Any], text: str) -> str:
     """``Type: message`` of an exception error, else the message part of its log line."""
     exc_type, message = fields.get("exc_type"), fields.get("message")
-    if exc_type:
-        out = f"{exc_type}: {message}" if message else str(exc_type)
-    else:
+    if exc_type and message:
+        out = f"{exc_type}: {message}"
+    else:  # a rule's own line (it may name the type itself: "AttributeError: …" matched by a rule)
         heads = list(_HEADER_ANYWHERE.finditer(text))
         out = (text[heads[-1].end() :] if heads else parse_line(text).message).strip()
     return out[:MAX_ROOT_TEXT]

@@ -103,3 +103,18 @@ def test_root_cause_survives_a_daemon_restart() -> None:
     line = "(EngineCore pid=4) ERROR 11-30 10:00:01 [core.py:1510] EngineCore failed to start."
     (wrapper,) = again.feed(line, 2)
     assert wrapper.fields["root_cause"] == "ValueError: bad config value"
+
+
+def test_a_rule_matched_exception_line_is_named_whole() -> None:
+    """An exception line a rule takes itself (no traceback) is named with its type and message."""
+    lines = [
+        "(Worker pid=5) ERROR 11-30 10:00:00 [x.py:1] AttributeError: The text_config extracted from the "
+        "model config does not have num_attention_heads attribute",
+        "(EngineCore pid=4) ERROR 11-30 10:00:01 [core.py:1510] EngineCore failed to start.",
+    ]
+    wrapper = milestones("\n".join(lines).encode() + b"\n")[-1]
+    assert wrapper.fields["root_cause_class"] == "config_incompatible"
+    assert wrapper.fields["root_cause"] == (
+        "AttributeError: The text_config extracted from the model config does not have "
+        "num_attention_heads attribute"
+    )
