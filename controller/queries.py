@@ -62,9 +62,8 @@ def host_row(conn: sqlite3.Connection, name: str) -> dict[str, Any]:
     return dict(row)
 
 
-def check_tally(conn: sqlite3.Connection, row: sqlite3.Row | dict[str, Any]) -> verdict.CheckTally:
+def check_tally(conn: sqlite3.Connection, run_id: str) -> verdict.CheckTally:
     """Files checked and failed (relative to the output directory), problems and alerts of a run."""
-    run_id = row["id"]
     files = conn.execute(
         "SELECT json_extract(data_json, '$.file') AS f, min(coalesce(json_extract(data_json, '$.ok'), 0))"
         " FROM events WHERE run_id=? AND kind='check' GROUP BY f ORDER BY min(id)",
@@ -84,7 +83,7 @@ def _run(conn: sqlite3.Connection, row: sqlite3.Row) -> RunPublic:
         "SELECT count(*) FROM alerts WHERE run_id=? AND acked=0 AND muted=0", (row["id"],)
     ).fetchone()[0]
     state = row["state"]
-    tally = check_tally(conn, row) if state in verdict.TERMINAL else verdict.CheckTally()
+    tally = check_tally(conn, row["id"]) if state in verdict.TERMINAL else verdict.CheckTally()
     return RunPublic(
         id=row["id"],
         name=row["name"],
