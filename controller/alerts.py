@@ -57,11 +57,10 @@ def rules_for_event(run: dict[str, Any], event: dict[str, Any]) -> list[AlertDra
             )
         elif kind == "error":
             cls = fields.get("class", "traceback")
-            out.append(
-                AlertDraft(
-                    "error", "error", f"{name}: error ({cls}): {str(event.get('text', ''))[:300]}", rid, host
-                )
-            )
+            # A wrapper ("Engine core initialization failed") names its root cause (agent rootcause.py).
+            root = f"{str(fields['root_cause'])[:300]} — then: " if fields.get("root_cause") else ""
+            text = str(event.get("text", ""))[:300]
+            out.append(AlertDraft("error", "error", f"{name}: error ({cls}): {root}{text}", rid, host))
     elif etype == "check" and event.get("ok") is False:
         probs = event.get("problems") or []
         summary = "; ".join(f"{p.get('code')}: {p.get('message')}" for p in probs[:3]) or "problems found"

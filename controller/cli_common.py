@@ -28,6 +28,16 @@ STATE_STYLE = {
     "pending": "dim",
     "starting": "blue",
 }
+#: A run's verdict wins over its state's colour: a completed run whose files failed checks is no success.
+VERDICT_STYLE = {"ok": "green", "problems": "bold yellow", "failed": "red"}
+
+
+def run_state_text(state: str, verdict: str | None, verdict_text: str | None) -> Text:
+    """A run's state for the terminal: the verdict sentence once it has ended, in the verdict's colour."""
+    style = VERDICT_STYLE.get(verdict or "", STATE_STYLE.get(state, ""))
+    return Text(verdict_text or state, style=style)
+
+
 MILESTONE_STYLE = {
     "error": "bold red",
     "failed": "bold red",

@@ -11,9 +11,19 @@ import typer
 from rich.table import Column, Table
 from rich.text import Text
 
-from controller.cli_common import MILESTONE_STYLE, STATE_STYLE, err, invalid, out, print_json, run_ctl
+from controller.cli_common import (
+    MILESTONE_STYLE,
+    STATE_STYLE,
+    err,
+    invalid,
+    out,
+    print_json,
+    run_ctl,
+    run_state_text,
+)
 from controller.errors import SpecInvalid
 from controller.lifecycle import is_terminal
+from controller.verdict import group_problems
 
 runs_app = typer.Typer(no_args_is_help=True, help="Extraction runs.")
 
@@ -148,7 +158,7 @@ def runs_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
             Text(r.name),
             Text(r.host),
             Text(r.backend),
-            Text(r.state, style=STATE_STYLE.get(r.state, "")),
+            run_state_text(r.state, r.verdict, r.verdict_text),
             Text(r.last_milestone or ""),
             Text(progress),
             str(r.open_alerts or ""),
@@ -166,7 +176,7 @@ def runs_show(
     if as_json:
         print_json(run.model_dump(mode="json"))
         return
-    out.print(Text.assemble((run.id, "bold"), "  ", (run.state, STATE_STYLE.get(run.state, ""))))
+    out.print(Text.assemble((run.id, "bold"), "  ", run_state_text(run.state, run.verdict, run.verdict_text)))
     for label, value in (
         ("name", run.name),
         ("host", run.host),
@@ -180,8 +190,10 @@ def runs_show(
             out.print(Text(f"  {label}: {value}"))
     for m in run.milestones:
         out.print(Text.assemble("  ", (f"{m.kind:<22}", MILESTONE_STYLE.get(m.kind, "cyan")), m.text[:160]))
-    for p in run.problems:
-        out.print(Text(f"  problem {p.code}: {p.file}: {p.message}", style="red"))
+    rows = [(p.code, p.file, p.message) for p in run.problems]
+    for g in group_problems(rows, run.spec.get("output_dir")):
+        files = "file" if g.count == 1 else "files"
+        out.print(Text(f"  problem {g.code} in {g.count} {files} ({g.files_text}): {g.message}", style="red"))
     for a in run.alerts:
         out.print(Text(f"  alert [{a.severity}] {a.rule}: {a.message}", style="yellow"))
 

@@ -227,6 +227,10 @@ class RunPublic(BaseModel):
     progress: dict[str, Any] | None
     last_milestone: str | None
     open_alerts: int
+    #: ``ok`` | ``problems`` (ended, but files failed checks or alerts fired) | ``failed``; null while running
+    verdict: str | None = None
+    #: the verdict in a sentence: ``completed — 24 of 24 files failed shape checks; no file is good``
+    verdict_text: str | None = None
 
 
 class MilestonePublic(BaseModel):

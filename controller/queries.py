@@ -9,6 +9,7 @@ import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
+from controller import verdict
 from controller.bus import BusEvent, make_cursor, parse_cursor
 from controller.errors import NotFound, SpecInvalid
 from controller.models import (
@@ -61,10 +62,28 @@ def host_row(conn: sqlite3.Connection, name: str) -> dict[str, Any]:
     return dict(row)
 
 
+def check_tally(conn: sqlite3.Connection, run_id: str) -> verdict.CheckTally:
+    """Files checked and failed (relative to the output directory), problems and alerts of a run."""
+    files = conn.execute(
+        "SELECT json_extract(data_json, '$.file') AS f, min(coalesce(json_extract(data_json, '$.ok'), 0))"
+        " FROM events WHERE run_id=? AND kind='check' GROUP BY f ORDER BY min(id)",
+        (run_id,),
+    ).fetchall()
+    files = [(f, ok) for f, ok in files if isinstance(f, str) and f not in ("", ".")]
+    return verdict.CheckTally(
+        checked=[f for f, _ in files],
+        bad=[f for f, ok in files if not ok],
+        problems=conn.execute("SELECT count(*) FROM problems WHERE run_id=?", (run_id,)).fetchone()[0],
+        alerts=conn.execute("SELECT count(*) FROM alerts WHERE run_id=?", (run_id,)).fetchone()[0],
+    )
+
+
 def _run(conn: sqlite3.Connection, row: sqlite3.Row) -> RunPublic:
     open_alerts = conn.execute(
         "SELECT count(*) FROM alerts WHERE run_id=? AND acked=0 AND muted=0", (row["id"],)
     ).fetchone()[0]
+    state = row["state"]
+    tally = check_tally(conn, row["id"]) if state in verdict.TERMINAL else verdict.CheckTally()
     return RunPublic(
         id=row["id"],
         name=row["name"],
@@ -80,6 +99,8 @@ def _run(conn: sqlite3.Connection, row: sqlite3.Row) -> RunPublic:
         progress=json.loads(row["progress_json"]) if row["progress_json"] else None,
         last_milestone=row["last_milestone"],
         open_alerts=open_alerts,
+        verdict=verdict.verdict(state, tally),
+        verdict_text=verdict.verdict_text(state, tally),
     )
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import jinja2
 
+from agent.milestones.records import json_record_lines
+
 PROBLEM_WORDS = {
     "unreadable": "file cannot be read (truncated, corrupt or unknown format)",
     "missing_key": "a required tensor is missing",
@@ -24,6 +26,7 @@ FIELD_LABELS = {
     "gib": "GiB", "memory_gib": "GiB", "weights_gib": "GiB loaded", "kv_tokens": "KV tokens",
     "tokens": "tokens", "ranks": "ranks", "seconds": "s", "samples_done": "samples", "samples_total": "of",
     "tokens_per_s": "tok/s", "samples_per_s": "samples/s", "files_written": "files", "bytes_written": "bytes",
+    "root_cause": "root cause",
 }  # fmt: skip
 #: Bookkeeping fields of the rule engine, not worth a reader's attention.
 _HIDDEN_FIELDS = frozenset({"rule", "processes"})
@@ -123,7 +126,16 @@ def spec_value(value: Any) -> str:
     return str(value)
 
 
+def log_text(text: str) -> str:
+    """A log line as text: vLLM's JSON records as the text line they stand for (an exception's lines joined
+    with ⏎, since the log view shows one row per line); anything else unchanged. Same as logText in app.js."""
+    lines = json_record_lines(text) if text[:1] == "{" else None
+    return " ⏎ ".join(lines) if lines else text
+
+
 def install(env: jinja2.Environment) -> None:
     """Register the filters and globals on an environment."""
-    env.filters.update(clock=clock, since=since, num=num, gib=gib, problem_words=problem_words)
+    env.filters.update(
+        clock=clock, since=since, num=num, gib=gib, problem_words=problem_words, log_text=log_text
+    )
     env.globals.update(spec_value=spec_value, field_items=field_items, masked_env=masked_env, percent=percent)

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from agent.spec import parse_spec
 from controller.errors import SpecInvalid
 from controller.service import Controller
+from controller.verdict import group_problems
 from web import forms, security
 from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep, TemplateStoreDep
 from web.logpage import read_log_page
@@ -128,17 +129,20 @@ async def run_page(
     ]
     timeline = run.milestones if all_milestones else timeline_window(run.milestones)
     t0 = run.started_at or run.created_at
+    out_dir = run.spec.get("output_dir")
     data = {
         "run_id": run.id, "state": run.state, "t0": t0, "progress": progress,
         "log_last": lines[-1]["offset"] if lines else -1, "terminal": run.state in TERMINAL_STATES,
         "milestone_seq": max((m.seq for m in run.milestones), default=0), "host": run.host,
         "milestone_count": len(run.milestones),
         "gpus": host.gpus if host else [],
+        "output_dir": out_dir,
     }  # fmt: skip
+    problem_groups = group_problems(((p.code, p.file, p.message) for p in run.problems), out_dir)
     return render(
         request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
         data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE, timeline=timeline,
-        hidden_milestones=len(run.milestones) - len(timeline),
+        hidden_milestones=len(run.milestones) - len(timeline), problem_groups=problem_groups,
     )  # fmt: skip
 
 

@@ -24,6 +24,11 @@ traceback.  The ``error`` rules classify the exception lines (the first one that
 first), else the class is ``traceback``; fields carry ``exc_type``, ``message``, ``frames`` (last five) and
 ``chain``.  Tracebacks of ranked processes are deduped across ranks like ``per_rank`` rules.
 
+One-record exceptions and JSON records (records.py): an ``ERROR`` line that no rule matched but that holds
+an exception (``Type: message``) is an ``error`` classified like a traceback's exception line; a JSON log
+record is read as the text lines it stands for.  Root causes (rootcause.py): wrapper errors that follow a
+real error carry it in ``fields.root_cause``.
+
 Marker lines (rules with ``marker = true``; rules/eaglewatch.toml ships ``EAGLEWATCH {"kind": ...}``)
 become the milestone the JSON object names, with its other keys as fields; a malformed marker becomes a
 ``warning`` (``fields.rule`` = ``bad_marker``, ``fields.problem`` says what is wrong).  A marker nested
@@ -39,13 +44,14 @@ it, so the daemon calls ``flush()`` when the log has been idle for a second and 
 
 from __future__ import annotations
 
-import json
-import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent.milestones.logline import Gate, ParsedLine, parse_line
+from agent.milestones.records import decode_marker, json_record_lines, record_exception
+from agent.milestones.rootcause import RootCauses
 from agent.milestones.rulefile import (
     KINDS,
     MAX_USER_TEXT,
@@ -66,48 +72,10 @@ __all__ = [
 TRACEBACK_START = "Traceback (most recent call last)"
 DEFAULT_WINDOW = 200
 MAX_TRACEBACK_LINES = 1000
-#: Deepest nesting of arrays/objects a marker may hold; deeper ones are bad markers (never a RecursionError).
-MAX_MARKER_DEPTH = 32
 
 _FRAME_RE = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<lineno>\d+)(?:, in (?P<func>.+))?')
 _EXC_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
-
-
-def _nesting_depth(text: str, limit: int) -> int:
-    """Deepest ``[``/``{`` nesting of JSON text (strings skipped); stops counting once past ``limit``."""
-    if text.count("[") + text.count("{") <= limit:  # the common case, without the loop
-        return 0
-    depth = deepest = 0
-    in_str = escaped = False
-    for ch in text:
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > limit:
-                    break
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
-def _finite_float(raw: str) -> float | None:
-    value = float(raw)
-    return value if math.isfinite(value) else None  # 1e999 parses to inf, which is not JSON
-
-
-# NaN, Infinity and -Infinity are accepted by Python's json but are not JSON: read them as null.
-_MARKER_DECODER = json.JSONDecoder(parse_constant=lambda _name: None, parse_float=_finite_float)
 
 
 @dataclass(frozen=True)
@@ -166,7 +134,8 @@ class MilestoneEngine:
         self.rules = rules
         self.world_size = world_size
         self.window = window
-        self._gate = Gate(rules, (TRACEBACK_START,))
+        # ERROR lines pass the gate: one may hold an exception that no rule names.
+        self._gate = Gate(rules, (TRACEBACK_START, " ERROR "))
         self._gate_words = self._gate.words
         self._gate_literals = self._gate.literals
         self._gate_always = bool(self._gate.always)
@@ -175,20 +144,34 @@ class MilestoneEngine:
         self._traces: dict[str, _Trace] = {}
         self._held: list[Milestone] = []
         self._fired: set[str] = set()  # names of ``once`` rules that already fired
+        self._roots = RootCauses()
 
     # ---- public API -------------------------------------------------------------------------------
     def feed(self, text: str, line: int) -> list[Milestone]:
         """Process one line (1-based number ``line``); return the milestones released by it."""
+        if text[:1] == "{" and (parts := json_record_lines(text)) is not None:
+            out: list[Milestone] = []
+            for part in parts:  # a record's lines all carry the record's line number
+                out += self._feed_safe(part, line)
+            return self._roots.annotate(out)
+        try:  # _feed_safe inlined: this is the per-line hot path
+            out = self._feed(text, line)
+        except Exception as exc:
+            out = self._line_error(text, line, exc)
+        return self._roots.annotate(out) if out else out  # most lines release nothing
+
+    def _feed_safe(self, text: str, line: int) -> list[Milestone]:
         try:
             return self._feed(text, line)
-        except Exception as exc:  # the watcher has already read past this line: never lose the next ones
-            fields = {
-                "rule": "line_error",
-                "severity": "warning",
-                "problem": f"{type(exc).__name__}: {exc}"[:500],
-            }
-            self._held.append(Milestone("warning", line, None, fields, text))
-            return self._release()
+        except Exception as exc:
+            return self._line_error(text, line, exc)
+
+    def _line_error(self, text: str, line: int, exc: Exception) -> list[Milestone]:
+        """The watcher has already read past this line: a warning, and never lose the next ones."""
+        problem = f"{type(exc).__name__}: {exc}"[:500]
+        fields = {"rule": "line_error", "severity": "warning", "problem": problem}
+        self._held.append(Milestone("warning", line, None, fields, text))
+        return self._release()
 
     def _feed(self, text: str, line: int) -> list[Milestone]:
         if self._groups or self._traces:
@@ -214,7 +197,7 @@ class MilestoneEngine:
             self._close_trace(proc)
         for key in list(self._groups):
             self._close_group(key)
-        return self._release()
+        return self._roots.annotate(self._release())
 
     def release_ready(self) -> list[Milestone]:
         """Close tracebacks and release every held milestone, but keep rank groups open.
@@ -227,7 +210,7 @@ class MilestoneEngine:
             self._close_trace(proc)
         out = sorted(self._held, key=lambda m: m.line)
         self._held = []
-        return out
+        return self._roots.annotate(out)
 
     @property
     def open_groups(self) -> int:
@@ -245,6 +228,7 @@ class MilestoneEngine:
             "traces": [asdict(t) for t in self._traces.values()],
             "held": [m.to_dict() for m in self._held],
             "fired": sorted(self._fired),
+            "roots": self._roots.snapshot(),
         }
 
     @classmethod
@@ -273,6 +257,7 @@ class MilestoneEngine:
             except bad:
                 continue
         eng._fired = {f for f in snap.get("fired", []) if isinstance(f, str)}
+        eng._roots.restore(snap.get("roots"))
         return eng
 
     # ---- classification -----------------------------------------------------------------------------
@@ -295,6 +280,10 @@ class MilestoneEngine:
                 else:
                     self._emit_rule(rule, m, text, line, parsed)
                 break
+        else:
+            exc = record_exception(parsed)
+            if exc is not None:
+                self._exception(Milestone("error", line, parsed.rank, {}, text), [exc], parsed.proc)
         return self._release()
 
     def _fields(self, rule: Rule, m: re.Match[str]) -> dict[str, Any]:
@@ -321,16 +310,7 @@ class MilestoneEngine:
             self._held.append(ms)
 
     def _marker(self, rule: Rule, m: re.Match[str], text: str, line: int, parsed: ParsedLine) -> None:
-        problem = None
-        raw = m.group("json")
-        depth = _nesting_depth(raw, MAX_MARKER_DEPTH)
-        if depth > MAX_MARKER_DEPTH:
-            obj, problem = None, f"marker nests deeper than {MAX_MARKER_DEPTH} levels"
-        else:
-            try:
-                obj, _ = _MARKER_DECODER.raw_decode(raw)
-            except (ValueError, RecursionError) as exc:
-                obj, problem = None, f"marker is not JSON: {exc}"[:500]
+        obj, problem = decode_marker(m.group("json"))
         if problem is None:
             if not isinstance(obj, dict):
                 problem = "marker is not a JSON object"
@@ -406,15 +386,19 @@ class MilestoneEngine:
 
     def _close_trace(self, proc: str) -> None:
         tr = self._traces.pop(proc)
+        extra = {"frames": tr.frames[-5:], "chain": [e[0] for e in tr.excs], "lines": tr.n_lines}
+        text = tr.excs[-1][2] if tr.excs else "Traceback (most recent call last):"
+        self._exception(Milestone("error", tr.line, tr.rank, extra, text), tr.excs, tr.proc)
+
+    def _exception(self, base: Milestone, excs: Sequence[Sequence[str]], proc: str) -> None:
+        """Hold the ``error`` of exceptions ``excs`` ([type, message, (line text)]), classified root first."""
         fields: dict[str, Any] = {"rule": "traceback", "class": "traceback", "severity": "error"}
-        decided = tr.excs[-1] if tr.excs else None
-        for exc in tr.excs:
+        decided = excs[-1] if excs else None
+        for exc in excs:
             for rule in self._error_rules:
-                exc_line = f"{exc[0]}: {exc[1]}" if exc[1] else exc[0]
-                m = rule.regex.search(exc_line)
+                m = rule.regex.search(f"{exc[0]}: {exc[1]}" if exc[1] else exc[0])
                 if m is not None:
-                    fields = self._fields(rule, m)
-                    decided = exc
+                    fields, decided = self._fields(rule, m), exc
                     break
             else:
                 continue
@@ -423,13 +407,11 @@ class MilestoneEngine:
             fields["exc_type"], fields["message"] = decided[0], decided[1]
         else:
             fields["exc_type"], fields["message"] = None, "traceback ended without an exception line"
-        fields["frames"] = tr.frames[-5:]
-        fields["chain"] = [e[0] for e in tr.excs]
-        fields["lines"] = tr.n_lines
-        text = decided[2] if decided is not None else "Traceback (most recent call last):"
-        ms = Milestone("error", tr.line, tr.rank, fields, text)
-        if tr.rank is not None:
-            self._join(f"traceback:{fields['class']}:{fields['exc_type']}", ms, tr.proc, tr.rank)
+        fields.update(base.fields)
+        text = decided[2] if decided is not None and len(decided) > 2 else base.text
+        ms = Milestone("error", base.line, base.rank, fields, text)
+        if base.rank is not None:
+            self._join(f"traceback:{fields['class']}:{fields['exc_type']}", ms, proc, base.rank)
         else:
             self._held.append(ms)
 

@@ -62,7 +62,7 @@ KINDS = frozenset(
 ERROR_CLASSES = frozenset(
     {
         "oom", "nccl", "import", "api_mismatch", "rpc_timeout", "worker_died", "engine_failed", "shm_stall",
-        "kv_cache", "killed", "segfault", "traceback",
+        "kv_cache", "killed", "segfault", "config_incompatible", "traceback",
     }
 )  # fmt: skip
 SEVERITIES = ("info", "warning", "error", "critical")

@@ -17,11 +17,24 @@ CONSEQUENCE_CLASSES = frozenset({"engine_failed", "worker_died", "traceback"})
 def _describe(ms: dict[str, Any]) -> str:
     fields = ms.get("fields") or {}
     text = str(fields.get("message") or ms.get("text") or "").strip()
+    exc_type = fields.get("exc_type")
+    if exc_type and not text.startswith(str(exc_type)):
+        text = f"{exc_type}: {text}"
     return f"{fields.get('class', 'error')}: {text[:160]}"
 
 
+def _describe_root(fields: dict[str, Any]) -> str:
+    """A root cause a wrapper named (rootcause.py): its class, unless unclassified, and its text."""
+    cls, text = fields.get("root_cause_class"), str(fields.get("root_cause"))[:240]
+    return text if cls in (None, "traceback") else f"{cls}: {text}"
+
+
 def _errors(summary: RunSummary) -> str:
-    """The root cause (first specific error, else first fatal, else last) and, if other, the last error."""
+    """The root cause (named by a wrapper, else first specific error, else first fatal, else last) and,
+    if other, the last error (the wrapper, kept as context)."""
+    if summary.named_root is not None:
+        out = f"; error: {_describe_root(summary.named_root['fields'])}"
+        return out + f"; last error: {_describe(summary.last_error or summary.named_root)}"
     root = summary.first_specific or summary.first_fatal or summary.last_error
     if root is None:
         return f"; job reported: {summary.failed_reason[:200]}" if summary.failed_reason else ""
@@ -40,6 +53,7 @@ class RunSummary:
     last_error: dict[str, Any] | None = None
     first_fatal: dict[str, Any] | None = None
     first_specific: dict[str, Any] | None = None
+    named_root: dict[str, Any] | None = None  # the first wrapper error that names its root cause
     completed_seen: bool = False
     failed_seen: bool = False
     failed_reason: str | None = None
@@ -62,6 +76,8 @@ class RunSummary:
             kind = ev.get("kind")
             if kind == "error":
                 self.last_error = ev
+                if self.named_root is None and (ev.get("fields") or {}).get("root_cause"):
+                    self.named_root = ev
                 if (ev.get("fields") or {}).get("class") in FATAL_CLASSES:
                     self.first_fatal = self.first_fatal or ev
                 if (ev.get("fields") or {}).get("class") not in CONSEQUENCE_CLASSES:

@@ -472,6 +472,13 @@ TABLE: list[tuple[str, str, str, dict[str, Any]]] = [
         {"class": "import"},
     ),
     (
+        "AttributeError: The text_config extracted from the model config does not have num_attention_heads "
+        "attribute",
+        "config_incompatible",
+        "error",
+        {"class": "config_incompatible", "exc_type": "AttributeError"},
+    ),
+    (
         "AttributeError: 'Worker' object has no attribute 'model_runner'",
         "attribute_drift",
         "error",

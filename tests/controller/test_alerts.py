@@ -61,6 +61,20 @@ def test_error_alert_names_class() -> None:
     assert "nccl" in d.message and d.dedupe_key == "run:r-1:error"
 
 
+def test_error_alert_of_a_wrapper_leads_with_its_root_cause() -> None:
+    """The agent marks a wrapper error with the failure's root cause: the alert names that first."""
+    wrapper = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+    fields = {
+        "class": "engine_failed",
+        "root_cause": "AssertionError: Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers.",
+        "root_cause_class": "traceback",
+    }
+    (d,) = alerts.rules_for_event(
+        RUN, {"type": "milestone", "kind": "error", "fields": fields, "text": wrapper}
+    )
+    assert d.message.index("Not enough allowed NUMA nodes") < d.message.index("Engine core initialization")
+
+
 @pytest.mark.parametrize(
     ("last_progress_ago", "interval", "state", "fires"),
     [

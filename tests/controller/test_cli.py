@@ -158,3 +158,29 @@ def test_hosts_add_over_ssh_shows_fingerprint(tmp_path: Path, sshd: SSHD) -> Non
     assert "not trusted" in res.stderr and "known_hosts" in res.stderr
     check = cli(tmp_path, "hosts", "check", "gpu2", extra_env=env)
     assert check.returncode == 1 and "not trusted" in check.stderr
+
+
+def test_a_completed_run_whose_files_all_failed_is_no_success(tmp_path: Path) -> None:
+    """The demo's broken run: the verdict, in the warning colour, in ls and show; problems grouped."""
+    from tests.helpers.broken_run import seed
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    seed(home / "eaglewatch.db", "/scratch/out")
+    shown = json.loads(cli(tmp_path, "runs", "show", "r-broken", "--json").stdout)
+    assert (shown["state"], shown["verdict"]) == ("completed", "problems")
+    assert (
+        shown["verdict_text"]
+        == "completed — 24 of 24 files failed shape checks; no file is good; 1 alert raised"
+    )
+    (listed,) = json.loads(cli(tmp_path, "runs", "ls", "--json").stdout)
+    assert listed["verdict"] == "problems"
+    color = {"FORCE_COLOR": "1", "TERM": "xterm-256color"}
+    text = cli(tmp_path, "runs", "show", "r-broken", extra_env=color).stdout
+    yellow = "\x1b[1;33m"
+    assert f"{yellow}completed — 24 of 24 files failed shape checks; no file is good" in text
+    problems = [ln for ln in text.splitlines() if "problem layer_count_mismatch" in ln]
+    assert len(problems) == 1 and "in 24 files (hs_0 … hs_23)" in problems[0]
+    assert "/scratch/out/hs_" not in text
+    table = cli(tmp_path, "runs", "ls", extra_env=color).stdout
+    assert f"{yellow}completed — 24 of 24 files" in table

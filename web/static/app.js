@@ -39,7 +39,7 @@
   const LABELS = {
     gib: "GiB", memory_gib: "GiB", weights_gib: "GiB loaded", kv_tokens: "KV tokens", tokens: "tokens", ranks: "ranks",
     seconds: "s", samples_done: "samples", samples_total: "of", tokens_per_s: "tok/s", samples_per_s: "samples/s",
-    files_written: "files", bytes_written: "bytes",
+    files_written: "files", bytes_written: "bytes", root_cause: "root cause",
   };
   function gib(mib) { return typeof mib === "number" ? (mib / 1024).toFixed(1) : "?"; }
 
@@ -82,11 +82,54 @@
     return es;
   }
 
-  function setState(container, state) {
+  function setState(container, state, verdict) {
     const b = container.querySelector('[data-field="state"]');
     if (!b) return;
     b.textContent = state;
-    b.className = "state state-" + state;
+    b.className = "state state-" + state + (verdict === "problems" ? " verdict-problems" : "");
+  }
+  // vLLM's JSON log records shown as the text line they stand for: web/filters.py log_text, and the agent's
+  // agent/milestones/records.py json_record_lines.
+  function logText(text) {
+    if (text.charAt(0) !== "{") return text;
+    let r;
+    try { r = JSON.parse(text); } catch (e) { return text; }
+    if (!r || typeof r !== "object" || typeof r.message !== "string" || typeof r.levelname !== "string" || !/^[A-Za-z]+$/.test(r.levelname)) return text;
+    const proc = r.processName, pid = r.process;
+    const prefix = typeof proc === "string" && proc !== "MainProcess" && /^[A-Za-z][\w.-]*$/.test(proc) && Number.isInteger(pid) ? "(" + proc + " pid=" + pid + ") " : "";
+    const when = /^(?:\d{4}-)?(\d\d-\d\d)[ T](\d\d:\d\d:\d\d)/.exec(String(r.asctime || ""));
+    const where = String(r.filename || r.name || "?").replace(/ /g, "_");
+    const head = prefix + r.levelname.toUpperCase() + " " + (when ? when[1] + " " + when[2] : "00-00 00:00:00") + " [" + where + ":" + (Number.isInteger(r.lineno) ? r.lineno : 0) + "] ";
+    let body = r.message.split(/\r\n|\r|\n/);
+    if (typeof r.exc_info === "string") body = body.concat(r.exc_info.split(/\r\n|\r|\n/));
+    return body.map(function (b) { return head + b; }).join(" ⏎ ");
+  }
+  // Numbered files as runs of indices, "hs_0 … hs_23" (suffix dropped): controller/verdict.py file_ranges.
+  function fileRanges(files) {
+    const series = new Map(), plain = [], pieces = [];
+    files.forEach(function (f) {
+      const m = /^(.*?)(\d+)((?:\.[A-Za-z]\w*)*)$/.exec(f);
+      if (!m) { plain.push(f); return; }
+      const key = m[1] + "\u0000" + m[3];
+      if (!series.has(key)) series.set(key, { pre: m[1], ns: new Set() });
+      series.get(key).ns.add(Number(m[2]));
+    });
+    series.forEach(function (s) {
+      const ns = Array.from(s.ns).sort(function (a, b) { return a - b; });
+      let start = ns[0], prev = ns[0];
+      ns.slice(1).concat([null]).forEach(function (n) {
+        if (n !== null && n === prev + 1) { prev = n; return; }
+        if (prev === start) pieces.push([s.pre + start, 1]);
+        else if (prev === start + 1) pieces.push([s.pre + start, 1], [s.pre + prev, 1]);
+        else pieces.push([s.pre + start + " … " + s.pre + prev, prev - start + 1]);
+        start = prev = n;
+      });
+    });
+    Array.from(new Set(plain)).sort().forEach(function (p) { pieces.push([p, 1]); });
+    let text = pieces.slice(0, 8).map(function (p) { return p[0]; }).join(", ");
+    const rest = pieces.slice(8).reduce(function (a, p) { return a + p[1]; }, 0);
+    if (rest) text += " and " + rest + " more";
+    return text;
   }
   function progressNodes(p) {
     const span = el("span");
@@ -141,7 +184,15 @@
         tr.append(c0, st, el("td", null, r.host), model, prog, last, al, created);
         tbody.prepend(tr);
       }
-      setState(tr, r.state);
+      setState(tr, r.state, r.verdict);
+      let note = tr.querySelector('[data-field="verdict"]');
+      if (!note) {
+        note = el("div", "small verdict-note");
+        note.dataset.field = "verdict";
+        tr.querySelector('[data-field="state"]').after(note);
+      }
+      note.textContent = r.verdict === "problems" ? r.verdict_text || "" : "";
+      note.hidden = r.verdict !== "problems";
       tr.querySelector('[data-field="model"]').textContent = r.model || r.backend || "";
       const pc = tr.querySelector('[data-field="progress"]');
       if (pc) pc.replaceWith(progressNodes(r.progress));
@@ -260,7 +311,7 @@
         lines.forEach(function (l) {
           if (seen.has(l.offset)) return;
           seen.add(l.offset);
-          const line = { o: l.offset, t: String(l.text) };
+          const line = { o: l.offset, t: logText(String(l.text)) };
           all.push(line);
           if (view !== all && matches(line)) view.push(line);
           added++;
@@ -279,7 +330,7 @@
         if (!filter) { view = all; }
         else {
           const merged = new Map();
-          (serverLines || []).forEach(function (l) { merged.set(l.offset, { o: l.offset, t: String(l.text) }); });
+          (serverLines || []).forEach(function (l) { merged.set(l.offset, { o: l.offset, t: logText(String(l.text)) }); });
           all.forEach(function (l) { if (matches(l)) merged.set(l.o, l); });
           view = Array.from(merged.values()).sort(function (a, b) { return a.o - b.o; });
         }
@@ -370,14 +421,17 @@
       }
     }
     function onRun(r) {
-      setState(document.querySelector(".run-head"), r.state);
+      setState(document.querySelector(".run-head"), r.state, r.verdict);
       const pc = document.querySelector('#progress [data-field="progress"]');
       if (pc) pc.replaceWith(progressNodes(r.progress));
       if (TERMINAL.has(r.state)) {
         const v = document.getElementById("verdict");
         v.hidden = false;
-        v.className = "verdict verdict-" + r.state;
+        v.className = "verdict verdict-" + r.state + (r.verdict === "problems" ? " verdict-problems" : "");
+        v.dataset.verdict = r.verdict || "";
         v.querySelector('[data-field="verdict-title"]').textContent = r.state.charAt(0).toUpperCase() + r.state.slice(1);
+        const said = r.verdict_text && r.verdict_text.indexOf(" — ") >= 0 ? r.verdict_text.split(" — ").slice(1).join(" — ") : "";
+        v.querySelector('[data-field="verdict-summary"]').textContent = said ? "— " + said : "";
         let reason = r.failure_reason || "";
         if (r.exit) reason += " (exit " + (r.exit.code !== null && r.exit.code !== undefined ? r.exit.code : "signal " + r.exit.signal) + ")";
         v.querySelector('[data-field="verdict-reason"]').textContent = reason;
@@ -398,10 +452,40 @@
       const tbody = document.querySelector("#checks tbody");
       const empty = tbody.querySelector("tr.empty");
       if (empty) empty.remove();
+      // one row per (code, message), files relative to the output dir: controller/verdict.py group_problems
+      const base = data.output_dir ? String(data.output_dir).replace(/\/+$/, "") + "/" : null;
       c.problems.forEach(function (p) {
-        const tr = el("tr", "bad");
-        tr.append(el("td", "path", p.file), el("td", null, WORDS[p.code] || String(p.code).replace(/_/g, " ")), el("td", null, p.message));
-        tbody.append(tr);
+        const file = String(p.file || c.file || "");
+        const rel = base && file.indexOf(base) === 0 ? file.slice(base.length) : file;
+        let said = String(p.message || "");
+        Array.from(new Set([file, rel, file.split("/").pop()])).filter(function (n) { return n && n !== "."; })
+          .sort(function (a, b) { return b.length - a.length; })
+          .forEach(function (n) { said = said.split(n).join("…"); });
+        let tr = Array.from(tbody.querySelectorAll("tr.bad")).find(function (row) {
+          return row.dataset.code === String(p.code) && row.dataset.message === said;
+        });
+        if (!tr) {
+          tr = el("tr", "bad");
+          tr.dataset.code = String(p.code);
+          tr.dataset.message = said;
+          const details = el("details"), summary = el("summary"), count = el("span"), range = el("span");
+          count.dataset.field = "count";
+          range.dataset.field = "range";
+          summary.append(count, el("span", "unit"), range);
+          details.append(summary, el("ul", "files"));
+          const files = el("td", "path");
+          files.append(details);
+          tr.append(el("td", null, WORDS[p.code] || String(p.code).replace(/_/g, " ")), files, el("td", null, said));
+          tbody.append(tr);
+        }
+        const ul = tr.querySelector("ul.files");
+        const names = Array.from(ul.children).map(function (li) { return li.textContent; });
+        if (names.indexOf(rel) >= 0) return;
+        names.push(rel);
+        ul.append(el("li", null, rel));
+        tr.querySelector('[data-field="count"]').textContent = String(names.length);
+        tr.querySelector("span.unit").textContent = names.length === 1 ? " file: " : " files: ";
+        tr.querySelector('[data-field="range"]').textContent = fileRanges(names);
       });
     }
     function onAlert(a) {
