@@ -131,10 +131,33 @@ def runs_start(
         raise typer.Exit(1)
 
 
+NO_REFRESH = typer.Option(
+    "--no-refresh",
+    "--offline",
+    help="answer from the local database only, without asking the hosts' agents first",
+)
+
+
+async def _refreshed(ctl: Any, hosts: set[str]) -> None:
+    """Catch the hosts' unfinished runs up from their agents; name each host that did not answer."""
+    for fresh in await ctl.refresh(hosts):
+        if not fresh.ok:
+            err.print(Text(fresh.describe(), style="yellow"))
+
+
 @runs_app.command("ls")
-def runs_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List runs, newest first."""
-    runs = run_ctl(lambda ctl: ctl.list_runs())
+def runs_ls(
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    no_refresh: Annotated[bool, NO_REFRESH] = False,
+) -> None:
+    """List runs, newest first (unfinished runs caught up from their hosts first)."""
+
+    async def go(ctl: Any) -> Any:
+        if not no_refresh:
+            await _refreshed(ctl, {r.host for r in await ctl.list_runs() if not is_terminal(r.state)})
+        return await ctl.list_runs()
+
+    runs = run_ctl(go)
     if as_json:
         print_json([r.model_dump(mode="json") for r in runs])
         return
@@ -160,9 +183,18 @@ def runs_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 def runs_show(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    no_refresh: Annotated[bool, NO_REFRESH] = False,
 ) -> None:
-    """Show a run (same shape as GET /api/runs/{id} with --json)."""
-    run = run_ctl(lambda ctl: ctl.get_run(run_id))
+    """Show a run, caught up from its host first (same shape as GET /api/runs/{id} with --json)."""
+
+    async def go(ctl: Any) -> Any:
+        run = await ctl.get_run(run_id)
+        if no_refresh or is_terminal(run.state):
+            return run
+        await _refreshed(ctl, {run.host})
+        return await ctl.get_run(run_id)
+
+    run = run_ctl(go)
     if as_json:
         print_json(run.model_dump(mode="json"))
         return

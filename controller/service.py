@@ -17,6 +17,8 @@ Interface (stable; the web builds on it)::
                                                                NotFound for an unknown host)
     await ctl.stop_run(run_id) -> RunPublic ; await ctl.list_runs() -> list[RunPublic] (newest first)
     await ctl.get_run(run_id) -> RunDetail
+    await ctl.refresh(hosts, timeout=15) -> list[Freshness]   (catch runs up from the hosts' journals now;
+                                                               for processes that do not supervise)
     await ctl.read_log(run_id, *, after_offset=-1, limit=1000, query=None, errors_only=False,
                        before_offset=None)
         -> list[{"offset": int, "text": str}]   (the first ``limit`` lines with offset > after_offset,
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
@@ -51,6 +54,7 @@ from controller.bus import Bus, BusEvent
 from controller.fleet import Supervisors
 from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic
 from controller.outbox import OutboxWorker
+from controller.refresh import REFRESH_TIMEOUT_S, Freshness, refresh_host
 from controller.runs import RunOps
 from controller.settings import Settings, ensure_home
 from controller.store import Store
@@ -72,7 +76,7 @@ class Controller:
         self.supervise = supervise
         self.deliver_alerts = supervise if deliver_alerts is None else deliver_alerts
         self.store = Store(self.settings.database, self.bus)
-        policy = AlertPolicy.from_settings(self.settings)
+        policy = self.policy = AlertPolicy.from_settings(self.settings)
         self.supervisors = Supervisors(
             self.settings, self.store, policy, supervise=supervise, only_hosts=only_hosts
         )
@@ -161,6 +165,15 @@ class Controller:
     async def list_runs(self) -> list[RunPublic]:
         """All runs, newest first."""
         return await self.store.read(queries.list_runs)
+
+    async def refresh(self, hosts: Iterable[str], timeout: float = REFRESH_TIMEOUT_S) -> list[Freshness]:
+        """Catch the runs of ``hosts`` up from their agents' journals now (one-shot links, in parallel)."""
+        names = sorted(set(hosts))
+        return list(
+            await asyncio.gather(
+                *(refresh_host(n, self.settings, self.store, self.policy, timeout) for n in names)
+            )
+        )
 
     async def get_run(self, run_id: str) -> RunDetail:
         """One run with spec, milestones, alerts and problems; NotFound if unknown."""
