@@ -31,7 +31,13 @@ def _split_ints(text: str | None, what: str) -> list[int] | None:
 
 @runs_app.command("start", context_settings={"allow_interspersed_args": False})
 def runs_start(
-    host: Annotated[str, typer.Option("--host", help="host name")],
+    host: Annotated[
+        str | None, typer.Option("--host", help="host name (with --again: the run's host)")
+    ] = None,
+    again: Annotated[
+        str | None,
+        typer.Option("--again", metavar="RUN", help="start from RUN's spec; other options change it"),
+    ] = None,
     command: Annotated[list[str] | None, typer.Argument(help="after --: a command to run and watch")] = None,
     spec_file: Annotated[Path | None, typer.Option("--spec", help="run spec JSON (or TOML) file")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -58,6 +64,13 @@ def runs_start(
 ) -> None:
     """Start a run; prints its id ({"id": …} with --json)."""
     spec: dict[str, Any] = {}
+    if again is not None:
+        spec = dict(run_ctl(lambda ctl: ctl.get_run(again)).spec)
+    elif host is None:
+        err.print(
+            Text("error: --host is required (or --again RUN to reuse a run's spec and host)", style="red")
+        )
+        raise typer.Exit(2)
     if spec_file is not None:
         try:
             text = spec_file.read_text()
@@ -112,7 +125,8 @@ def runs_start(
             }
     except SpecInvalid as exc:
         invalid(exc)
-    spec["host"] = host
+    if host is not None:
+        spec["host"] = host
     if command:
         spec["command"] = list(command)
         spec.setdefault("backend", "command")
@@ -216,6 +230,27 @@ def runs_show(
         out.print(Text(f"  problem {p.code}: {p.file}: {p.message}", style="red"))
     for a in run.alerts:
         out.print(Text(f"  alert [{a.severity}] {a.rule}: {a.message}", style="yellow"))
+
+
+@runs_app.command("resume")
+def runs_resume(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Resume a failed or stopped extraction: a new run, same spec and output directory; prints its id."""
+
+    async def go(ctl: Any) -> Any:
+        return await ctl.get_run(await ctl.resume_run(run_id))
+
+    run = run_ctl(go)
+    if as_json:
+        print_json({"id": run.id, "resumes": run_id})
+    else:
+        out.print(run.id)
+        err.print(Text(f"resumes {run_id}: files already written are kept, only missing ones are captured"))
+    if run.state == "failed":
+        err.print(Text(f"run {run.id} failed: {run.failure_reason}", style="red"))
+        raise typer.Exit(1)
 
 
 @runs_app.command("stop")

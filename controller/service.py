@@ -15,6 +15,8 @@ Interface (stable; the web builds on it)::
 
     await ctl.create_run(spec: dict | RunSpec) -> str        (run id; SpecInvalid(errors=[{field, message}]),
                                                                NotFound for an unknown host)
+    await ctl.resume_run(run_id) -> str   (a new run, same spec, ``resumed_from`` = run_id; Conflict unless a
+                                           failed/stopped/lost extraction)
     await ctl.stop_run(run_id) -> RunPublic ; await ctl.list_runs() -> list[RunPublic] (newest first)
     await ctl.get_run(run_id) -> RunDetail
     await ctl.refresh(hosts, timeout=15) -> list[Freshness]   (catch runs up from the hosts' journals now;
@@ -156,6 +158,10 @@ class Controller:
     async def create_run(self, spec: dict[str, Any] | RunSpec) -> str:
         """Validate, write the run (pending), launch it through the agent; returns the run id."""
         return await self.runs.create(spec)
+
+    async def resume_run(self, run_id: str) -> str:
+        """Start a new run linked to ``run_id`` with its spec (same output directory); returns its id."""
+        return await self.runs.resume(run_id)
 
     async def stop_run(self, run_id: str) -> RunPublic:
         """Ask the agent to stop the job; returns the run as stored afterwards."""

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from agent.spec import parse_spec
 from controller.errors import SpecInvalid
+from controller.runs import RESUMABLE_STATES
 from controller.service import Controller
 from web import forms, security
 from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep, TemplateStoreDep
@@ -51,11 +52,17 @@ async def dashboard(request: Request, ctl: ControllerDep) -> HTMLResponse:
 
 @router.get("/runs/new", response_class=HTMLResponse)
 async def new_run(
-    request: Request, ctl: ControllerDep, store: TemplateStoreDep, template: str | None = None
+    request: Request,
+    ctl: ControllerDep,
+    store: TemplateStoreDep,
+    template: str | None = None,
+    again: Annotated[str | None, Query(max_length=200)] = None,
 ) -> HTMLResponse:
-    """The run form, optionally filled from a saved template."""
+    """The run form, optionally filled from a saved template or from an earlier run's spec (``again``)."""
     values = (store.get(template) or {}) if template else {}
-    return await _form_page(request, ctl, store, values, {}, template=template)
+    if again:
+        values = forms.spec_to_form((await ctl.get_run(again)).spec)
+    return await _form_page(request, ctl, store, values, {}, template=template, again=again)
 
 
 async def _form_page(
@@ -68,13 +75,14 @@ async def _form_page(
     status: int = 200,
     template: str | None = None,
     saved: str | None = None,
+    again: str | None = None,
 ) -> HTMLResponse:
     hosts = await ctl.list_hosts()
     shown = forms.without_secret_values(values)  # a page never carries a secret back to the browser
     return render(
         request, "new_run.html", status=status, values=shown, errors=errors, hosts=hosts,
         templates=store.names(), template=template, saved=saved, help=forms.field_help(),
-        general_error=errors.get(forms.GENERAL_ERROR_KEY),
+        general_error=errors.get(forms.GENERAL_ERROR_KEY), again=again,
     )  # fmt: skip
 
 
@@ -139,6 +147,7 @@ async def run_page(
         request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
         data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE, timeline=timeline,
         hidden_milestones=len(run.milestones) - len(timeline),
+        resumable=run.state in RESUMABLE_STATES and run.backend != "command",
     )  # fmt: skip
 
 
@@ -155,6 +164,13 @@ async def stop_run(ctl: ControllerDep, run_id: str) -> Response:
     """Stop a run (the page asks for confirmation first), then show it."""
     await ctl.stop_run(run_id)
     return _redirect(f"/runs/{quote(run_id)}")
+
+
+@post_router.post("/runs/{run_id}/resume")
+async def resume_run(ctl: ControllerDep, run_id: str) -> Response:
+    """Resume a failed or stopped extraction as a new run (same spec and output directory), then show it."""
+    new_id = await ctl.resume_run(run_id)
+    return _redirect(f"/runs/{quote(new_id)}")
 
 
 @router.get("/alerts", response_class=HTMLResponse)
