@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,6 +15,7 @@ from rich.text import Text
 from controller.cli_common import MILESTONE_STYLE, STATE_STYLE, err, invalid, out, print_json, run_ctl
 from controller.errors import SpecInvalid
 from controller.lifecycle import is_terminal
+from controller.terminal_view import TerminalView
 
 runs_app = typer.Typer(no_args_is_help=True, help="Extraction runs.")
 
@@ -260,16 +262,39 @@ def runs_stop(run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
     out.print(Text(f"{run.id}: {run.state}"))
 
 
-def _print_line(text: str, milestone_texts: set[str]) -> None:
-    out.print(Text(text, style="bold magenta" if text in milestone_texts else ""))
+def _printer(raw: bool) -> Callable[[str | None, set[str]], None]:
+    """Print log lines: verbatim with ``raw``, else through a TerminalView (markers in words, one line per
+    batch); ``None`` means the input paused or ended (a waiting batch line is printed)."""
+    view = TerminalView()
+
+    def show(text: str | None, marks: set[str]) -> None:
+        if text is None:
+            shown = view.flush()
+        elif raw:
+            shown = [(text, "log" if text in marks else None)]
+        else:
+            shown = [
+                (t, k if k is not None else ("log" if text in marks else None)) for t, k in view.line(text)
+            ]
+        for line, kind in shown:
+            style = (
+                "bold magenta" if kind == "log" else MILESTONE_STYLE.get(kind or "", "cyan" if kind else "")
+            )
+            out.print(Text(line, style=style))
+
+    return show
 
 
 @runs_app.command("logs")
 def runs_logs(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
     follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing new lines")] = False,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="the log as written, marker lines and all (default: in words)")
+    ] = False,
 ) -> None:
-    """Print a run's log (milestone lines highlighted); -f follows it live like tail -f."""
+    """Print a run's log (milestones in words, one line per batch; --raw: as written); -f follows it live."""
+    show = _printer(raw)
 
     async def dump(ctl: Any) -> None:
         run = await ctl.get_run(run_id)
@@ -278,8 +303,9 @@ def runs_logs(
         while True:
             lines = await ctl.read_log(run_id, after_offset=offset, limit=5000)
             for line in lines:
-                _print_line(line["text"], marks)
+                show(line["text"], marks)
             if not lines:
+                show(None, marks)
                 return
             offset = lines[-1]["offset"]
 
@@ -298,10 +324,11 @@ def runs_logs(
                 run = await ctl.get_run(run_id)
                 marks = {m.text for m in run.milestones}
             for line in lines:
-                _print_line(line["text"], marks)
+                show(line["text"], marks)
             if lines:
                 offset, quiet = lines[-1]["offset"], 0
                 continue
+            show(None, marks)
             run = await ctl.get_run(run_id)
             quiet = quiet + 1 if is_terminal(run.state) else 0
             if quiet > 5:

@@ -16,6 +16,7 @@ from controller.runs import RESUMABLE_STATES
 from controller.service import Controller
 from web import forms, security
 from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep, TemplateStoreDep
+from web.login_links import LoginLinks
 from web.logpage import read_log_page
 from web.middleware import client_of
 from web.run_templates import TemplateError, TemplateStore
@@ -193,10 +194,53 @@ async def alert_action(
     return _redirect("/alerts")
 
 
+def login_reason(bind: str) -> str:
+    """Why this server asks for a login, in words true for where it listens."""
+    if security.is_loopback(bind):
+        return (
+            f"This eaglewatch listens on {bind} only, but every account on this machine can reach that "
+            "address, so it asks for the login token it printed when it started."
+        )
+    return (
+        f"This eaglewatch listens on {bind}, beyond this machine: enter the token it printed when it "
+        "first started."
+    )
+
+
+def _login_form(request: Request, next: str, error: str | None, status: int = 200) -> HTMLResponse:
+    return render(
+        request, "login.html", status=status, next=_safe_next(next), error=error,
+        reason=login_reason(request.app.state.bind),
+    )  # fmt: skip
+
+
 @router.get("/login", response_class=HTMLResponse)
 async def login_page(request: Request, next: str = "/") -> HTMLResponse:
     """The token form."""
-    return render(request, "login.html", next=_safe_next(next), error=None)
+    return _login_form(request, next, None)
+
+
+@router.get("/login/link", response_class=HTMLResponse)
+async def login_link(request: Request, code: Annotated[str, Query(max_length=200)] = "") -> Response:
+    """A one-time login link: a valid code logs this browser in and redirects to a clean URL."""
+    links: LoginLinks = request.app.state.login_links
+    if not code or not links.redeem(code):
+        error = "This login link was already used or has expired: enter the token instead."
+        return _login_form(request, "/", error, status=401)
+    return _logged_in(request, "/")
+
+
+def _logged_in(request: Request, next: str) -> Response:
+    """Rotate to a new logged-in session (HttpOnly, SameSite=Strict cookie) and go to ``next``."""
+    signer: security.Signer = request.app.state.signer
+    response = _redirect(_safe_next(next))
+    session = signer.new_session(authed=True)
+    sessions: security.SessionTable = request.app.state.sessions
+    sessions.add(session)
+    response.headers.append(
+        "set-cookie", security.session_cookie(signer, session, request.app.state.secure_cookie)
+    )
+    return response
 
 
 @router.post("/login", response_class=HTMLResponse, dependencies=CSRF_REQUIRED)
@@ -207,21 +251,11 @@ async def login(
     checker: security.TokenChecker = request.app.state.token_checker
     verdict = await checker.check(token, client_of(request.scope))
     if verdict is security.Verdict.LIMITED:
-        return render(
-            request, "login.html", status=429, next=_safe_next(next),
-            error="too many wrong tokens from this address; wait a minute and retry",
-        )  # fmt: skip
+        error = "too many wrong tokens from this address; wait a minute and retry"
+        return _login_form(request, next, error, status=429)
     if verdict is not security.Verdict.OK:
-        return render(request, "login.html", status=401, next=_safe_next(next), error="wrong token")
-    signer: security.Signer = request.app.state.signer
-    response = _redirect(_safe_next(next))
-    session = signer.new_session(authed=True)
-    sessions: security.SessionTable = request.app.state.sessions
-    sessions.add(session)
-    response.headers.append(
-        "set-cookie", security.session_cookie(signer, session, request.app.state.secure_cookie)
-    )
-    return response
+        return _login_form(request, next, "wrong token", status=401)
+    return _logged_in(request, next)
 
 
 @router.post("/logout", dependencies=CSRF_REQUIRED)
