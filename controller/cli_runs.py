@@ -79,15 +79,16 @@ def runs_start(
             if spec_file.suffix == ".toml":
                 import tomllib
 
-                spec = tomllib.loads(text)
+                from_file = tomllib.loads(text)
             else:
-                spec = json.loads(text)
+                from_file = json.loads(text)
         except (OSError, ValueError) as exc:
             err.print(Text(f"error: cannot read spec {spec_file}: {exc}", style="red"))
             raise typer.Exit(2) from None
-        if not isinstance(spec, dict):
+        if not isinstance(from_file, dict):
             err.print(Text(f"error: spec {spec_file} must hold an object", style="red"))
             raise typer.Exit(2)
+        spec.update(from_file)  # with --again: the file's fields change the earlier run's
     try:
         opts = {
             "name": name,
@@ -298,6 +299,9 @@ def runs_logs(
 
     async def dump(ctl: Any) -> None:
         run = await ctl.get_run(run_id)
+        if not is_terminal(run.state):
+            await _refreshed(ctl, {run.host})
+            run = await ctl.get_run(run_id)
         marks = {m.text for m in run.milestones}
         offset = -1
         while True:
