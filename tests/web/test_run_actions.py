@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.web.conftest import LiveServer, wait_until
+from tests.web.conftest import LiveServer, screenshot, wait_until
 from tests.web.test_browser import page  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -69,6 +69,7 @@ def test_run_again_and_resume(page: Any, live_server: LiveServer, tmp_path: Path
     assert detail["resumed_from"] == old and detail["spec"]["output_dir"] == str(out)
     page.goto(f"/runs/{old}")
     assert new in page.locator("#resumed-by").inner_text()
+    screenshot(page, "run-resumed")
     page.goto(f"/runs/{cmd}")
     assert page.locator("#resume").count() == 0 and page.locator("#run-again").count() == 1
     assert page.dialogs == [] and page.js_errors == []
