@@ -1,4 +1,5 @@
-"""Open a link to a host's agent: SSH connect (verified host keys), upload the agent over SFTP, run connect.
+"""Open a link to a host's agent: SSH connect (verified host keys), upload the agent (SFTP, else an exec
+channel), run connect.
 
 The agent core is stdlib-only, so it runs under the host's own Python straight from the uploaded package:
 ``<home>/.local/share/eaglewatch/agent-<version>-<digest>/agent``; the command is built with ``shlex.join``
@@ -21,6 +22,7 @@ from controller.errors import HostKeyRejected, Unreachable
 from controller.link import Link, LocalTransport, SSHTransport, StreamHandler
 from controller.settings import Settings
 from controller.sshdest import parse_destination
+from controller.upload import upload_over_exec
 
 log = logging.getLogger(__name__)
 AGENT_DIR = Path(agent.__file__).resolve().parent
@@ -126,9 +128,29 @@ async def ssh_connect(name: str, dest: str, settings: Settings) -> Any:
         raise Unreachable(f"host {name}: cannot connect to {dest}: {type(exc).__name__}: {exc}") from None
 
 
-async def ensure_agent(conn: Any, remote_base: str = ".local/share/eaglewatch") -> str:
-    """Upload the agent package unless this version is already there; returns the remote PYTHONPATH."""
-    async with conn.start_sftp_client() as sftp:
+async def ensure_agent(
+    conn: Any, remote_base: str = ".local/share/eaglewatch", python: str = "python3"
+) -> str:
+    """Upload the agent package unless this version is already there; returns the remote PYTHONPATH.
+
+    SFTP when the host's sshd offers it; otherwise (no ``Subsystem sftp`` line) a fixed receiver program
+    run by the host's ``python`` over an exec channel (controller/upload.py).
+    """
+    import asyncssh
+
+    try:
+        sftp_client = await conn.start_sftp_client()
+    except asyncssh.ChannelOpenError as exc:
+        log.info("no sftp subsystem (%s); uploading the agent over an exec channel", exc.reason)
+        try:
+            return await upload_over_exec(conn, python, remote_base, remote_dir_name(), agent_files())
+        except Unreachable as up_exc:
+            raise Unreachable(
+                f"the host's sshd has no sftp subsystem and the fallback upload failed ({up_exc.message}); "
+                "add 'Subsystem sftp internal-sftp' to its sshd_config, or install the agent there with "
+                "pip install eaglewatch"
+            ) from None
+    async with sftp_client as sftp:
         home = await sftp.realpath(".")
         base = remote_base if remote_base.startswith("/") else f"{home}/{remote_base}"
         target = f"{base}/{remote_dir_name()}"
@@ -166,7 +188,7 @@ async def open_link(
             conn = await ssh_connect(host["name"], host["ssh"], settings)
             fp = fingerprint(conn.get_server_host_key())
             try:
-                pythonpath = await ensure_agent(conn, settings.remote_base)
+                pythonpath = await ensure_agent(conn, settings.remote_base, host["python"])
                 command = shlex.join(connect_argv(host["python"], pythonpath, host.get("state_dir")))
                 process = await conn.create_process(command, encoding=None)
             except Exception as exc:

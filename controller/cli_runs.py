@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +24,7 @@ from controller.cli_common import (
 )
 from controller.errors import SpecInvalid
 from controller.lifecycle import is_terminal
+from controller.terminal_view import TerminalView
 from controller.verdict import group_problems
 
 runs_app = typer.Typer(no_args_is_help=True, help="Extraction runs.")
@@ -41,7 +43,13 @@ def _split_ints(text: str | None, what: str) -> list[int] | None:
 
 @runs_app.command("start", context_settings={"allow_interspersed_args": False})
 def runs_start(
-    host: Annotated[str, typer.Option("--host", help="host name")],
+    host: Annotated[
+        str | None, typer.Option("--host", help="host name (with --again: the run's host)")
+    ] = None,
+    again: Annotated[
+        str | None,
+        typer.Option("--again", metavar="RUN", help="start from RUN's spec; other options change it"),
+    ] = None,
     command: Annotated[list[str] | None, typer.Argument(help="after --: a command to run and watch")] = None,
     spec_file: Annotated[Path | None, typer.Option("--spec", help="run spec JSON (or TOML) file")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -68,21 +76,29 @@ def runs_start(
 ) -> None:
     """Start a run; prints its id ({"id": …} with --json)."""
     spec: dict[str, Any] = {}
+    if again is not None:
+        spec = dict(run_ctl(lambda ctl: ctl.get_run(again)).spec)
+    elif host is None:
+        err.print(
+            Text("error: --host is required (or --again RUN to reuse a run's spec and host)", style="red")
+        )
+        raise typer.Exit(2)
     if spec_file is not None:
         try:
             text = spec_file.read_text()
             if spec_file.suffix == ".toml":
                 import tomllib
 
-                spec = tomllib.loads(text)
+                from_file = tomllib.loads(text)
             else:
-                spec = json.loads(text)
+                from_file = json.loads(text)
         except (OSError, ValueError) as exc:
             err.print(Text(f"error: cannot read spec {spec_file}: {exc}", style="red"))
             raise typer.Exit(2) from None
-        if not isinstance(spec, dict):
+        if not isinstance(from_file, dict):
             err.print(Text(f"error: spec {spec_file} must hold an object", style="red"))
             raise typer.Exit(2)
+        spec.update(from_file)  # with --again: the file's fields change the earlier run's
     try:
         opts = {
             "name": name,
@@ -122,7 +138,8 @@ def runs_start(
             }
     except SpecInvalid as exc:
         invalid(exc)
-    spec["host"] = host
+    if host is not None:
+        spec["host"] = host
     if command:
         spec["command"] = list(command)
         spec.setdefault("backend", "command")
@@ -141,10 +158,33 @@ def runs_start(
         raise typer.Exit(1)
 
 
+NO_REFRESH = typer.Option(
+    "--no-refresh",
+    "--offline",
+    help="answer from the local database only, without asking the hosts' agents first",
+)
+
+
+async def _refreshed(ctl: Any, hosts: set[str]) -> None:
+    """Catch the hosts' unfinished runs up from their agents; name each host that did not answer."""
+    for fresh in await ctl.refresh(hosts):
+        if not fresh.ok:
+            err.print(Text(fresh.describe(), style="yellow"))
+
+
 @runs_app.command("ls")
-def runs_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List runs, newest first."""
-    runs = run_ctl(lambda ctl: ctl.list_runs())
+def runs_ls(
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    no_refresh: Annotated[bool, NO_REFRESH] = False,
+) -> None:
+    """List runs, newest first (unfinished runs caught up from their hosts first)."""
+
+    async def go(ctl: Any) -> Any:
+        if not no_refresh:
+            await _refreshed(ctl, {r.host for r in await ctl.list_runs() if not is_terminal(r.state)})
+        return await ctl.list_runs()
+
+    runs = run_ctl(go)
     if as_json:
         print_json([r.model_dump(mode="json") for r in runs])
         return
@@ -170,9 +210,18 @@ def runs_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 def runs_show(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    no_refresh: Annotated[bool, NO_REFRESH] = False,
 ) -> None:
-    """Show a run (same shape as GET /api/runs/{id} with --json)."""
-    run = run_ctl(lambda ctl: ctl.get_run(run_id))
+    """Show a run, caught up from its host first (same shape as GET /api/runs/{id} with --json)."""
+
+    async def go(ctl: Any) -> Any:
+        run = await ctl.get_run(run_id)
+        if no_refresh or is_terminal(run.state):
+            return run
+        await _refreshed(ctl, {run.host})
+        return await ctl.get_run(run_id)
+
+    run = run_ctl(go)
     if as_json:
         print_json(run.model_dump(mode="json"))
         return
@@ -198,6 +247,27 @@ def runs_show(
         out.print(Text(f"  alert [{a.severity}] {a.rule}: {a.message}", style="yellow"))
 
 
+@runs_app.command("resume")
+def runs_resume(
+    run_id: Annotated[str, typer.Argument(metavar="RUN")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Resume a failed or stopped extraction: a new run, same spec and output directory; prints its id."""
+
+    async def go(ctl: Any) -> Any:
+        return await ctl.get_run(await ctl.resume_run(run_id))
+
+    run = run_ctl(go)
+    if as_json:
+        print_json({"id": run.id, "resumes": run_id})
+    else:
+        out.print(run.id)
+        err.print(Text(f"resumes {run_id}: files already written are kept, only missing ones are captured"))
+    if run.state == "failed":
+        err.print(Text(f"run {run.id} failed: {run.failure_reason}", style="red"))
+        raise typer.Exit(1)
+
+
 @runs_app.command("stop")
 def runs_stop(run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
     """Stop a run through its host's agent."""
@@ -205,26 +275,53 @@ def runs_stop(run_id: Annotated[str, typer.Argument(metavar="RUN")]) -> None:
     out.print(Text(f"{run.id}: {run.state}"))
 
 
-def _print_line(text: str, milestone_texts: set[str]) -> None:
-    out.print(Text(text, style="bold magenta" if text in milestone_texts else ""))
+def _printer(raw: bool) -> Callable[[str | None, set[str]], None]:
+    """Print log lines: verbatim with ``raw``, else through a TerminalView (markers in words, one line per
+    batch); ``None`` means the input paused or ended (a waiting batch line is printed)."""
+    view = TerminalView()
+
+    def show(text: str | None, marks: set[str]) -> None:
+        if text is None:
+            shown = view.flush()
+        elif raw:
+            shown = [(text, "log" if text in marks else None)]
+        else:
+            shown = [
+                (t, k if k is not None else ("log" if text in marks else None)) for t, k in view.line(text)
+            ]
+        for line, kind in shown:
+            style = (
+                "bold magenta" if kind == "log" else MILESTONE_STYLE.get(kind or "", "cyan" if kind else "")
+            )
+            out.print(Text(line, style=style))
+
+    return show
 
 
 @runs_app.command("logs")
 def runs_logs(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
     follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing new lines")] = False,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="the log as written, marker lines and all (default: in words)")
+    ] = False,
 ) -> None:
-    """Print a run's log (milestone lines highlighted); -f follows it live like tail -f."""
+    """Print a run's log (milestones in words, one line per batch; --raw: as written); -f follows it live."""
+    show = _printer(raw)
 
     async def dump(ctl: Any) -> None:
         run = await ctl.get_run(run_id)
+        if not is_terminal(run.state):
+            await _refreshed(ctl, {run.host})
+            run = await ctl.get_run(run_id)
         marks = {m.text for m in run.milestones}
         offset = -1
         while True:
             lines = await ctl.read_log(run_id, after_offset=offset, limit=5000)
             for line in lines:
-                _print_line(line["text"], marks)
+                show(line["text"], marks)
             if not lines:
+                show(None, marks)
                 return
             offset = lines[-1]["offset"]
 
@@ -243,10 +340,11 @@ def runs_logs(
                 run = await ctl.get_run(run_id)
                 marks = {m.text for m in run.milestones}
             for line in lines:
-                _print_line(line["text"], marks)
+                show(line["text"], marks)
             if lines:
                 offset, quiet = lines[-1]["offset"], 0
                 continue
+            show(None, marks)
             run = await ctl.get_run(run_id)
             quiet = quiet + 1 if is_terminal(run.state) else 0
             if quiet > 5:

@@ -120,12 +120,21 @@ def publish_alert(*, tx: Tx, alert_id: int) -> None:
 
 
 def insert_run(
-    *, tx: Tx, run_id: str, name: str, host: str, backend: str, model: str | None, spec_json: str
+    *,
+    tx: Tx,
+    run_id: str,
+    name: str,
+    host: str,
+    backend: str,
+    model: str | None,
+    spec_json: str,
+    resumed_from: str | None = None,
 ) -> None:
-    """A new run, ``pending``."""
+    """A new run, ``pending`` (``resumed_from``: the run whose output directory it carries on)."""
     run = Run(
-        id=run_id, name=name, host=host, backend=backend, model=model, spec_json=spec_json, created_at=tx.now
-    )
+        id=run_id, name=name, host=host, backend=backend, model=model, spec_json=spec_json, created_at=tx.now,
+        resumed_from=resumed_from,
+    )  # fmt: skip
     _insert(tx, run)
     publish_run(tx=tx, run_id=run_id)
 

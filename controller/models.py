@@ -68,6 +68,8 @@ class Run(SQLModel, table=True):
     last_milestone: str | None = None
     last_progress_at: float | None = None
     progress_interval_s: float | None = None
+    #: The run this one resumes (same spec and output directory), if any.
+    resumed_from: str | None = None
 
 
 class Event(SQLModel, table=True):
@@ -258,6 +260,8 @@ class RunDetail(RunPublic):
     """A run with its spec, milestones, alerts and problems (``GET /api/runs/{id}``)."""
 
     spec: dict[str, Any]
+    resumed_from: str | None = None
+    resumed_by: list[str] = []
     milestones: list[MilestonePublic]
     alerts: list[AlertPublic]
     problems: list[ProblemPublic]

@@ -193,9 +193,14 @@ def get_run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
         ProblemPublic(code=p["code"], file=p["file"], message=p["message"], at=p["at"])
         for p in conn.execute("SELECT * FROM problems WHERE run_id=? ORDER BY seq, idx", (run_id,))
     ]
+    resumed_by = [
+        r[0] for r in conn.execute("SELECT id FROM runs WHERE resumed_from=? ORDER BY created_at", (run_id,))
+    ]
     return RunDetail(
         **base.model_dump(),
         spec=json.loads(row["spec_json"]),
+        resumed_from=row["resumed_from"],
+        resumed_by=resumed_by,
         milestones=milestones,
         alerts=alerts,
         problems=problems,

@@ -19,6 +19,9 @@ from controller.lifecycle import RunEvent, event_for_agent_state, is_terminal
 from controller.settings import Settings
 from controller.store import Store, Tx
 
+#: Runs that may be resumed (an extraction that ended without finishing).
+RESUMABLE_STATES = ("failed", "stopped", "lost")
+
 
 def new_run_id(now: float | None = None) -> str:
     """A sortable, unique run id: r-YYYYMMDD-HHMMSS-xxxx (UTC)."""
@@ -92,7 +95,7 @@ class RunOps:
         self.supervisors = supervisors
         self.policy = policy
 
-    async def create(self, spec: dict[str, Any] | RunSpec) -> str:
+    async def create(self, spec: dict[str, Any] | RunSpec, resumed_from: str | None = None) -> str:
         """Validate, write pending, launch; a failed launch leaves a failed run with the reason."""
         host_name = (
             spec.host if isinstance(spec, RunSpec) else (spec.get("host") if isinstance(spec, dict) else None)
@@ -116,6 +119,7 @@ class RunOps:
                 backend=parsed.backend,
                 model=parsed.model,
                 spec_json=json.dumps(spec_dict),
+                resumed_from=resumed_from,
             )
             crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCH, policy=self.policy)
 
@@ -139,6 +143,20 @@ class RunOps:
         await self.store.write(launched)
         self.supervisors.poke(parsed.host)
         return run_id
+
+    async def resume(self, run_id: str) -> str:
+        """A new run with the same spec, linked to ``run_id``: the job keeps the files already written and
+        captures only the missing or invalid ones.  Conflict unless an extraction that did not finish."""
+        run = await self.store.read(queries.run_row, run_id)
+        if run["state"] not in RESUMABLE_STATES:
+            raise Conflict(
+                f"run {run_id} is {run['state']}: only a failed, stopped or lost extraction can be resumed"
+            )
+        if run["backend"] == "command":
+            raise Conflict(
+                f"run {run_id} runs a command, which may not skip finished work: start it again instead"
+            )
+        return await self.create(json.loads(run["spec_json"]), resumed_from=run_id)
 
     async def stop(self, run_id: str) -> dict[str, Any]:
         """Stop through the agent, then record the agent's status; Conflict when already finished."""

@@ -15,8 +15,12 @@ Interface (stable; the web builds on it)::
 
     await ctl.create_run(spec: dict | RunSpec) -> str        (run id; SpecInvalid(errors=[{field, message}]),
                                                                NotFound for an unknown host)
+    await ctl.resume_run(run_id) -> str   (a new run, same spec, ``resumed_from`` = run_id; Conflict unless a
+                                           failed/stopped/lost extraction)
     await ctl.stop_run(run_id) -> RunPublic ; await ctl.list_runs() -> list[RunPublic] (newest first)
     await ctl.get_run(run_id) -> RunDetail
+    await ctl.refresh(hosts, timeout=15) -> list[Freshness]   (catch runs up from the hosts' journals now;
+                                                               for processes that do not supervise)
     await ctl.read_log(run_id, *, after_offset=-1, limit=1000, query=None, errors_only=False,
                        before_offset=None)
         -> list[{"offset": int, "text": str}]   (the first ``limit`` lines with offset > after_offset,
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
@@ -51,6 +56,7 @@ from controller.bus import Bus, BusEvent
 from controller.fleet import Supervisors
 from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic
 from controller.outbox import OutboxWorker
+from controller.refresh import REFRESH_TIMEOUT_S, Freshness, refresh_host
 from controller.runs import RunOps
 from controller.settings import Settings, ensure_home
 from controller.store import Store
@@ -72,7 +78,7 @@ class Controller:
         self.supervise = supervise
         self.deliver_alerts = supervise if deliver_alerts is None else deliver_alerts
         self.store = Store(self.settings.database, self.bus)
-        policy = AlertPolicy.from_settings(self.settings)
+        policy = self.policy = AlertPolicy.from_settings(self.settings)
         self.supervisors = Supervisors(
             self.settings, self.store, policy, supervise=supervise, only_hosts=only_hosts
         )
@@ -153,6 +159,10 @@ class Controller:
         """Validate, write the run (pending), launch it through the agent; returns the run id."""
         return await self.runs.create(spec)
 
+    async def resume_run(self, run_id: str) -> str:
+        """Start a new run linked to ``run_id`` with its spec (same output directory); returns its id."""
+        return await self.runs.resume(run_id)
+
     async def stop_run(self, run_id: str) -> RunPublic:
         """Ask the agent to stop the job; returns the run as stored afterwards."""
         await self.runs.stop(run_id)
@@ -161,6 +171,15 @@ class Controller:
     async def list_runs(self) -> list[RunPublic]:
         """All runs, newest first."""
         return await self.store.read(queries.list_runs)
+
+    async def refresh(self, hosts: Iterable[str], timeout: float = REFRESH_TIMEOUT_S) -> list[Freshness]:
+        """Catch the runs of ``hosts`` up from their agents' journals now (one-shot links, in parallel)."""
+        names = sorted(set(hosts))
+        return list(
+            await asyncio.gather(
+                *(refresh_host(n, self.settings, self.store, self.policy, timeout) for n in names)
+            )
+        )
 
     async def get_run(self, run_id: str) -> RunDetail:
         """One run with spec, milestones, alerts and problems; NotFound if unknown."""

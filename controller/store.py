@@ -84,9 +84,22 @@ def create_schema(path: Path) -> None:
         engine.dispose()
     conn = connect(path)
     try:
+        _add_missing_columns(conn)
         conn.execute("INSERT OR IGNORE INTO schema_version(version) VALUES (?)", (models.SCHEMA_VERSION,))
     finally:
         conn.close()
+
+
+#: Nullable columns added after a table was first created: (table, column, SQL type).
+ADDED_COLUMNS = (("runs", "resumed_from", "VARCHAR"),)
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """create_all makes missing tables only; a database from before a column was added gets it here."""
+    for table, column, sql_type in ADDED_COLUMNS:
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")
 
 
 class Tx:

@@ -72,7 +72,7 @@ class HostSupervisor:
             was_up = False
             try:
                 host = await self.store.read(queries.host_row, self.name)
-                link, fp = await open_link(host, self.settings, self._on_stream)
+                link, fp = await open_link(host, self.settings, self.on_stream)
                 self.link, was_up = link, True
                 delay = self.settings.reconnect_initial_s
                 await self.connected_to(link, fp)
@@ -117,17 +117,26 @@ class HostSupervisor:
     async def _serve(self, link: Link) -> None:
         await self._catch_up_ended(link)
         while not link.closed.is_set():
-            for run in await self.store.read(queries.nonterminal_runs, self.name):
-                if run["id"] in self.following or run["state"] == "pending":
-                    continue
-                # A run still 'starting' is being launched by some controller; follow it once launched
-                # (or, if that controller died mid-launch, after a grace period).
-                if run["state"] != "starting" or time.time() - run["created_at"] > 30:
-                    await self._follow(link, run)
+            await self.follow_new(link)
             with contextlib.suppress(TimeoutError):
                 self._wake.clear()
                 await asyncio.wait_for(self._race(link.closed.wait(), self._wake.wait()), 1.0)
             await self.store.write(lambda tx: crud.host_seen(tx=tx, name=self.name))
+
+    async def follow_new(self, link: Link) -> None:
+        """Follow every unfinished run of this host not followed yet (from its stored seq and offset)."""
+        for run in await self.store.read(queries.nonterminal_runs, self.name):
+            if run["id"] in self.following or run["state"] == "pending":
+                continue
+            # A run still 'starting' is being launched by some controller; follow it once launched
+            # (or, if that controller died mid-launch, after a grace period).
+            if run["state"] != "starting" or time.time() - run["created_at"] > 30:
+                await self._follow(link, run)
+
+    async def catch_up_once(self, link: Link) -> None:
+        """What a fresh link does first: recently ended runs' leftovers, then every unfinished run."""
+        await self._catch_up_ended(link)
+        await self.follow_new(link)
 
     async def _catch_up_ended(self, link: Link) -> None:
         """Runs that ended recently may have journal events or log lines the last link did not deliver."""
@@ -204,7 +213,8 @@ class HostSupervisor:
                 )
             )
 
-    async def _on_stream(self, msg: dict[str, Any]) -> None:
+    async def on_stream(self, msg: dict[str, Any]) -> None:
+        """Queue a stream message (journal event or log lines) to the store, in arrival order."""
         mtype, run_id = msg.get("type"), msg.get("run")
         if not isinstance(run_id, str):
             return

@@ -133,6 +133,14 @@ async def stop_run(ctl: ControllerDep, run_id: str) -> RunPublic:
     return result
 
 
+@post_router.post(
+    "/runs/{run_id}/resume", response_model=Created, status_code=201, responses={409: {"model": ErrorOut}}
+)
+async def resume_run(ctl: ControllerDep, run_id: str) -> Created:
+    """Resume a failed, stopped or lost extraction: a new run with its spec and output directory."""
+    return Created(id=await ctl.resume_run(run_id))
+
+
 @router.get("/runs/{run_id}/log", response_model=list[LogLineOut], responses=_ERRORS)
 async def read_log(
     ctl: ControllerDep,

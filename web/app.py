@@ -21,6 +21,7 @@ from controller.errors import ControllerError
 from controller.service import Controller
 from controller.settings import Settings, ensure_home
 from web import api, filters, metrics, pages, security
+from web.login_links import LoginLinks
 from web.middleware import BodyLimit, WebSecurity
 from web.run_templates import TemplateStore
 
@@ -100,6 +101,8 @@ def create_app(
     app.state.token_checker = security.TokenChecker(token_hash)
     app.state.sessions = security.SessionTable(home / security.SESSIONS_FILE, generation)
     app.state.secure_cookie = False
+    app.state.bind = bind
+    app.state.login_links = LoginLinks()
     app.state.jinja = _jinja()
     app.state.template_store = TemplateStore(home)
     app.state.metrics = metrics.Metrics()

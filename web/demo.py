@@ -5,8 +5,9 @@ How it works
 Everything lives under a demo home (``~/.local/share/eaglewatch-demo`` unless ``--home``): the controller's
 SQLite file, the agent's state dir (``agent/``), the tiny model, a small dataset and the captured outputs.
 The agent host ``local`` is reached through the controller's local transport (``python -m agent connect``
-over pipes: the same protocol as over SSH). The web UI needs a login token, freshly made and printed at
-each start. The first run extracts hidden states of the tiny Llama on CPU through vLLM (backend
+over pipes: the same protocol as over SSH). The web UI needs a login: the demo prints a one-time link
+that logs a browser in, and a login token, both new at each start (other accounts of this machine can
+reach 127.0.0.1 too). The first run extracts hidden states of the tiny Llama on CPU through vLLM (backend
 worker-extension); the page's New-run form offers two saved templates, one good and one broken (the
 capture drops a layer, so shape checks fail and an alert opens). ``--no-extract`` replaces the vLLM run
 with a small backend-``command`` job printing milestone lines (fast; used by the tests). Ctrl-C stops the
@@ -34,21 +35,30 @@ from controller.errors import NotFound
 from controller.models import HostCreate
 from controller.service import Controller
 from controller.settings import Settings, ensure_home
+from controller.terminal_view import TerminalView, parse_marker
 from web import security
 from web.app import create_app
 from web.forms import spec_to_form
 from web.run_templates import TemplateStore
+from web.sse import TERMINAL_STATES
 
 DEMO_HOST = "local"
-#: A fast stand-in job for --no-extract: milestone lines in the extraction job's own format, then success.
+#: A fast stand-in job for --no-extract: milestone lines in the extraction job's own format and order (per
+#: batch of two: a passed check per file, batch_captured, progress), then success.
 FAKE_JOB = """
 import json, sys, time
 total = int(sys.argv[1])
 def emit(kind, **fields):
     print("EAGLEWATCH " + json.dumps({"kind": kind, **fields}), flush=True)
 emit("capture_configured", layers=[2, 4, 5, 8], hidden_size=128, dtype="float32", backend="command")
-for done in range(1, total + 1):
+batch = 0
+for start in range(0, total, 2):
     time.sleep(0.5)
+    batch += 1
+    done = min(total, start + 2)
+    for idx in range(start, done):
+        emit("shape_check_passed", file=f"hs_{idx}.safetensors", index=idx)
+    emit("batch_captured", batch=batch, samples=done - start, tokens=32 * (done - start))
     emit("progress", samples_done=done, samples_total=total, tokens_per_s=100.0 * done)
 emit("completed", samples=total)
 """
@@ -238,13 +248,28 @@ def _end_daemons(state_dir: Path, grace_s: float = 2.0, timeout_s: float = 15.0)
         time.sleep(0.1)
 
 
+def milestone_lines(view: TerminalView, data: dict[str, Any]) -> list[str]:
+    """What the terminal shows for one milestone: the job's markers in words (one line per batch), the
+    first line of a milestone read from vLLM's own log."""
+    kind, text = str(data.get("kind")), str(data.get("text") or "")
+    fields = data.get("fields") if isinstance(data.get("fields"), dict) else {}
+    if parse_marker(text) is not None:
+        return [line for line, _ in view.milestone(kind, dict(fields or {}))]
+    first = text.splitlines()[0][:100] if text else ""
+    return [line for line, _ in view.flush()] + [f"{kind.replace('_', ' ')}: {first}"]
+
+
 async def _echo_milestones(ctl: Controller) -> None:
     """Print each milestone and alert on the terminal as it arrives (the page shows the same)."""
+    views: dict[str, TerminalView] = {}
     async for event in ctl.bus.subscribe():
         if event.kind == "milestone":
-            lines = str(event.data.get("text") or "").splitlines()
-            brief = lines[0].removeprefix("EAGLEWATCH ")[:90] if lines else ""
-            print(f"  run {event.run_id}: {event.data.get('kind')!s:<20} {brief}", flush=True)
+            view = views.setdefault(str(event.run_id), TerminalView())
+            for line in milestone_lines(view, event.data):
+                print(f"  run {event.run_id}: {line}", flush=True)
+        elif event.kind == "run" and event.data.get("state") in TERMINAL_STATES:
+            for line, _ in views.pop(str(event.run_id), TerminalView()).flush():
+                print(f"  run {event.run_id}: {line}", flush=True)
         elif event.kind == "alert":
             print(f"  ALERT run {event.run_id}: {event.data.get('message', event.data)}", flush=True)
 
@@ -299,7 +324,16 @@ async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool) -
             await asyncio.to_thread(build_model, paths)
         save_templates(home, paths, extract)
         url = f"http://{bind}:{bound}/"
-        print(f"\neaglewatch demo is running (home {home})\n  URL:   {url}\n  token: {token}\n", flush=True)
+        link = f"{url}login/link?code={app.state.login_links.issue()}"
+        minutes = round(app.state.login_links.ttl_s / 60)
+        print(
+            f"\neaglewatch demo is running (home {home})\n"
+            f"  open:  {link}\n"
+            f"         (logs this browser in: the link works once, within {minutes} minutes)\n"
+            f"  URL:   {url}\n"
+            f"  token: {token}   (to log in at the URL from another browser, or once the link is used)\n",
+            flush=True,
+        )
         if extract:
             # A fresh output directory per start: a finished one would be resumed (nothing left to do).
             stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -12,10 +12,12 @@ from pydantic import ValidationError
 
 from agent.spec import parse_spec
 from controller.errors import SpecInvalid
+from controller.runs import RESUMABLE_STATES
 from controller.service import Controller
 from controller.verdict import group_problems
 from web import forms, security
 from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep, TemplateStoreDep
+from web.login_links import LoginLinks
 from web.logpage import read_log_page
 from web.middleware import client_of
 from web.run_templates import TemplateError, TemplateStore
@@ -52,11 +54,17 @@ async def dashboard(request: Request, ctl: ControllerDep) -> HTMLResponse:
 
 @router.get("/runs/new", response_class=HTMLResponse)
 async def new_run(
-    request: Request, ctl: ControllerDep, store: TemplateStoreDep, template: str | None = None
+    request: Request,
+    ctl: ControllerDep,
+    store: TemplateStoreDep,
+    template: str | None = None,
+    again: Annotated[str | None, Query(max_length=200)] = None,
 ) -> HTMLResponse:
-    """The run form, optionally filled from a saved template."""
+    """The run form, optionally filled from a saved template or from an earlier run's spec (``again``)."""
     values = (store.get(template) or {}) if template else {}
-    return await _form_page(request, ctl, store, values, {}, template=template)
+    if again:
+        values = forms.spec_to_form((await ctl.get_run(again)).spec)
+    return await _form_page(request, ctl, store, values, {}, template=template, again=again)
 
 
 async def _form_page(
@@ -69,13 +77,14 @@ async def _form_page(
     status: int = 200,
     template: str | None = None,
     saved: str | None = None,
+    again: str | None = None,
 ) -> HTMLResponse:
     hosts = await ctl.list_hosts()
     shown = forms.without_secret_values(values)  # a page never carries a secret back to the browser
     return render(
         request, "new_run.html", status=status, values=shown, errors=errors, hosts=hosts,
         templates=store.names(), template=template, saved=saved, help=forms.field_help(),
-        general_error=errors.get(forms.GENERAL_ERROR_KEY),
+        general_error=errors.get(forms.GENERAL_ERROR_KEY), again=again,
     )  # fmt: skip
 
 
@@ -143,6 +152,7 @@ async def run_page(
         request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
         data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE, timeline=timeline,
         hidden_milestones=len(run.milestones) - len(timeline), problem_groups=problem_groups,
+        resumable=run.state in RESUMABLE_STATES and run.backend != "command",
     )  # fmt: skip
 
 
@@ -159,6 +169,13 @@ async def stop_run(ctl: ControllerDep, run_id: str) -> Response:
     """Stop a run (the page asks for confirmation first), then show it."""
     await ctl.stop_run(run_id)
     return _redirect(f"/runs/{quote(run_id)}")
+
+
+@post_router.post("/runs/{run_id}/resume")
+async def resume_run(ctl: ControllerDep, run_id: str) -> Response:
+    """Resume a failed or stopped extraction as a new run (same spec and output directory), then show it."""
+    new_id = await ctl.resume_run(run_id)
+    return _redirect(f"/runs/{quote(new_id)}")
 
 
 @router.get("/alerts", response_class=HTMLResponse)
@@ -181,10 +198,53 @@ async def alert_action(
     return _redirect("/alerts")
 
 
+def login_reason(bind: str) -> str:
+    """Why this server asks for a login, in words true for where it listens."""
+    if security.is_loopback(bind):
+        return (
+            f"This eaglewatch listens on {bind} only, but every account on this machine can reach that "
+            "address, so it asks for the login token it printed when it started."
+        )
+    return (
+        f"This eaglewatch listens on {bind}, beyond this machine: enter the token it printed when it "
+        "first started."
+    )
+
+
+def _login_form(request: Request, next: str, error: str | None, status: int = 200) -> HTMLResponse:
+    return render(
+        request, "login.html", status=status, next=_safe_next(next), error=error,
+        reason=login_reason(request.app.state.bind),
+    )  # fmt: skip
+
+
 @router.get("/login", response_class=HTMLResponse)
 async def login_page(request: Request, next: str = "/") -> HTMLResponse:
     """The token form."""
-    return render(request, "login.html", next=_safe_next(next), error=None)
+    return _login_form(request, next, None)
+
+
+@router.get("/login/link", response_class=HTMLResponse)
+async def login_link(request: Request, code: Annotated[str, Query(max_length=200)] = "") -> Response:
+    """A one-time login link: a valid code logs this browser in and redirects to a clean URL."""
+    links: LoginLinks = request.app.state.login_links
+    if not code or not links.redeem(code):
+        error = "This login link was already used or has expired: enter the token instead."
+        return _login_form(request, "/", error, status=401)
+    return _logged_in(request, "/")
+
+
+def _logged_in(request: Request, next: str) -> Response:
+    """Rotate to a new logged-in session (HttpOnly, SameSite=Strict cookie) and go to ``next``."""
+    signer: security.Signer = request.app.state.signer
+    response = _redirect(_safe_next(next))
+    session = signer.new_session(authed=True)
+    sessions: security.SessionTable = request.app.state.sessions
+    sessions.add(session)
+    response.headers.append(
+        "set-cookie", security.session_cookie(signer, session, request.app.state.secure_cookie)
+    )
+    return response
 
 
 @router.post("/login", response_class=HTMLResponse, dependencies=CSRF_REQUIRED)
@@ -195,21 +255,11 @@ async def login(
     checker: security.TokenChecker = request.app.state.token_checker
     verdict = await checker.check(token, client_of(request.scope))
     if verdict is security.Verdict.LIMITED:
-        return render(
-            request, "login.html", status=429, next=_safe_next(next),
-            error="too many wrong tokens from this address; wait a minute and retry",
-        )  # fmt: skip
+        error = "too many wrong tokens from this address; wait a minute and retry"
+        return _login_form(request, next, error, status=429)
     if verdict is not security.Verdict.OK:
-        return render(request, "login.html", status=401, next=_safe_next(next), error="wrong token")
-    signer: security.Signer = request.app.state.signer
-    response = _redirect(_safe_next(next))
-    session = signer.new_session(authed=True)
-    sessions: security.SessionTable = request.app.state.sessions
-    sessions.add(session)
-    response.headers.append(
-        "set-cookie", security.session_cookie(signer, session, request.app.state.secure_cookie)
-    )
-    return response
+        return _login_form(request, next, "wrong token", status=401)
+    return _logged_in(request, next)
 
 
 @router.post("/logout", dependencies=CSRF_REQUIRED)

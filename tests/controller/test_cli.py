@@ -81,9 +81,9 @@ def test_hosts_runs_logs_alerts(tmp_path: Path, reap: None, job_script: Path) ->
     listed = json.loads(cli(tmp_path, "runs", "ls", "--json").stdout)
     assert [r["id"] for r in listed] == [run_id]
     logs = cli(tmp_path, "runs", "logs", run_id)
-    assert (
-        logs.stdout.splitlines()[0].startswith("EAGLEWATCH ") and logs.stdout.splitlines()[-1] == "job done"
-    )
+    assert logs.stdout.splitlines()[0] == "progress: 0 samples" and logs.stdout.splitlines()[-1] == "job done"
+    raw = cli(tmp_path, "runs", "logs", run_id, "--raw")
+    assert raw.stdout.splitlines()[0].startswith("EAGLEWATCH ") and raw.stdout.splitlines()[-1] == "job done"
     assert json.loads(cli(tmp_path, "alerts", "ls", "--json").stdout) == []
     stop = cli(tmp_path, "runs", "stop", run_id)
     assert stop.returncode == 1 and "already completed" in stop.stderr

@@ -103,8 +103,11 @@ class SSHD:
     user: str = field(default_factory=lambda: os.environ.get("USER") or "root")
 
     @classmethod
-    def start(cls, root: Path, alias: str = "eaglehost") -> SSHD:
-        """Generate keys and config under ``root`` and start sshd on a free loopback port."""
+    def start(cls, root: Path, alias: str = "eaglehost", sftp: bool = True) -> SSHD:
+        """Generate keys and config under ``root`` and start sshd on a free loopback port.
+
+        ``sftp=False`` leaves out the ``Subsystem sftp`` line, as some hardened hosts do.
+        """
         root.mkdir(parents=True, exist_ok=True)
         host_key, user_key = root / "host_ed25519", root / "user_ed25519"
         host_pub = keygen(host_key)
@@ -120,7 +123,8 @@ class SSHD:
                 f"AuthorizedKeysFile {root / 'authorized_keys'}\nStrictModes no\nPubkeyAuthentication yes\n"
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
                 "PermitRootLogin prohibit-password\nAllowAgentForwarding no\nX11Forwarding no\n"
-                "Subsystem sftp internal-sftp\nMaxStartups 200\nMaxSessions 200\nLogLevel ERROR\n"
+                + ("Subsystem sftp internal-sftp\n" if sftp else "")
+                + "MaxStartups 200\nMaxSessions 200\nLogLevel ERROR\n"
                 "ClientAliveInterval 0\n"
             )
             log = open(root / "sshd.log", "ab")  # noqa: SIM115 (kept open for the process's lifetime)

@@ -22,6 +22,7 @@
     if (!liveEl) return;
     liveEl.textContent = state;
     liveEl.dataset.state = state;
+    liveEl.hidden = false;  // shown only on pages that open a live connection
   }
   function num(v) {
     if (typeof v !== "number") return String(v);
