@@ -42,10 +42,11 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agent.milestones.logline import Gate, ParsedLine, parse_line
+from agent.milestones.logline import DIGITS, Gate, ParsedLine, Prefilter, parse_line
 from agent.milestones.rulefile import (
     KINDS,
     MAX_USER_TEXT,
@@ -170,6 +171,7 @@ class MilestoneEngine:
         self._gate_words = self._gate.words
         self._gate_literals = self._gate.literals
         self._gate_always = bool(self._gate.always)
+        self._prefilter = Prefilter(self._gate)
         self._error_rules = [r for r in rules.rules if r.kind == "error"]
         self._groups: dict[str, _Group] = {}
         self._traces: dict[str, _Trace] = {}
@@ -189,6 +191,34 @@ class MilestoneEngine:
             }
             self._held.append(Milestone("warning", line, None, fields, text))
             return self._release()
+
+    def feed_many(self, texts: Sequence[str], first: int) -> list[Milestone]:
+        """``feed`` each line (numbered from ``first``) in turn, skipping lines no rule can match in bulk.
+
+        Same milestones in the same order as calling ``feed`` line by line (tests/agent/test_prefilter.py):
+        a skipped line could only expire open groups, which the next fed line (or the end of the batch)
+        expires just the same; while a traceback is open every line goes through ``feed``.
+        """
+        pre = self._prefilter
+        if not pre.usable:
+            return [m for i, text in enumerate(texts) for m in self.feed(text, first + i)]
+        out: list[Milestone] = []
+        memo, learn, feed, traces = pre.memo, pre.learn, self.feed, self._traces
+        line, skipped = first - 1, False
+        for text in texts:  # the per-line hot path: Prefilter.key inlined
+            line += 1
+            if not traces:
+                k = text.encode("utf-8", "surrogatepass").translate(None, DIGITS)
+                may = memo.get(k)
+                if not (learn(k) if may is None else may):
+                    skipped = True
+                    continue
+            skipped = False
+            out += feed(text, line)
+        if skipped and (self._groups or self._held):
+            self._expire(line)  # what the skipped last line would have expired and released
+            out += self._release()
+        return out
 
     def _feed(self, text: str, line: int) -> list[Milestone]:
         if self._groups or self._traces:

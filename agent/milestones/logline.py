@@ -110,3 +110,39 @@ class Gate:
             if lit in text:
                 idx.update(rules)
         return [self.rules[i] for i in sorted(idx)]
+
+
+#: Timestamps, pids, counters: digits make nearly every log line unique, and no gate word holds one.
+DIGITS = b"0123456789"
+MEMO_MAX = 1 << 16
+
+
+class Prefilter:
+    """The gate's answer per digit-free line text, remembered: an encode, a translate and a lookup a line.
+
+    Sound (never rejects a line the gate passes) while no gate word or literal holds an ASCII digit:
+    deleting digits leaves whitespace alone, so a gate word that is a whole word of the line stays one and
+    a literal stays a substring; it may make a new one (a false positive, which the gate then rejects).
+    ``usable`` is False otherwise, and for a rule set with a rule that has no prefilter at all.
+    The key is bytes: ``bytes.translate`` deletes in C at memcpy speed, ``str.translate`` goes char by char
+    (10x slower); ASCII digit bytes never occur inside a multi-byte UTF-8 character, so decoding the key
+    gives the text without its digits.
+    """
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+        self.usable = not gate.always and not any(
+            ch in "0123456789" for w in (*gate.words, *gate.literals) for ch in w
+        )
+        self.memo: dict[bytes, bool] = {}
+
+    def key(self, text: str) -> bytes:
+        """The memo key of a line: its UTF-8 text without ASCII digits."""
+        return text.encode("utf-8", "surrogatepass").translate(None, DIGITS)
+
+    def learn(self, key: bytes) -> bool:
+        """Whether a line with this key may pass the gate (computed once, then remembered)."""
+        if len(self.memo) >= MEMO_MAX:  # bounded: lines of free text (prompts, paths) never repeat
+            self.memo.clear()
+        may = self.memo[key] = self.gate.passes(key.decode("utf-8", "surrogatepass"))
+        return may

@@ -292,10 +292,8 @@ class RunWatcher:
 
     def _feed_lines(self, lines: list[Line], end: int) -> None:
         """Split lines: to the rules, then to the followers (``end``: where splitting goes on)."""
-        feed, journal = self.engine.feed, self._journal_milestones
-        for ln in lines:
-            self.line += 1
-            journal(feed(ln.text, self.line))
+        self._journal_milestones(self.engine.feed_many([ln.text for ln in lines], self.line + 1))
+        self.line += len(lines)
         self.lines.append(lines, end)
         self.log_changed.notify()
 
