@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agent.milestones.logline import DIGITS, Gate, ParsedLine, Prefilter, parse_line
+from agent.milestones.logline import Gate, ParsedLine, Prefilter, parse_line
 from agent.milestones.rulefile import (
     KINDS,
     MAX_USER_TEXT,
@@ -199,24 +199,25 @@ class MilestoneEngine:
         a skipped line could only expire open groups, which the next fed line (or the end of the batch)
         expires just the same; while a traceback is open every line goes through ``feed``.
         """
-        pre = self._prefilter
-        if not pre.usable:
+        if not self._prefilter.usable:
             return [m for i, text in enumerate(texts) for m in self.feed(text, first + i)]
         out: list[Milestone] = []
-        memo, learn, feed, traces = pre.memo, pre.learn, self.feed, self._traces
-        line, skipped = first - 1, False
-        for text in texts:  # the per-line hot path: Prefilter.key inlined
-            line += 1
-            if not traces:
-                k = text.encode("utf-8", "surrogatepass").translate(None, DIGITS)
-                may = memo.get(k)
-                if not (learn(k) if may is None else may):
-                    skipped = True
-                    continue
-            skipped = False
-            out += feed(text, line)
-        if skipped and (self._groups or self._held):
-            self._expire(line)  # what the skipped last line would have expired and released
+        feed, traces, n, i = self.feed, self._traces, len(texts), 0
+        hits = iter(self._prefilter.hits(texts))
+        while i < n:
+            if traces:  # an open traceback sees every line (its process's frames and exception)
+                out += feed(texts[i], first + i)
+                i += 1
+                continue
+            h = next(hits, n)
+            if h < i:
+                continue  # fed already, while a traceback was open
+            if h >= n:
+                break
+            out += feed(texts[h], first + h)
+            i = h + 1
+        if i < n and (self._groups or self._held):
+            self._expire(first + n - 1)  # what the skipped last line would have expired and released
             out += self._release()
         return out
 

@@ -91,15 +91,19 @@ def test_feed_many_equals_feed_line_by_line(
         assert [m.to_dict() for m in got] == [m.to_dict() for m in want]
 
 
-def test_prefilter_skips_most_steady_lines_and_is_bounded() -> None:
-    eng = MilestoneEngine(load_rules())
-    pre = eng._prefilter
+def test_prefilter_skips_most_steady_lines_and_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    pre = MilestoneEngine(load_rules())._prefilter
     assert pre.usable
     texts = steady_lines(5000, tp=8)
-    keys = {pre.key(t) for t in texts}
-    assert len(keys) < len(texts) / 20  # digits removed, a steady log is a few dozen line shapes
-    skipped = sum(not pre.learn(k) for k in keys)
-    assert skipped >= len(keys) // 2
+    hits = pre.hits(texts)
+    assert len(pre.memo) < 50  # digits removed, a steady log is a few dozen line shapes
+    assert len(hits) < len(texts) / 5
+    assert hits == [i for i, t in enumerate(texts) if pre.gate.passes(pre.key(t).decode())]
+    assert set(hits) >= {i for i, t in enumerate(texts) if pre.gate.passes(t)}  # never a false negative
+    monkeypatch.setattr("agent.milestones.logline.MEMO_MAX", 10)
+    free = [f"free text {w} number {i}" for i, w in enumerate(["a", "b", "c", "d", "e", "f"] * 5)]
+    assert pre.hits(free) == [] and len(pre.memo) <= len(set(map(pre.key, free))) + 10
+    assert pre.hits(["x\ny", "z"]) == []  # a text holding a newline: keyed line by line
 
 
 def test_prefilter_unusable_when_a_gate_word_has_a_digit() -> None:
