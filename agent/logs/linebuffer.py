@@ -16,11 +16,15 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
+from itertools import accumulate, islice
+from operator import attrgetter
 
 from agent.logs.splitter import Line
 
 #: Per-line overhead counted towards a batch's byte budget (offset and JSON framing).
 LINE_OVERHEAD = 16
+_offset = attrgetter("offset")
+_text = attrgetter("text")
 
 
 class LineBuffer:
@@ -44,12 +48,13 @@ class LineBuffer:
 
     def append(self, lines: Iterable[Line], end: int) -> None:
         """Add lines the watcher split (offsets increasing) and its new resume offset ``end``."""
-        total = self._cum[-1] if self._cum else 0
-        for ln in lines:
-            self._offsets.append(ln.offset)
-            self._texts.append(ln.text)
-            total += len(ln.text) + LINE_OVERHEAD
-            self._cum.append(total)
+        lines = lines if isinstance(lines, list) else list(lines)
+        if lines:  # map/accumulate: no Python code runs per line (this is on every line's path)
+            total = self._cum[-1] if self._cum else 0
+            self._offsets.extend(map(_offset, lines))
+            self._texts.extend(map(_text, lines))
+            sizes = map(LINE_OVERHEAD.__add__, map(len, map(_text, lines)))
+            self._cum.extend(islice(accumulate(sizes, initial=total), 1, None))
         self.end = end
         self._trim()
 
