@@ -30,7 +30,7 @@ _text = attrgetter("text")
 class LineBuffer:
     """Recent split lines of one run's log: ``append`` from the watcher, ``read`` from followers."""
 
-    def __init__(self, max_lines: int = 200_000, max_bytes: int = 32 << 20) -> None:
+    def __init__(self, max_lines: int = 100_000, max_bytes: int = 8 << 20) -> None:
         self.max_lines = max_lines
         self.max_bytes = max_bytes
         self._offsets: list[int] = []
