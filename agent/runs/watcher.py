@@ -284,10 +284,12 @@ class RunWatcher:
             got = True
             self.fed += len(data)
             self._feed_lines(self.splitter.feed(data), self.splitter.pending_offset)
+            # Followers send these lines now, before the journal fsync and cursor write; and a long backlog
+            # must not starve the other runs and clients.
+            await asyncio.sleep(0)
             self._save_cursor()
             if len(data) < READ_CHUNK:
                 break
-            await asyncio.sleep(0)  # a long backlog must not starve the other runs and clients
         return got
 
     def _feed_lines(self, lines: list[Line], end: int) -> None:
