@@ -41,6 +41,7 @@ GROUP_HOLD_S = 15.0
 OUTPUT_SCAN_S = 2.0
 LIVENESS_S = 5.0  # a safety net: inotify reports exit.json the moment it appears
 CURSOR_EVERY_S = 0.5
+COMMIT_EVERY_S = 0.05  # while catching up on a backlog: one journal fsync per this long, not per chunk
 
 
 def _milestone_key(ev: dict[str, Any]) -> tuple[Any, ...]:
@@ -273,6 +274,7 @@ class RunWatcher:
     async def _pump(self) -> bool:
         """Feed what the log gained to the splitter and the engine; True when bytes were read."""
         got = False
+        started = time.monotonic()
         while True:
             data, seam = self.chain.poll(self.fed, READ_CHUNK)
             if seam is not None:
@@ -287,9 +289,13 @@ class RunWatcher:
             # Followers send these lines now, before the journal fsync and cursor write; and a long backlog
             # must not starve the other runs and clients.
             await asyncio.sleep(0)
-            self._save_cursor()
             if len(data) < READ_CHUNK:
                 break
+            if time.monotonic() - started >= COMMIT_EVERY_S:
+                self._save_cursor()
+                started = time.monotonic()
+        if got:
+            self._save_cursor()
         return got
 
     def _feed_lines(self, lines: list[Line], end: int) -> None:
