@@ -302,3 +302,26 @@ async def test_event_queue_one_write_takes_all_and_none_is_left_behind(store: St
     assert writes < 200 and sum(f.result() for f in futs) == 200
     queue.fail()
     assert not queue.put("r-1", _milestone(201)) and queue.take() == [] and len(queue) == 0
+
+
+@pytest.mark.parametrize("checkpoint_s", [0.05, 1000.0])
+async def test_the_writer_never_checkpoints_the_checkpointer_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checkpoint_s: float
+) -> None:
+    """A WAL checkpoint fsyncs the database: never on the writer's commit path (p99 latency), but soon."""
+    from controller import store as store_mod
+
+    monkeypatch.setattr(store_mod, "CHECKPOINT_S", checkpoint_s)
+    s = Store(tmp_path / "ew.db", Bus())
+    await s.open()
+    try:
+        await s.write(_run)
+        size = (tmp_path / "ew.db").stat().st_size
+        for start in range(0, 6000, 500):  # ~6 MB of WAL: past SQLite's default autocheckpoint (1000 pages)
+            lines = [[i, "x" * 1000] for i in range(start, start + 500)]
+            await s.write(partial(crud.add_log_lines, run_id="r-1", lines=lines, next_offset=start + 500))
+        await asyncio.sleep(0.5)
+        grown = (tmp_path / "ew.db").stat().st_size > size + 5_000_000
+        assert grown is (checkpoint_s < 1)
+    finally:
+        await s.close()
