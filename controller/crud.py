@@ -186,19 +186,50 @@ def transition(
     return change.state.value
 
 
-def apply_events(*, tx: Tx, run_id: str, events: list[dict[str, Any]], policy: AlertPolicy) -> list[str]:
-    """Store journal events of one run in seq order; returns actions (``"stop"`` for on_shape_failure)."""
+def apply_event_batch(*, tx: Tx, events: list[tuple[str, dict[str, Any]]], policy: AlertPolicy) -> int:
+    """Store a batch of journal events of one or more runs (run id, event), each run's in seq order, in this
+    one transaction; returns how many were new.  A replay or a duplicate seq is skipped (last_seq)."""
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for run_id, ev in events:
+        by_run.setdefault(run_id, []).append(ev)
+    return sum(apply_events(tx=tx, run_id=r, events=evs, policy=policy) for r, evs in by_run.items())
+
+
+def apply_events(*, tx: Tx, run_id: str, events: list[dict[str, Any]], policy: AlertPolicy) -> int:
+    """Store journal events of one run in seq order, the run row read once; returns how many were new."""
     row = tx.conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
     if row is None:
-        return []
+        return 0
     run = dict(row)
     plan = ingest.plan_events(run, events, tx.now)
+    cols: dict[str, Any] = {}  # the run's progress columns: set once, with last_seq, not once per event
     for effect in plan.effects:
-        _apply(tx, run, effect, policy)
-    tx.conn.execute("UPDATE runs SET last_seq=max(last_seq, ?) WHERE id=?", (plan.last_seq, run_id))
+        match effect:
+            case ingest.SetProgress(fields, at, interval_s):
+                cols.update(progress_json=json.dumps(fields), last_progress_at=at)
+                cols.update(progress_interval_s=interval_s, last_milestone="progress")
+            case ingest.SetLastMilestone(kind):
+                cols["last_milestone"] = kind
+            case ingest.Transition():
+                _set_run(tx, run_id, cols)  # the transition reads the row: bring it up to date first
+                cols = {}
+                _apply(tx, run, effect, policy)
+            case _:
+                _apply(tx, run, effect, policy)
+    _set_run(tx, run_id, cols, last_seq=plan.last_seq)
     if plan.run_changed:
         publish_run(tx=tx, run_id=run_id)
-    return plan.actions
+    return plan.applied
+
+
+def _set_run(tx: Tx, run_id: str, cols: dict[str, Any], last_seq: int | None = None) -> None:
+    sets = [f"{name}=:{name}" for name in cols]  # names come from the code above, never from data
+    if last_seq is not None:
+        sets.append("last_seq=max(last_seq, :last_seq)")
+    if sets:
+        tx.conn.execute(
+            f"UPDATE runs SET {', '.join(sets)} WHERE id=:id", {**cols, "last_seq": last_seq, "id": run_id}
+        )
 
 
 def _apply(tx: Tx, run: dict[str, Any], effect: ingest.Effect, policy: AlertPolicy) -> None:
@@ -215,14 +246,6 @@ def _apply(tx: Tx, run: dict[str, Any], effect: ingest.Effect, policy: AlertPoli
             tx.conn.execute(
                 _insert_sql(Problem, PROBLEM_COLUMNS, True), (run_id, seq, idx, code, file, message, at)
             )
-        case ingest.SetProgress(fields, at, interval_s):
-            tx.conn.execute(
-                "UPDATE runs SET progress_json=?, last_progress_at=?, progress_interval_s=?,"
-                " last_milestone='progress' WHERE id=?",
-                (json.dumps(fields), at, interval_s, run_id),
-            )
-        case ingest.SetLastMilestone(kind):
-            tx.conn.execute("UPDATE runs SET last_milestone=? WHERE id=?", (kind, run_id))
         case ingest.Transition(event, at, exit, reason):
             transition(tx=tx, run_id=run_id, event=event, policy=policy, at=at, exit=exit, reason=reason)
         case ingest.RaiseAlert(draft):

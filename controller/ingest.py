@@ -2,10 +2,12 @@
 
 How it works
 ------------
-``plan_events(run, events, now)`` reads a run as stored (``last_seq``, progress timing, spec) and journal
-events from its agent.  An event whose ``seq`` is not above ``last_seq`` was already applied (a replay after
-reconnect, or another controller process following the same run) and is skipped.  The ``Plan`` lists the
-effects in order, the new ``last_seq`` and follow-up actions (``"stop"`` for on_shape_failure).
+``plan_events(run, events, now)`` reads a run as stored (``last_seq``, progress timing) and a batch of
+journal events from its agent.  An event whose ``seq`` is not above ``last_seq`` was already applied (a
+replay after reconnect, a duplicate within the batch, or another controller process following the same
+run) and is skipped.  The ``Plan`` lists the effects in order and the new ``last_seq``.  Nothing here
+decides to stop a run: on_shape_failure = stop is the agent's decision (agent/runs/watcher.py), and the
+controller records what the journal then says (the stop, the final state).
 ``plan_transition(run, event, …)`` does the same for one lifecycle event: the new state and the columns it
 sets.  crud.py carries plans out inside one writer transaction; UNIQUE(run_id, seq) is the safety net.
 """
@@ -101,18 +103,17 @@ class Plan:
 
     effects: list[Effect] = field(default_factory=list)
     last_seq: int = 0
-    actions: list[str] = field(default_factory=list)
     run_changed: bool = False
+    applied: int = 0
 
 
 def plan_events(run: dict[str, Any], events: list[dict[str, Any]], now: float) -> Plan:
     """The effects of one run's journal events, in seq order; already applied ones are skipped."""
     last_seq = int(run["last_seq"])
     progress_at, interval = run.get("last_progress_at"), run.get("progress_interval_s")
-    stop_on_failure = json.loads(run["spec_json"]).get("on_shape_failure") == "stop"
     effects: list[Effect] = []
-    actions: list[str] = []
     changed = False
+    applied = 0
     for ev in events:
         seq = int(ev.get("seq", 0))
         if seq <= last_seq:
@@ -120,6 +121,7 @@ def plan_events(run: dict[str, Any], events: list[dict[str, Any]], now: float) -
         if seq != last_seq + 1:
             log.warning("run %s: journal gap, seq %d after %d", run["id"], seq, last_seq)
         last_seq = seq
+        applied += 1
         at = float(ev.get("ts") or now)
         etype = ev.get("type")
         if etype == "state":
@@ -154,12 +156,7 @@ def plan_events(run: dict[str, Any], events: list[dict[str, Any]], now: float) -
         else:
             effects.append(Record(seq, "journal", {"seq": seq, "journal": ev}, at))
         effects.extend(RaiseAlert(d) for d in alerts.rules_for_event(run, ev))
-        failed_check = (etype == "check" and ev.get("ok") is False) or (
-            etype == "milestone" and ev.get("kind") == "shape_check_failed"
-        )
-        if failed_check and stop_on_failure and "stop" not in actions:
-            actions.append("stop")
-    return Plan(effects, last_seq, actions, changed)
+    return Plan(effects, last_seq, changed, applied)
 
 
 def _state(run_id: str, seq: int, at: float, ev: dict[str, Any]) -> list[Effect]:

@@ -7,6 +7,9 @@ takes everything queued (up to a batch), runs each function inside its own SAVEP
 ``BEGIN IMMEDIATE`` transaction, commits, and only then resolves the futures and publishes the BusEvents
 the functions emitted (in commit order).  A failing function rolls back to its savepoint and gets its
 exception; the others in the batch still commit.
+The writer never checkpoints the WAL itself: a checkpoint fsyncs the database file, tens of milliseconds on
+the commit path of whatever line or milestone waits behind it.  A thread of its own checkpoints
+(PASSIVE: it never blocks the writer) every ``CHECKPOINT_S``.
 Readers run ``fn(conn, *args)`` on their own connections in a small thread pool.
 """
 
@@ -38,6 +41,7 @@ BATCH_MAX = 512
 #: Event kinds the web streams; the others (raw journal records) are kept for the seq ledger only.
 FEED_KINDS = frozenset({"run", "milestone", "check", "alert", "log", "host"})
 BUSY_TIMEOUT_MS = 30000
+CHECKPOINT_S = 1.0
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -138,6 +142,8 @@ class Store:
         self._local = threading.local()
         self._reader_conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._checkpoints: threading.Thread | None = None
+        self._closing = threading.Event()
         self.pending = 0
 
     async def open(self) -> None:
@@ -146,6 +152,9 @@ class Store:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._writer, name="store-writer", daemon=True)
         self._thread.start()
+        self._closing.clear()
+        self._checkpoints = threading.Thread(target=self._checkpointer, name="store-checkpoint", daemon=True)
+        self._checkpoints.start()
 
     async def close(self) -> None:
         """Finish queued writes, stop the writer, close every connection."""
@@ -153,6 +162,10 @@ class Store:
             self._queue.put(None)
             await asyncio.to_thread(self._thread.join)
             self._thread = None
+        if self._checkpoints is not None:
+            self._closing.set()
+            await asyncio.to_thread(self._checkpoints.join)
+            self._checkpoints = None
         self._readers.shutdown(wait=True)
         with self._lock:
             for conn in self._reader_conns:
@@ -192,8 +205,20 @@ class Store:
 
     # ------------------------------------------------------------------ writer thread
 
+    def _checkpointer(self) -> None:
+        conn = connect(self.path)
+        try:
+            while not self._closing.wait(CHECKPOINT_S):
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            with contextlib.suppress(sqlite3.Error):  # the writer has stopped: leave a short WAL behind
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            conn.close()
+
     def _writer(self) -> None:
         conn = connect(self.path)
+        conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it, off the commit path
         try:
             stop = False
             while not stop:

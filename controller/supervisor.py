@@ -2,7 +2,8 @@
 
 On connect: record reachability, agent version and GPUs; reconcile each unfinished run with the agent's
 ``status``; ``follow`` it from the last stored ``seq`` and log offset.  Stream messages are queued to the
-store's writer in arrival order (exactly once: see ingest.py and crud.py).  A dropped link marks the host
+store's writer in arrival order; journal events wait in an EventQueue so each write stores all that came
+since the last (exactly once: see eventqueue.py, ingest.py and crud.py).  A dropped link marks the host
 unreachable and its starting/running runs ``unknown``.  (The fleet of supervisors and the sweep: fleet.py.)
 """
 
@@ -19,6 +20,7 @@ from controller import alerts, crud, queries
 from controller.alerts import AlertPolicy
 from controller.bootstrap import open_link
 from controller.errors import AgentError, HostKeyRejected, NotFound, Unreachable
+from controller.eventqueue import EventQueue
 from controller.lifecycle import RunEvent, event_for_agent_state
 from controller.link import Link
 from controller.settings import Settings
@@ -27,6 +29,8 @@ from controller.store import Store
 log = logging.getLogger(__name__)
 #: Queue this many writes before the link reader waits for the writer (backpressure).
 MAX_PENDING_WRITES = 2000
+#: …or this many journal events wait for it (each write takes all of them, in one transaction).
+MAX_PENDING_EVENTS = 5000
 #: After a reconnect, runs that ended this recently are checked for undelivered events and log lines.
 RECENT_S = 3600.0
 
@@ -42,7 +46,7 @@ class HostSupervisor:
         self.link: Link | None = None
         self.connected = asyncio.Event()
         self.following: set[str] = set()
-        self._stopping: set[str] = set()
+        self._events = EventQueue()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._side_tasks: set[asyncio.Future[None]] = set()
@@ -72,6 +76,7 @@ class HostSupervisor:
             was_up = False
             try:
                 host = await self.store.read(queries.host_row, self.name)
+                self._events = EventQueue()  # a fresh link replays from the stored last_seq
                 link, fp = await open_link(host, self.settings, self.on_stream)
                 self.link, was_up = link, True
                 delay = self.settings.reconnect_initial_s
@@ -219,39 +224,36 @@ class HostSupervisor:
         if not isinstance(run_id, str):
             return
         if mtype == "event" and isinstance(msg.get("event"), dict):
-            ev = msg["event"]
-            fut = self.store.submit(
-                lambda tx: crud.apply_events(tx=tx, run_id=run_id, events=[ev], policy=self.policy)
-            )
-            fut.add_done_callback(lambda f: self._after_events(run_id, f))
+            queue = self._events
+            if queue.put(run_id, msg["event"]):
+                fut = self.store.submit(
+                    lambda tx: crud.apply_event_batch(tx=tx, events=queue.take(), policy=self.policy)
+                )
+                fut.add_done_callback(lambda f: self._after_events(queue, f))
         elif mtype == "log" and isinstance(msg.get("lines"), list):
             lines, nxt = msg["lines"], msg.get("next_offset")
             fut2 = self.store.submit(
                 lambda tx: crud.add_log_lines(tx=tx, run_id=run_id, lines=lines, next_offset=nxt)
             )
             fut2.add_done_callback(_log_failure)
-        if self.store.pending > MAX_PENDING_WRITES:
+        if self.store.pending > MAX_PENDING_WRITES or len(self._events) > MAX_PENDING_EVENTS:
             await self._drain_writes()
 
     async def _drain_writes(self) -> None:
         fut = self.store.submit(lambda tx: None)
         await fut
 
-    def _after_events(self, run_id: str, fut: asyncio.Future[list[str]]) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            _log_failure(fut)
+    def _after_events(self, queue: EventQueue, fut: asyncio.Future[int]) -> None:
+        if fut.cancelled() or fut.exception() is None:
             return
-        if "stop" in fut.result() and run_id not in self._stopping and self.link is not None:
-            self._stopping.add(run_id)
-            task = asyncio.ensure_future(self._stop_on_shape_failure(self.link, run_id))
+        _log_failure(fut)
+        # The batch is not stored and last_seq did not move: drop this link's queued events and reconnect;
+        # the agent replays everything after the stored last_seq (applying later events now would skip it).
+        queue.fail()
+        if self.link is not None:
+            task = asyncio.ensure_future(self.link.close())
             self._side_tasks.add(task)
             task.add_done_callback(self._side_tasks.discard)
-
-    async def _stop_on_shape_failure(self, link: Link, run_id: str) -> None:
-        try:
-            await link.request("stop", run=run_id, timeout=120)
-        except Exception as exc:
-            log.warning("run %s: stop after shape failure: %s", run_id, exc)
 
     async def _down(self, reason: str, was_up: bool) -> None:
         await self.store.write(

@@ -36,35 +36,72 @@ async def stream_events(send: Send, watcher: RunWatcher, after_seq: int) -> None
 
 
 async def stream_log(send: Send, watcher: RunWatcher, log_offset: int) -> None:
-    """Send complete log lines from stream offset ``log_offset`` on, split exactly as the watcher splits them.
+    """Send complete log lines from stream offset ``log_offset`` on, exactly the lines the watcher split.
 
-    Offsets run on across truncations and replacements of output.log (agent/logs/generations.py): where a
-    generation ends, its unterminated last line is sent as a line, as the watcher ends it.
+    Lines come from the watcher's LineBuffer (agent/logs/linebuffer.py): the log is read and split once, by
+    the watcher, however many followers there are.  A follower behind what the buffer holds (a catch-up
+    after a long disconnect, or a run that ended before this daemon started) reads the log itself, split
+    the same way, until it reaches an offset the buffer serves.  Offsets run on across truncations and
+    replacements of output.log (agent/logs/generations.py): where a generation ends, its unterminated last
+    line is sent as a line, as the watcher ends it.
     """
     run = watcher.paths.run
-    splitter = LineSplitter(start_offset=log_offset)
-    fed = log_offset
-    flushed_at = -1
+    pos = log_offset
+    disk: _DiskReader | None = None
     while True:
         generation = watcher.log_changed.generation
-        chunk = watcher.chain.read_at(fed, READ_CHUNK)
-        if chunk.jumped:
-            await _send_lines(send, run, [(ln.offset, ln.text) for ln in splitter.flush()], chunk.offset)
-            splitter = LineSplitter(start_offset=chunk.offset)
-            fed = chunk.offset
-        if chunk.data:
-            fed += len(chunk.data)
-            await _send_lines(
-                send, run, [(ln.offset, ln.text) for ln in splitter.feed(chunk.data)], splitter.pending_offset
-            )
-            continue  # read on until the end: a full chunk or a seam may be followed by more
-        if chunk.at_end and watcher.summary.terminal is not None and flushed_at != fed:
-            # The job has ended: its unterminated last line is a line now.
-            flushed_at = fed
-            await _send_lines(
-                send, run, [(ln.offset, ln.text) for ln in splitter.flush()], splitter.pending_offset
-            )
+        got = watcher.lines.read(pos, BATCH_LINES, BATCH_BYTES)
+        if got is not None:
+            disk = None
+            lines, nxt = got
+            if lines:
+                await send(protocol.log_lines(run, lines, nxt))
+                pos = nxt
+                continue
+        else:
+            if disk is None or disk.pos != pos:
+                disk = _DiskReader(watcher, pos)
+            moved = await disk.read_some(send)
+            pos = disk.pos
+            if moved:
+                continue
         await watcher.log_changed.wait_past(generation, RECHECK_S)
+
+
+class _DiskReader:
+    """A follower's own read of the log, for offsets the watcher's buffer no longer (or never) held."""
+
+    def __init__(self, watcher: RunWatcher, pos: int) -> None:
+        self.watcher = watcher
+        self.splitter = LineSplitter(start_offset=pos)
+        self.fed = pos
+        self.pos = pos  # the offset after the last line sent
+        self.flushed_at = -1
+
+    async def read_some(self, send: Send) -> bool:
+        """Read and send one chunk's lines; True when something moved (call again before waiting)."""
+        watcher, run = self.watcher, self.watcher.paths.run
+        chunk = watcher.chain.read_at(self.fed, READ_CHUNK)
+        moved = False
+        if chunk.jumped:
+            await _send_lines(send, run, [(ln.offset, ln.text) for ln in self.splitter.flush()], chunk.offset)
+            self.splitter = LineSplitter(start_offset=chunk.offset)
+            self.fed = self.pos = chunk.offset
+            moved = True
+        if chunk.data:
+            self.fed += len(chunk.data)
+            lines = [(ln.offset, ln.text) for ln in self.splitter.feed(chunk.data)]
+            await _send_lines(send, run, lines, self.splitter.pending_offset)
+            self.pos = self.splitter.pending_offset
+            return True  # read on until the end: a full chunk or a seam may be followed by more
+        if chunk.at_end and watcher.summary.terminal is not None and self.flushed_at != self.fed:
+            # The job has ended: its unterminated last line is a line now.
+            self.flushed_at = self.fed
+            lines = [(ln.offset, ln.text) for ln in self.splitter.flush()]
+            await _send_lines(send, run, lines, self.splitter.pending_offset)
+            self.pos = self.splitter.pending_offset
+            moved = bool(lines)
+        return moved
 
 
 async def _send_lines(send: Send, run: str, lines: list[tuple[int, str]], end_offset: int) -> None:

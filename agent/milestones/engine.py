@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agent.milestones.logline import Gate, ParsedLine, parse_line
+from agent.milestones.logline import Gate, ParsedLine, Prefilter, parse_line
 from agent.milestones.records import decode_marker, json_record_lines, record_exception
 from agent.milestones.rootcause import RootCauses
 from agent.milestones.rulefile import (
@@ -139,6 +139,7 @@ class MilestoneEngine:
         self._gate_words = self._gate.words
         self._gate_literals = self._gate.literals
         self._gate_always = bool(self._gate.always)
+        self._prefilter = Prefilter(self._gate)
         self._error_rules = [r for r in rules.rules if r.kind == "error"]
         self._groups: dict[str, _Group] = {}
         self._traces: dict[str, _Trace] = {}
@@ -172,6 +173,35 @@ class MilestoneEngine:
         fields = {"rule": "line_error", "severity": "warning", "problem": problem}
         self._held.append(Milestone("warning", line, None, fields, text))
         return self._release()
+
+    def feed_many(self, texts: Sequence[str], first: int) -> list[Milestone]:
+        """``feed`` each line (numbered from ``first``) in turn, skipping lines no rule can match in bulk.
+
+        Same milestones in the same order as calling ``feed`` line by line (tests/agent/test_prefilter.py):
+        a skipped line could only expire open groups, which the next fed line (or the end of the batch)
+        expires just the same; while a traceback is open every line goes through ``feed``.
+        """
+        if not self._prefilter.usable:
+            return [m for i, text in enumerate(texts) for m in self.feed(text, first + i)]
+        out: list[Milestone] = []
+        feed, traces, n, i = self.feed, self._traces, len(texts), 0
+        hits = iter(self._prefilter.hits(texts))
+        while i < n:
+            if traces:  # an open traceback sees every line (its process's frames and exception)
+                out += feed(texts[i], first + i)
+                i += 1
+                continue
+            h = next(hits, n)
+            if h < i:
+                continue  # fed already, while a traceback was open
+            if h >= n:
+                break
+            out += feed(texts[h], first + h)
+            i = h + 1
+        if i < n and (self._groups or self._held):
+            self._expire(first + n - 1)  # what the skipped last line would have expired and released
+            out += self._release()
+        return out
 
     def _feed(self, text: str, line: int) -> list[Milestone]:
         if self._groups or self._traces:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
 
 from agent.milestones.rulefile import Rule, RuleSet
 
@@ -110,3 +111,50 @@ class Gate:
             if lit in text:
                 idx.update(rules)
         return [self.rules[i] for i in sorted(idx)]
+
+
+#: Timestamps, pids, counters: digits make nearly every log line unique, and no gate word holds one.
+DIGITS = b"0123456789"
+MEMO_MAX = 1 << 16
+
+
+class Prefilter:
+    """Which lines of a batch may pass the gate, from the gate's remembered answer per digit-free line.
+
+    Sound (never rejects a line the gate passes) while no gate word or literal holds an ASCII digit:
+    deleting digits leaves whitespace alone, so a gate word that is a whole word of the line stays one and
+    a literal stays a substring; it may make a new one (a false positive, which the gate then rejects).
+    ``usable`` is False otherwise, and for a rule set with a rule that has no prefilter at all.
+    The keys are made for the whole batch at once in C (join, encode, ``bytes.translate``, split: ASCII
+    digit bytes never occur inside a multi-byte UTF-8 character, so a key decodes to its line without
+    digits) and looked up with ``map``/``compress``: no Python code runs per line that is skipped.
+    """
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+        self.usable = not gate.always and not any(
+            ch in "0123456789" for w in (*gate.words, *gate.literals) for ch in w
+        )
+        self.memo: dict[bytes, bool] = {}
+
+    def key(self, text: str) -> bytes:
+        """The memo key of a line: its UTF-8 text without ASCII digits."""
+        return text.encode("utf-8", "surrogatepass").translate(None, DIGITS)
+
+    def hits(self, texts: Sequence[str]) -> list[int]:
+        """Indices (ascending) of the lines of ``texts`` that may pass the gate."""
+        keys = "\n".join(texts).encode("utf-8", "surrogatepass").translate(None, DIGITS).split(b"\n")
+        if len(keys) != len(texts):  # a text holding "\n" (the splitter never makes one): key by key
+            keys = [self.key(t) for t in texts]
+        memo = self.memo
+        new = set(keys).difference(memo)
+        if new:
+            if len(memo) + len(new) > MEMO_MAX:  # bounded: lines of free text (prompts, paths) never repeat
+                memo.clear()
+                new = set(keys)
+            passes = self.gate.passes
+            for k in new:
+                text = k.decode("utf-8", "surrogatepass")
+                # a JSON log record is read as the text lines it stands for: the gate sees those, not this
+                memo[k] = text[:1] == "{" or passes(text)
+        return list(compress(range(len(keys)), map(memo.__getitem__, keys)))

@@ -14,6 +14,11 @@ FATAL_CLASSES = frozenset(
 CONSEQUENCE_CLASSES = frozenset({"engine_failed", "worker_died", "traceback"})
 
 
+def milestone_event(kind: str, line: int, text: str, **fields: Any) -> dict[str, Any]:
+    """A milestone journal event the agent writes itself (not one a rule found in the log)."""
+    return {"type": "milestone", "kind": kind, "line": line, "rank": None, "fields": fields, "text": text}
+
+
 def _describe(ms: dict[str, Any]) -> str:
     fields = ms.get("fields") or {}
     text = str(fields.get("message") or ms.get("text") or "").strip()

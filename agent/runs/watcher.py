@@ -20,14 +20,15 @@ from typing import Any
 from agent.jobs import control as jobs
 from agent.jobs import procfs
 from agent.logs.generations import MOVED, TRUNCATED, LogChain
-from agent.logs.splitter import LineSplitter
+from agent.logs.linebuffer import LineBuffer
+from agent.logs.splitter import Line, LineSplitter
 from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse
 from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, load_rules
 from agent.paths import RunPaths, atomic_write_json, read_json
 from agent.runs.jobspec import JobSpec
 from agent.runs.journal import Journal, scan
 from agent.runs.outputs import check_events, check_file, complete_files
-from agent.runs.summary import RunSummary, final_state
+from agent.runs.summary import RunSummary, final_state, milestone_event
 
 log = logging.getLogger("eaglewatch.agent")
 READ_CHUNK = 256 * 1024  # ~35 ms of rule work: other runs and clients are served in between
@@ -40,6 +41,7 @@ GROUP_HOLD_S = 15.0
 OUTPUT_SCAN_S = 2.0
 LIVENESS_S = 5.0  # a safety net: inotify reports exit.json the moment it appears
 CURSOR_EVERY_S = 0.5
+COMMIT_EVERY_S = 0.05  # while catching up on a backlog: one journal fsync per this long, not per chunk
 
 
 def _milestone_key(ev: dict[str, Any]) -> tuple[Any, ...]:
@@ -64,6 +66,7 @@ class RunWatcher:
         self.polling = polling
         self.events_changed = Broadcast()
         self.log_changed = Broadcast()
+        self.lines = LineBuffer()  # what followers stream: the log is read and split here only
         self.pulse = Pulse()
         journal.subscribe(lambda _ev: self.events_changed.notify())
         self.summary = RunSummary.from_events(scan(journal.path))
@@ -142,6 +145,7 @@ class RunWatcher:
             self.engine = MilestoneEngine(self._rules, world)
         self.splitter = LineSplitter(start_offset=self.offset)
         self.fed = self.offset
+        self.lines.reset(self.offset)
         # Events journaled after the cursor was saved will be regenerated: remember them to skip them once.
         for ev in scan(self.journal.path):
             if int(ev.get("seq", 0)) <= int(cur.get("seq", 0)):
@@ -174,8 +178,9 @@ class RunWatcher:
     # --- journaling ------------------------------------------------------------------------------
     def _journal_milestones(self, milestones: list[Milestone]) -> None:
         for m in milestones:
-            ev = {"type": "milestone", **m.to_dict()}
-            self._append(ev)
+            self._append({"type": "milestone", **m.to_dict()})
+            if m.kind == "shape_check_failed":  # the job's own check said so in its log
+                self._shape_failed(f"shape check failed: {m.fields.get('code') or m.text[:160]}")
 
     def _append(self, ev: dict[str, Any]) -> None:
         """Queue an event for the journal unless it is one already journaled before a crash."""
@@ -239,8 +244,6 @@ class RunWatcher:
             if self._flushed:
                 self._dirty_since = now
             self._last_data, self._flushed = now, False
-            if self.polling:
-                self.log_changed.notify()
         if not self._flushed and (
             now - self._last_data >= IDLE_FLUSH_S or now - self._dirty_since >= MAX_HOLD_S
         ):
@@ -271,6 +274,7 @@ class RunWatcher:
     async def _pump(self) -> bool:
         """Feed what the log gained to the splitter and the engine; True when bytes were read."""
         got = False
+        started = time.monotonic()
         while True:
             data, seam = self.chain.poll(self.fed, READ_CHUNK)
             if seam is not None:
@@ -281,14 +285,25 @@ class RunWatcher:
                 break
             got = True
             self.fed += len(data)
-            for ln in self.splitter.feed(data):
-                self.line += 1
-                self._journal_milestones(self.engine.feed(ln.text, self.line))
-            self._save_cursor()
+            self._feed_lines(self.splitter.feed(data), self.splitter.pending_offset)
+            # Followers send these lines now, before the journal fsync and cursor write; and a long backlog
+            # must not starve the other runs and clients.
+            await asyncio.sleep(0)
             if len(data) < READ_CHUNK:
                 break
-            await asyncio.sleep(0)  # a long backlog must not starve the other runs and clients
+            if time.monotonic() - started >= COMMIT_EVERY_S:
+                self._save_cursor()
+                started = time.monotonic()
+        if got:
+            self._save_cursor()
         return got
+
+    def _feed_lines(self, lines: list[Line], end: int) -> None:
+        """Split lines: to the rules, then to the followers (``end``: where splitting goes on)."""
+        self._journal_milestones(self.engine.feed_many([ln.text for ln in lines], self.line + 1))
+        self.line += len(lines)
+        self.lines.append(lines, end)
+        self.log_changed.notify()
 
     def _log_seam(self, seam: str) -> None:
         """The log was truncated, replaced or renamed away: say so in the timeline, go on where it goes on."""
@@ -296,9 +311,7 @@ class RunWatcher:
         assert cur is not None  # a seam is only reported once a generation exists
         if seam != MOVED:
             # The old generation's unterminated last line is complete: nothing more will be added to it.
-            for ln in self.splitter.flush():
-                self.line += 1
-                self._journal_milestones(self.engine.feed(ln.text, self.line))
+            self._feed_lines(self.splitter.flush(), cur.base)
             self.splitter = LineSplitter(start_offset=cur.base)
             self.fed = cur.base
         if seam == TRUNCATED:
@@ -308,14 +321,7 @@ class RunWatcher:
         else:
             rule, text = "log_replaced", "output.log was replaced by a new file; following the new file"
         self._append(
-            {
-                "type": "milestone",
-                "kind": "warning",
-                "line": self.line,
-                "rank": None,
-                "fields": {"rule": rule, "generation": cur.number, "offset": cur.base},
-                "text": text,
-            }
+            milestone_event("warning", self.line, text, rule=rule, generation=cur.number, offset=cur.base)
         )
         self._save_cursor(force=True)
         self.log_changed.notify()
@@ -355,10 +361,15 @@ class RunWatcher:
         for ev in check_events(name, report, self.line):
             self._append(ev)
         problems = list(report.get("problems") or [])
-        if problems and self.spec.on_shape_failure == "stop" and not self._stop_requested:
-            self._stop_requested = True
+        if problems:
             p = problems[0]
-            self.stopper(self.paths.run, f"shape check failed: {p.get('code')} in {p.get('file', name)}")
+            self._shape_failed(f"shape check failed: {p.get('code')} in {p.get('file', name)}")
+
+    def _shape_failed(self, reason: str) -> None:
+        """on_shape_failure = stop is decided here only, once; the controller records what follows."""
+        if self.spec.on_shape_failure == "stop" and not self._stop_requested:
+            self._stop_requested = True
+            self.stopper(self.paths.run, reason)
 
     async def _check_index_gaps(self) -> None:
         """Once, at the end: a header-only look at the whole output dir for missing hs_N/data_N indices."""
@@ -384,23 +395,12 @@ class RunWatcher:
             return
         procs = [{"pid": pid, "cmdline": procfs.cmdline(pid)} for pid in left]
         text = f"{len(left)} process(es) of the run outlived the job: pids {', '.join(map(str, left))}"
-        self._append(
-            {
-                "type": "milestone",
-                "kind": "warning",
-                "line": self.line,
-                "rank": None,
-                "fields": {"rule": "leftover_processes", "processes": procs},
-                "text": text,
-            }
-        )
+        self._append(milestone_event("warning", self.line, text, rule="leftover_processes", processes=procs))
 
     async def _finish(self, lost: bool = False) -> None:
         """Process the rest of the log, check the last files, journal the final state once."""
         await self._pump()
-        for ln in self.splitter.flush():
-            self.line += 1
-            self._journal_milestones(self.engine.feed(ln.text, self.line))
+        self._feed_lines(self.splitter.flush(), self.splitter.pending_offset)
         self._journal_milestones(self.engine.flush())
         self._flushed = True
         self.log_changed.notify()
@@ -420,16 +420,7 @@ class RunWatcher:
                 self.spec.backend,
             )
             if state == "failed" and not self.summary.failed_seen:
-                self._append(
-                    {
-                        "type": "milestone",
-                        "kind": "failed",
-                        "line": self.line,
-                        "rank": None,
-                        "fields": {"reason": reason},
-                        "text": reason,
-                    }
-                )
+                self._append(milestone_event("failed", self.line, reason, reason=reason))
             ev: dict[str, Any] = {"type": "state", "state": state, "reason": reason}
             if isinstance(exit_rec, dict):
                 ev["exit"] = {"code": exit_rec.get("code"), "signal": exit_rec.get("signal")}

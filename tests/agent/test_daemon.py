@@ -196,6 +196,20 @@ def test_shape_failure_with_stop_policy_stops_the_run(agent_daemon: AgentProc, t
     assert "unreadable" in events[-1]["reason"] and "hs_0.safetensors" in events[-1]["reason"]
 
 
+def test_shape_failure_milestone_in_the_log_with_stop_policy_stops_the_run(
+    agent_daemon: AgentProc, tmp_path: Path
+) -> None:
+    """The job's own check says so in its log: the agent (not the controller) stops the run, once."""
+    bad = marker("shape_check_failed", code="hidden_dim_lost", message="hidden states are flat")
+    argv = printer(tmp_path, ["capturing", bad], end_sleep=120)
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="shape-ms", spec=_cmd(argv, on_shape_failure="stop"))
+        c.result("follow", run="shape-ms", after_seq=0)
+        events = _events(c.wait_for(terminal_event, timeout=40))
+    assert [e["kind"] for e in events if e.get("kind") == "shape_check_failed"] == ["shape_check_failed"]
+    assert events[-1]["state"] == "failed" and "hidden_dim_lost" in events[-1]["reason"]
+
+
 @pytest.mark.slow
 def test_good_capture_file_passes_and_check_op(agent_daemon: AgentProc, tmp_path: Path) -> None:
     out = tmp_path / "cap"

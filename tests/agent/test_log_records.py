@@ -154,3 +154,15 @@ def test_json_record_with_a_hostile_process_name_gets_no_prefix() -> None:
     """A processName that cannot be a prefix is dropped rather than forging another process's prefix."""
     (line,) = json_record_lines(record("hello", proc="x pid=1) (Worker_TP3")) or []
     assert line.startswith("INFO 11-30 10:00:03 ")
+
+
+def test_feed_many_reads_json_records_like_feed() -> None:
+    """The watcher feeds whole chunks through the prefilter: a JSON ERROR record whose words no rule names
+    must still reach the engine (the gate judges the text lines a record stands for, not its JSON)."""
+    lines = [record("Loading weights took 1.25 seconds", proc=f"Worker_TP{r}") for r in range(2)]
+    lines += ["plain text line", record("ValueError: frobnicator broke", level="ERROR")]
+    one, many = MilestoneEngine(load_rules(), world_size=2), MilestoneEngine(load_rules(), world_size=2)
+    by_line = [m for i, t in enumerate(lines, 1) for m in one.feed(t, i)] + one.flush()
+    batched = many.feed_many(lines, 1) + many.flush()
+    assert [m.to_dict() for m in batched] == [m.to_dict() for m in by_line]
+    assert [e.fields["exc_type"] for e in errors(batched)] == ["ValueError"]

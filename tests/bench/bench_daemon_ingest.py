@@ -24,15 +24,15 @@ from tests.helpers.vllm_log import steady_lines
 
 
 def pure_rate(data: bytes) -> float:
-    """Lines/s of splitter + engine alone."""
+    """Lines/s of splitter + engine alone, fed as the watcher feeds them (a chunk's lines at a time)."""
     engine = MilestoneEngine(load_rules())
     splitter = LineSplitter()
     n = 0
     t0 = time.perf_counter()
     for i in range(0, len(data), 1 << 20):
-        for ln in splitter.feed(data[i : i + (1 << 20)]):
-            n += 1
-            engine.feed(ln.text, n)
+        lines = splitter.feed(data[i : i + (1 << 20)])
+        engine.feed_many([ln.text for ln in lines], n + 1)
+        n += len(lines)
     engine.flush()
     return n / (time.perf_counter() - t0)
 
@@ -69,7 +69,7 @@ def main() -> None:
     print(f"  ratio daemon/pure   : {rate / base:.2f}x")
     note = f"{opts.lines} lines, wall time incl. job start; baseline = pure splitter+rules, no I/O"
     bench_line("daemon_ingest", "end-to-end lines/s", round(rate), "lines/s", baseline=round(base), note=note)
-    bench_line("daemon_ingest", "ratio daemon/pure", round(rate / base, 3), "x")
+    bench_line("daemon_ingest", "ratio daemon/pure", round(rate / base, 3), "x", goal=">= 0.9", note=note)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
     .venv/bin/python tests/bench/bench_ui_latency.py [--milestones 200] [--lines 100000]
         [--heavy-milestones 1000]
 
-Everything is real: uvicorn on loopback, the Controller, a local agent daemon, the job (a stand-in for
-vLLM that prints a progress marker line each time the benchmark bumps a counter file), and Chromium.
+Everything is real: uvicorn on loopback, the Controller, an agent daemon, the job (a stand-in for vLLM
+that prints a progress marker line each time the benchmark bumps a counter file), and Chromium.  The
+latency is measured twice: with the agent reached over local pipes, and through the real SSH link (a
+loopback OpenSSH sshd, the agent uploaded and started by the controller's bootstrap, as on a GPU host).
 Latency = DOM insertion time (MutationObserver, page clock) − the moment the counter was bumped (same
 machine clock); the job polls the counter every 2 ms, so numbers include up to 2 ms of that.
 """
@@ -27,7 +29,8 @@ import httpx  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 from tests.bench.run_all import SKIP_EXIT, bench_line  # noqa: E402
-from tests.web.conftest import CHROMIUM_ARGS, AgentHost, start_server, wait_until  # noqa: E402
+from tests.helpers.sshd import SSHD, SSHD_BIN, kill_tree_matching  # noqa: E402
+from tests.web.conftest import CHROMIUM_ARGS, AgentHost, settings_for, start_server, wait_until  # noqa: E402
 
 JOB = str(ROOT / "tests" / "web" / "fake_vllm_job.py")
 CHROMIUM = "/usr/bin/chromium"
@@ -48,14 +51,18 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-def start_run(c: httpx.Client, agent: AgentHost, out: Path, *args: str) -> str:
-    """Start the stand-in job on the local agent through the API."""
-    if c.get("/api/hosts/local").status_code == 404:
-        c.post("/api/hosts", json={"name": "local", "ssh": "local", "state_dir": str(agent.state_dir)})
-        wait_until(lambda: c.get("/api/hosts/local").json()["reachable"], 30, what="agent reachable")
+def start_run(c: httpx.Client, agent: AgentHost, out: Path, *args: str, ssh: str = "local") -> str:
+    """Start the stand-in job through the API on host ``local`` (pipes) or ``remote`` (``ssh`` alias)."""
+    host = "local" if ssh == "local" else "remote"
+    if c.get(f"/api/hosts/{host}").status_code == 404:
+        body = {"name": host, "ssh": ssh, "state_dir": str(agent.state_dir)}
+        if host == "remote":
+            body["python"] = sys.executable
+        c.post("/api/hosts", json=body).raise_for_status()
+        wait_until(lambda: c.get(f"/api/hosts/{host}").json()["reachable"], 60, what="agent reachable")
     spec = {
         "name": "bench",
-        "host": "local",
+        "host": host,
         "backend": "command",
         "command": [sys.executable, JOB, str(out), *args],
     }
@@ -65,13 +72,16 @@ def start_run(c: httpx.Client, agent: AgentHost, out: Path, *args: str) -> str:
     return run_id
 
 
-def latency(c: httpx.Client, browser: Any, url: str, agent: AgentHost, tmp: Path, n: int) -> list[float]:
+def latency(
+    c: httpx.Client, browser: Any, url: str, agent: AgentHost, tmp: Path, n: int, ssh: str = "local"
+) -> list[float]:
     """Milliseconds from each counter bump to the progress milestone's <li> in the DOM."""
-    counter = tmp / "counter"
+    counter = tmp / f"counter-{ssh}"
     counter.write_text("0")
     run_id = start_run(
-        c, agent, tmp / "out-lat", "--progress", str(n), "--delay", "0", "--wait-file", str(counter)
-    )
+        c, agent, tmp / f"out-lat-{ssh}", "--progress", str(n), "--delay", "0", "--wait-file", str(counter),
+        ssh=ssh,
+    )  # fmt: skip
     page = browser.new_page(base_url=url, bypass_csp=True)
     page.goto(f"/runs/{run_id}")
     page.wait_for_selector("#live-status[data-state=live]")
@@ -171,7 +181,17 @@ def main() -> int:
         args.milestones, args.lines, args.heavy_milestones = 50, 20_000, 200
     tmp = Path(tempfile.mkdtemp(prefix="ewbench"))
     agent = AgentHost(Path(tempfile.mkdtemp(prefix="ewa", dir="/tmp")))
-    srv = start_server(tmp / "home")
+    sshd = SSHD.start(tmp / "sshd") if Path(SSHD_BIN).exists() else None
+    settings = settings_for(tmp / "home")
+    if sshd is not None:
+        settings = settings.model_copy(
+            update={
+                "known_hosts": sshd.known_hosts,
+                "ssh_config": sshd.ssh_config,
+                "remote_base": str(tmp / "remote"),
+            }
+        )
+    srv = start_server(tmp / "home", settings=settings)
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as c, sync_playwright() as p:
             c.headers["x-csrf-token"] = c.get("/api/csrf").json()["csrf_token"]
@@ -186,12 +206,28 @@ def main() -> int:
                 )
                 bench_line("ui_latency", "line_to_dom_p50", round(pct(lat, 0.5), 1), "ms")
                 bench_line("ui_latency", "line_to_dom_p99", round(pct(lat, 0.99), 1), "ms", goal="<= 150")
+                if sshd is not None:
+                    ssh_lat = latency(c, browser, srv.url, agent, tmp, args.milestones, ssh=sshd.alias)
+                    p50, p99 = pct(ssh_lat, 0.5), pct(ssh_lat, 0.99)
+                    print(
+                        f"through the SSH link: p50 {p50:.1f} ms, p99 {p99:.1f} ms,"
+                        f" max {max(ssh_lat):.1f} ms (goal p99 <= 20 ms)"
+                    )
+                    note = f"{len(ssh_lat)} milestones; loopback sshd; baseline = the same over local pipes"
+                    for q, value, goal in ((50, p50, None), (99, p99, "<= 20")):
+                        bench_line(
+                            "ui_latency", f"ssh line_to_dom_p{q}", round(value, 1), "ms",
+                            goal=goal, baseline=round(pct(lat, q / 100), 1), note=note,
+                        )  # fmt: skip
                 heavy_page(c, browser, srv.url, agent, tmp, args.lines, args.heavy_milestones)
             finally:
                 browser.close()
     finally:
         srv.stop()
         agent.cleanup()
+        if sshd is not None:
+            sshd.stop()
+            kill_tree_matching(str(tmp) + "/")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -69,19 +70,19 @@ CHECK_ALERT = AlertDraft(
 )
 
 CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], Plan]] = [
-    ("nothing", run(), [], Plan([], 0, [], False)),
+    ("nothing", run(), [], Plan([], 0, False)),
     (
         "a milestone; ts missing: now",
         run(),
         [ms(1, "weights_loaded")],
-        Plan([*milestone_effects(1, "weights_loaded", NOW), SetLastMilestone("weights_loaded")], 1, [], True),
+        Plan([*milestone_effects(1, "weights_loaded", NOW), SetLastMilestone("weights_loaded")], 1, True),
     ),
-    ("replayed seqs are skipped", run(last_seq=3), [ms(2, "x"), ms(3, "y")], Plan([], 3, [], False)),
+    ("replayed seqs are skipped", run(last_seq=3), [ms(2, "x"), ms(3, "y")], Plan([], 3, False)),
     (
         "a gap is applied anyway",
         run(last_seq=1),
         [ms(3, "engine_ready", 7.0)],
-        Plan([*milestone_effects(3, "engine_ready", 7.0), SetLastMilestone("engine_ready")], 3, [], True),
+        Plan([*milestone_effects(3, "engine_ready", 7.0), SetLastMilestone("engine_ready")], 3, True),
     ),
     (
         "progress: first interval, then smoothed 0.7/0.3",
@@ -95,12 +96,11 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], Plan]] = [
                 SetProgress({"samples_done": 2}, 130.0, 0.7 * 10.0 + 0.3 * 20.0),
             ],
             2,
-            [],
             True,
         ),
     ),
     (
-        "a failed shape milestone alerts; on_shape_failure=alert: no stop",
+        "a failed shape milestone alerts",
         run(),
         [ms(1, "shape_check_failed", 9.0, message="hidden_dim_lost")],
         Plan(
@@ -110,12 +110,11 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], Plan]] = [
                 RaiseAlert(SHAPE_ALERT),
             ],
             1,
-            [],
             True,
         ),
     ),
     (
-        "a failed check: problems, record, alert, and stop once with on_shape_failure=stop",
+        "a failed check: problems, record, alert; with on_shape_failure=stop too (the agent stops)",
         run(spec_json=json.dumps({"on_shape_failure": "stop"})),
         [check(1, False, "all_zero"), check(2, False, "all_zero")],
         Plan(
@@ -152,9 +151,14 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], Plan]] = [
                 RaiseAlert(CHECK_ALERT),
             ],
             2,
-            ["stop"],
             False,
         ),
+    ),
+    (
+        "a duplicate seq within a batch is applied once",
+        run(last_seq=1),
+        [ms(2, "engine_ready", 7.0), ms(2, "engine_ready", 7.0), ms(1, "x")],
+        Plan([*milestone_effects(2, "engine_ready", 7.0), SetLastMilestone("engine_ready")], 2, True, 1),
     ),
     (
         "a passed check: a record only",
@@ -177,7 +181,6 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], Plan]] = [
                 )
             ],
             1,
-            [],
             False,
         ),
     ),
@@ -196,7 +199,6 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], Plan]] = [
                 Transition(RunEvent.JOB_FAILED, 20.0, {"code": 1}, "oom"),
             ],
             1,
-            [],
             False,
         ),
     ),
@@ -227,7 +229,9 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], Plan]] = [
 
 @pytest.mark.parametrize(("name", "stored", "events", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_plan_events(name: str, stored: dict[str, Any], events: list[dict[str, Any]], expected: Plan) -> None:
-    assert plan_events(stored, events, NOW) == expected
+    plan = plan_events(stored, events, NOW)
+    assert plan == replace(expected, applied=plan.applied)
+    assert plan.applied == len({e["seq"] for e in events if e["seq"] > stored["last_seq"]})
 
 
 RUN_FAILED = AlertDraft("run_failed", "error", "llama failed on gpu1: oom", "r-1", "gpu1")

@@ -91,7 +91,7 @@ async def test_state_events_and_terminal(store: Store) -> None:
     assert run.state == "completed" and run.exit == {"code": 0} and run.ended_at == 5.0
 
 
-async def test_failed_check_raises_alert_and_stop_action(store: Store) -> None:
+async def test_failed_check_raises_alert_and_leaves_the_stop_to_the_agent(store: Store) -> None:
     await store.write(
         lambda tx: _run(
             tx, spec={"host": "h", "backend": "command", "command": ["x"], "on_shape_failure": "stop"}
@@ -106,12 +106,12 @@ async def test_failed_check_raises_alert_and_stop_action(store: Store) -> None:
         "format": "x",
         "problems": [{"code": "hidden_dim_lost", "file": "/o/hs_0.safetensors", "message": "flat"}],
     }
-    actions = await store.write(
+    applied = await store.write(
         lambda tx: crud.apply_events(
             tx=tx, run_id="r-1", events=[check], policy=AlertPolicy(cooldown_s=60, deliver=True)
         )
     )
-    assert actions == ["stop"]
+    assert applied == 1  # recorded; on_shape_failure=stop is the agent's to act on (agent/runs/watcher.py)
     detail = await store.read(queries.get_run_detail, "r-1")
     assert [p.code for p in detail.problems] == ["hidden_dim_lost"]
     assert [a.rule for a in detail.alerts] == ["shape_check_failed"]
@@ -213,3 +213,115 @@ async def test_concurrent_readers_while_writing(store: Store) -> None:
 
     await asyncio.gather(writer(), reader(), reader())
     assert len(await store.read(queries.read_log, "r-1", -1, 1000, None, False)) == 50
+
+
+# --- batches: many stream messages, one transaction (crud.apply_event_batch, controller/eventqueue.py) ---
+
+
+async def _stored(store: Store, run_id: str) -> tuple[list[int], int]:
+    detail = await store.read(queries.get_run_detail, run_id)
+    row = await store.read(queries.run_row, run_id)
+    return [m.seq for m in detail.milestones], row["last_seq"]
+
+
+async def test_batch_with_a_duplicate_seq_stores_it_once(store: Store) -> None:
+    await store.write(_run)
+    batch = [("r-1", _milestone(1)), ("r-1", _milestone(2)), ("r-1", _milestone(2)), ("r-1", _milestone(3))]
+    applied = await store.write(partial(crud.apply_event_batch, events=batch, policy=QUIET))
+    assert applied == 3 and await _stored(store, "r-1") == ([1, 2, 3], 3)
+    again = await store.write(partial(crud.apply_event_batch, events=batch, policy=QUIET))
+    assert again == 0 and await _stored(store, "r-1") == ([1, 2, 3], 3)
+
+
+async def test_batch_spanning_two_runs_keeps_each_runs_order(store: Store) -> None:
+    await store.write(_run)
+    await store.write(partial(_run, run_id="r-2"))
+    sub = store.bus.subscribe()
+    batch = [
+        (r, _milestone(i, "weights_loaded" if i == 2 else "progress"))
+        for i in range(1, 6)
+        for r in ("r-1", "r-2")
+    ]
+    applied = await store.write(partial(crud.apply_event_batch, events=batch, policy=QUIET))
+    assert applied == 10
+    for run_id in ("r-1", "r-2"):
+        assert await _stored(store, run_id) == ([1, 2, 3, 4, 5], 5)
+        detail = await store.read(queries.get_run_detail, run_id)
+        assert detail.last_milestone == "progress"
+    runs_published = []
+    while not sub._queue.empty():
+        item = sub._queue.get_nowait()
+        if item is not None and item.kind == "run":
+            runs_published.append(item.run_id)
+    assert sorted(runs_published) == ["r-1", "r-2"]  # one public view per run per batch, not per milestone
+
+
+async def test_crash_mid_batch_loses_nothing(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch that fails half-way stores none of it; the agent's replay after last_seq stores all once."""
+    await store.write(_run)
+    await store.write(partial(_run, run_id="r-2"))
+    batch = [(r, _milestone(i)) for r in ("r-1", "r-2") for i in range(1, 4)]
+    real = crud.add_event
+    calls = 0
+
+    def failing(**kw: Any) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 5:  # in the middle of the second run's events
+            raise sqlite3.OperationalError("disk I/O error")
+        return real(**kw)
+
+    monkeypatch.setattr(crud, "add_event", failing)
+    with pytest.raises(sqlite3.OperationalError):
+        await store.write(partial(crud.apply_event_batch, events=batch, policy=QUIET))
+    monkeypatch.setattr(crud, "add_event", real)
+    for run_id in ("r-1", "r-2"):
+        assert await _stored(store, run_id) == ([], 0)
+    replay = [(r, _milestone(i)) for r in ("r-1", "r-2") for i in range(1, 5)]
+    assert await store.write(partial(crud.apply_event_batch, events=replay, policy=QUIET)) == 8
+    for run_id in ("r-1", "r-2"):
+        assert await _stored(store, run_id) == ([1, 2, 3, 4], 4)
+
+
+async def test_event_queue_one_write_takes_all_and_none_is_left_behind(store: Store) -> None:
+    from controller.eventqueue import EventQueue
+
+    await store.write(_run)
+    queue, writes = EventQueue(), 0
+    futs = []
+    for i in range(1, 201):
+        if queue.put("r-1", _milestone(i)):
+            writes += 1
+            futs.append(
+                store.submit(lambda tx: crud.apply_event_batch(tx=tx, events=queue.take(), policy=QUIET))
+            )
+        if i % 50 == 0:
+            await asyncio.sleep(0)
+    await asyncio.gather(*futs)
+    assert await _stored(store, "r-1") == (list(range(1, 201)), 200)
+    assert writes < 200 and sum(f.result() for f in futs) == 200
+    queue.fail()
+    assert not queue.put("r-1", _milestone(201)) and queue.take() == [] and len(queue) == 0
+
+
+@pytest.mark.parametrize("checkpoint_s", [0.05, 1000.0])
+async def test_the_writer_never_checkpoints_the_checkpointer_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checkpoint_s: float
+) -> None:
+    """A WAL checkpoint fsyncs the database: never on the writer's commit path (p99 latency), but soon."""
+    from controller import store as store_mod
+
+    monkeypatch.setattr(store_mod, "CHECKPOINT_S", checkpoint_s)
+    s = Store(tmp_path / "ew.db", Bus())
+    await s.open()
+    try:
+        await s.write(_run)
+        size = (tmp_path / "ew.db").stat().st_size
+        for start in range(0, 6000, 500):  # ~6 MB of WAL: past SQLite's default autocheckpoint (1000 pages)
+            lines = [[i, "x" * 1000] for i in range(start, start + 500)]
+            await s.write(partial(crud.add_log_lines, run_id="r-1", lines=lines, next_offset=start + 500))
+        await asyncio.sleep(0.5)
+        grown = (tmp_path / "ew.db").stat().st_size > size + 5_000_000
+        assert grown is (checkpoint_s < 1)
+    finally:
+        await s.close()

@@ -99,9 +99,11 @@ class LiveServer:
             self.thread.join(5)
 
 
-def start_server(home: Path, *, supervise: bool = True, **app_kwargs: Any) -> LiveServer:
+def start_server(
+    home: Path, *, supervise: bool = True, settings: Settings | None = None, **app_kwargs: Any
+) -> LiveServer:
     """Start uvicorn in a thread (its own event loop runs the app's lifespan: controller start/stop)."""
-    ctl = Controller(settings_for(home), supervise=supervise)
+    ctl = Controller(settings or settings_for(home), supervise=supervise)
     app = create_app(ctl, manage_controller=True, **app_kwargs)
     config = uvicorn.Config(
         app, host="127.0.0.1", port=0, log_level="warning", ws="none", lifespan="on",
