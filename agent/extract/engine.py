@@ -111,6 +111,8 @@ def prepare_engine(plan: Plan) -> list[str]:
     signals.say(f"model runner {choice.runner}: {choice.reason}")
     if plan.version_note:
         signals.emit("warning", source="eaglewatch", message=plan.version_note)
+    for message in plan.bug_warnings:
+        signals.emit("warning", source="eaglewatch", message=message)
     return args
 
 
