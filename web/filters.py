@@ -81,6 +81,18 @@ def gib(mib: Any) -> str:
     return f"{mib / 1024:.1f}" if isinstance(mib, (int, float)) else "?"
 
 
+def size(nbytes: Any) -> str:
+    """Bytes in binary units (1.5 GiB), exact below 1 KiB."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)):
+        return "?"
+    value, unit = float(nbytes), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024 or unit == "PiB":
+            break
+        value /= 1024
+    return f"{int(nbytes):,} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
 def problem_words(code: str) -> str:
     """A problem code explained."""
     return PROBLEM_WORDS.get(code, code.replace("_", " "))
@@ -125,5 +137,5 @@ def spec_value(value: Any) -> str:
 
 def install(env: jinja2.Environment) -> None:
     """Register the filters and globals on an environment."""
-    env.filters.update(clock=clock, since=since, num=num, gib=gib, problem_words=problem_words)
+    env.filters.update(clock=clock, since=since, num=num, gib=gib, size=size, problem_words=problem_words)
     env.globals.update(spec_value=spec_value, field_items=field_items, masked_env=masked_env, percent=percent)

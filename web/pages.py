@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
 from agent.spec import parse_spec
+from controller.capture_card import capture_card
 from controller.errors import SpecInvalid
 from controller.service import Controller
 from web import forms, security
@@ -138,7 +139,7 @@ async def run_page(
     return render(
         request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
         data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE, timeline=timeline,
-        hidden_milestones=len(run.milestones) - len(timeline),
+        hidden_milestones=len(run.milestones) - len(timeline), card=capture_card(run.spec, run.milestones),
     )  # fmt: skip
 
 

@@ -1,0 +1,87 @@
+"""What a run captured, from its milestones: model, vLLM, layers, hidden size, dtype, tokens, files, bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class MilestoneLike(Protocol):
+    """The two attributes of a stored milestone the card reads."""
+
+    kind: str
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CaptureCard:
+    """The capture card of a run page; None fields were not reported (yet)."""
+
+    model: str | None
+    vllm: str | None
+    layers: list[int] | None
+    convention: str | None
+    hidden_size: int | None
+    dtype: str | None
+    tokens: int | None
+    files: int | None
+    bytes: int | None
+    final: bool  # totals from the `completed` milestone, not a running count
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -> CaptureCard | None:
+    """The card for an extraction run (None for a watched command, or before the job said anything).
+
+    Later milestones win: a resumed job reports its configuration again. Tokens count captured batches
+    until `completed` gives the totals (which include samples already valid from an earlier attempt).
+    """
+    if spec.get("backend") == "command":
+        return None
+    vllm = layers = convention = hidden = dtype = None
+    tokens = files = nbytes = None
+    batch_tokens, seen, final = 0, False, False
+    for m in milestones:
+        f = m.fields
+        if m.kind == "engine_config":
+            vllm, seen = _str(f.get("vllm")) or vllm, True
+        elif m.kind == "capture_configured":
+            seen = True
+            raw = f.get("layers")
+            layers = [x for x in raw if _int(x) is not None] if isinstance(raw, list) else layers
+            convention = _str(f.get("convention")) or convention
+            hidden = _int(f.get("hidden_size")) or hidden
+            dtype = _str(f.get("dtype")) or dtype
+        elif m.kind == "batch_captured":
+            batch_tokens += _int(f.get("tokens")) or 0
+        elif m.kind == "progress":
+            files = _int(f.get("files_written")) if _int(f.get("files_written")) is not None else files
+            nbytes = _int(f.get("bytes_written")) if _int(f.get("bytes_written")) is not None else nbytes
+        elif m.kind == "completed":
+            final = True
+            tokens = _int(f.get("tokens")) if _int(f.get("tokens")) is not None else tokens
+            files = _int(f.get("files")) if _int(f.get("files")) is not None else files
+    if not seen:
+        return None
+    if not final:
+        tokens = batch_tokens
+    return CaptureCard(
+        model=_str(spec.get("model")),
+        vllm=vllm,
+        layers=layers,
+        convention=convention,
+        hidden_size=hidden,
+        dtype=dtype,
+        tokens=tokens,
+        files=files,
+        bytes=nbytes,
+        final=final,
+    )
