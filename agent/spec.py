@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     StringConstraints,
     field_validator,
@@ -98,6 +99,15 @@ class RunSpecBase(BaseModel):
         default_factory=list, max_length=limits.MAX_RULES, description="extra milestone rules"
     )
     on_shape_failure: ShapeFailurePolicy = "alert"
+    allow_disk_overrun: StrictBool = Field(
+        default=False, description="launch even when the forecast says the output will not fit on disk"
+    )
+    disk_low_gib: StrictInt = Field(
+        default=10,
+        ge=0,
+        le=limits.MAX_DISK_LOW_GIB,
+        description="disk_low alert below this many GiB free (or below what is left to write)",
+    )
     inject_fault: Fault | None = Field(default=None, description="demo/testing: corrupt the capture")
 
     @field_validator("rules")

@@ -1,6 +1,7 @@
 """Alert rules, pure: events and states in, AlertDrafts out; and the alert policy, held once per process.
 
-Rules: ``shape_check_failed`` (a failed check event or milestone), ``error`` milestones, ``run_failed``,
+Rules: ``shape_check_failed`` (a failed check event or milestone), ``error`` milestones, ``disk_low`` (a
+``progress`` milestone whose job found too little free space for its output), ``run_failed``,
 ``run_lost``, ``host_key_changed``, ``host_unreachable`` (longer than N minutes), ``stall`` (no progress
 for N× the recent progress interval).  Storing a draft (dedupe within the cooldown, outbox row when
 delivering) is crud.raise_alert; delivery is outbox.py.
@@ -54,6 +55,12 @@ def rules_for_event(run: dict[str, Any], event: dict[str, Any]) -> list[AlertDra
             what = fields.get("message") or fields.get("code") or event.get("text", "")
             out.append(
                 AlertDraft("shape_check_failed", "critical", f"{name}: shape check failed: {what}", rid, host)
+            )
+        elif kind == "progress" and fields.get("disk_low") is True:
+            free = fields.get("free_bytes")
+            gib = f"{free / 2**30:.1f} GiB" if isinstance(free, (int, float)) else "little space"
+            out.append(
+                AlertDraft("disk_low", "warning", f"{name}: disk low: {gib} free for the output", rid, host)
             )
         elif kind == "error":
             cls = fields.get("class", "traceback")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.extract import runtime, signals
+from agent.extract import forecast, runtime, signals
 from agent.extract.dataset import Sample
 from agent.extract.preflight import Plan
 from agent.extract.writer import Manifest
@@ -150,6 +150,10 @@ class Progress:
     batches: int = 0
     sp_gathers: int = 0  # captured states that arrived sequence-parallel sharded (all-gathered by us)
     started: float = field(default_factory=time.monotonic)
+    out_dir: str | None = None  # where free space is measured (None: not measured)
+    tokens_todo: int = 0  # tokens this attempt captures in all: the ETA's numerator
+    bytes_todo: int = 0  # bytes this attempt writes in all (the forecast)
+    disk_low_bytes: int = 0  # the spec's disk_low_gib threshold
 
     def restart_clock(self) -> None:
         """Measure throughput from engine ready on, not from process start."""
@@ -160,6 +164,13 @@ class Progress:
         """One `progress` milestone line plus a human line."""
         secs = max(time.monotonic() - self.started, 1e-9)
         tps = round(self.tokens / secs, 1)
+        extra: dict[str, Any] = {}
+        if self.out_dir is not None:
+            free = forecast.free_bytes(self.out_dir)
+            low = forecast.disk_state(free, max(self.bytes_todo - self.bytes, 0), self.disk_low_bytes)
+            extra = {"free_bytes": free, "disk_low": low}
+        if self.tokens_todo and self.tokens / secs > 0:
+            extra["eta_s"] = round(max(self.tokens_todo - self.tokens, 0) / (self.tokens / secs), 1)
         signals.emit(
             "progress",
             samples_done=self.done,
@@ -167,6 +178,7 @@ class Progress:
             tokens_per_s=tps,
             files_written=self.files,
             bytes_written=self.bytes,
+            **extra,
         )
         signals.say(f"{self.done}/{self.total} samples, {tps} tok/s, {self.files} files, {self.bytes} bytes")
 

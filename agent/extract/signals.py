@@ -10,6 +10,7 @@ PREFIX = "EAGLEWATCH "
 KINDS = frozenset(
     {
         "engine_config",
+        "forecast",
         "warning",
         "capture_configured",
         "batch_captured",

@@ -32,6 +32,11 @@ RUN = {"id": "r-1", "name": "llama", "host": "gpu1", "state": "running"}
         ),
         ({"type": "milestone", "kind": "error", "fields": {"class": "oom"}, "text": "CUDA OOM"}, ["error"]),
         ({"type": "milestone", "kind": "progress", "fields": {}}, []),
+        (
+            {"type": "milestone", "kind": "progress", "fields": {"disk_low": True, "free_bytes": 2**30}},
+            ["disk_low"],
+        ),
+        ({"type": "milestone", "kind": "progress", "fields": {"disk_low": False, "free_bytes": 2**40}}, []),
         ({"type": "milestone", "kind": "warning", "fields": {}}, []),
         (
             {
@@ -52,6 +57,12 @@ def test_rules_for_event(event: dict[str, Any], rules: list[str]) -> None:
     drafts = alerts.rules_for_event(RUN, event)
     assert [d.rule for d in drafts] == rules
     assert all(d.run_id == "r-1" and d.host == "gpu1" and "llama" in d.message for d in drafts)
+
+
+def test_disk_low_alert_says_how_much_is_free() -> None:
+    ev = {"type": "milestone", "kind": "progress", "fields": {"disk_low": True, "free_bytes": 3 * 2**30}}
+    (d,) = alerts.rules_for_event(RUN, ev)
+    assert d.severity == "warning" and "3.0 GiB free" in d.message and d.dedupe_key == "run:r-1:disk_low"
 
 
 def test_error_alert_names_class() -> None:
