@@ -28,6 +28,10 @@ class CaptureCard:
     files: int | None
     bytes: int | None
     final: bool  # totals from the `completed` milestone, not a running count
+    forecast_bytes: int | None = None  # what the job forecast it would write (its `forecast` milestone)
+    free_bytes: int | None = None  # free space of the output directory, latest reading
+    fits: bool | None = None
+    eta_s: float | None = None  # from the measured tokens/s; None once the run is over
 
 
 def _int(value: Any) -> int | None:
@@ -48,6 +52,8 @@ def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -
         return None
     vllm = layers = convention = hidden = dtype = None
     tokens = files = nbytes = None
+    forecast_bytes = free = eta = None
+    fit: bool | None = None
     batch_tokens, seen, final = 0, False, False
     for m in milestones:
         f = m.fields
@@ -62,11 +68,22 @@ def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -
             dtype = _str(f.get("dtype")) or dtype
         elif m.kind == "batch_captured":
             batch_tokens += _int(f.get("tokens")) or 0
+        elif m.kind == "forecast":
+            seen, forecast_bytes = True, _int(f.get("bytes"))
+            free = _int(f.get("free_bytes")) if _int(f.get("free_bytes")) is not None else free
+            fit = f.get("fits") if isinstance(f.get("fits"), bool) else fit
         elif m.kind == "progress":
+            free = _int(f.get("free_bytes")) if _int(f.get("free_bytes")) is not None else free
+            raw_eta = f.get("eta_s")
+            eta = (
+                float(raw_eta)
+                if isinstance(raw_eta, (int, float)) and not isinstance(raw_eta, bool)
+                else None
+            )
             files = _int(f.get("files_written")) if _int(f.get("files_written")) is not None else files
             nbytes = _int(f.get("bytes_written")) if _int(f.get("bytes_written")) is not None else nbytes
         elif m.kind == "completed":
-            final = True
+            final, eta = True, None
             tokens = _int(f.get("tokens")) if _int(f.get("tokens")) is not None else tokens
             files = _int(f.get("files")) if _int(f.get("files")) is not None else files
     if not seen:
@@ -84,4 +101,8 @@ def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -
         files=files,
         bytes=nbytes,
         final=final,
+        forecast_bytes=forecast_bytes,
+        free_bytes=free,
+        fits=fit,
+        eta_s=eta,
     )

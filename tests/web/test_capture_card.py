@@ -15,7 +15,7 @@ from controller.capture_card import CaptureCard, capture_card
 from controller.lifecycle import RunEvent
 from controller.service import Controller
 from controller.store import Tx
-from web.filters import size
+from web.filters import duration, size
 
 SPEC = {
     "host": "h",
@@ -80,9 +80,27 @@ def test_no_card(spec: dict[str, Any], ms: list[tuple[str, dict[str, Any]]]) -> 
     assert _card(spec, *ms) is None
 
 
+def test_forecast_free_space_and_eta() -> None:
+    forecast = ("forecast", {"bytes": 900, "free_bytes": 500, "fits": False, "estimated": False})
+    card = _card(SPEC, forecast)  # refused before any engine: the card still says why
+    assert card is not None and (card.forecast_bytes, card.free_bytes, card.fits) == (900, 500, False)
+    card = _card(SPEC, forecast, ENGINE, ("progress", {"free_bytes": 400, "eta_s": 30.5}))
+    assert card is not None and (card.free_bytes, card.eta_s) == (400, 30.5)
+    card = _card(SPEC, forecast, ENGINE, ("progress", {"eta_s": 30.5}), ("completed", {"tokens": 1}))
+    assert card is not None and card.eta_s is None
+
+
 def test_odd_fields_are_ignored() -> None:
     card = _card(SPEC, ("capture_configured", {"layers": [2, "x", True], "hidden_size": "7168", "dtype": 3}))
     assert card is not None and card.layers == [2] and card.hidden_size is None and card.dtype is None
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (59.6, "1m 00s"), (125, "2m 05s"), (3 * 3600 + 20 * 60, "3h 20m"), (None, "?")],
+)
+def test_duration(seconds: float | None, text: str) -> None:
+    assert duration(seconds) == text
 
 
 @pytest.mark.parametrize(
@@ -110,10 +128,15 @@ def _store_run(tx: Tx) -> None:
     crud.transition(tx=tx, run_id="r-1", event=RunEvent.LAUNCH, policy=quiet)
     crud.transition(tx=tx, run_id="r-1", event=RunEvent.LAUNCHED, policy=quiet)
     events = [
-        _milestone(1, *ENGINE),
-        _milestone(2, *CONFIGURED),
-        _milestone(3, "batch_captured", {"tokens": 1234}),
-        _milestone(4, "progress", {"files_written": 8, "bytes_written": 3 * 2**30}),
+        _milestone(
+            1, "forecast", {"bytes": 5 * 2**30, "free_bytes": 2**40, "fits": True, "estimated": False}
+        ),
+        _milestone(2, *ENGINE),
+        _milestone(3, *CONFIGURED),
+        _milestone(4, "batch_captured", {"tokens": 1234}),
+        _milestone(
+            5, "progress", {"files_written": 8, "bytes_written": 3 * 2**30, "free_bytes": 2**39, "eta_s": 125}
+        ),
     ]
     crud.apply_events(tx=tx, run_id="r-1", events=events, policy=quiet)
 
@@ -123,7 +146,8 @@ async def test_run_page_shows_the_card(client: httpx.AsyncClient, ctl: Controlle
     html = (await client.get("/runs/r-1")).text
     assert 'id="capture-card"' in html and "so far" in html
     shown = {"vllm": "0.26.0", "hidden_size": "7,168", "dtype": "bfloat16", "tokens": "1,234", "files": "8",
-             "bytes": "3.0 GiB"}  # fmt: skip
+             "bytes": "3.0 GiB", "forecast": "5.0 GiB to write", "free": "512.0 GiB",
+             "eta": "2m 05s "}  # fmt: skip
     for key, text in shown.items():
         assert f'data-card="{key}">{text}<' in html, key
     assert (
