@@ -79,6 +79,7 @@ class Op(StrEnum):
     READ_LOG = "read_log"
     CHECK = "check"
     GPUS = "gpus"
+    FORECAST = "forecast"
     SHUTDOWN = "shutdown"
 
 
@@ -123,6 +124,7 @@ _REQUIRED: dict[Op, tuple[str, ...]] = {
     Op.UNFOLLOW: ("run",),
     Op.READ_LOG: ("run",),
     Op.CHECK: ("path",),
+    Op.FORECAST: ("spec",),
 }
 
 
