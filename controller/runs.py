@@ -19,6 +19,9 @@ from controller.lifecycle import RunEvent, event_for_agent_state, is_terminal
 from controller.settings import Settings
 from controller.store import Store, Tx
 
+#: The agent gives a forecast up to 300 s (agent/runs/forecast.py); the link waits a little longer.
+FORECAST_TIMEOUT_S = 330
+
 
 def new_run_id(now: float | None = None) -> str:
     """A sortable, unique run id: r-YYYYMMDD-HHMMSS-xxxx (UTC)."""
@@ -92,8 +95,8 @@ class RunOps:
         self.supervisors = supervisors
         self.policy = policy
 
-    async def create(self, spec: dict[str, Any] | RunSpec) -> str:
-        """Validate, write pending, launch; a failed launch leaves a failed run with the reason."""
+    async def _validated(self, spec: dict[str, Any] | RunSpec) -> RunSpec:
+        """The spec validated against the model and its host as stored; raises SpecInvalid."""
         host_name = (
             spec.host if isinstance(spec, RunSpec) else (spec.get("host") if isinstance(spec, dict) else None)
         )
@@ -103,7 +106,11 @@ class RunOps:
                 host = await self.store.read(queries.host_row, host_name)
             except NotFound:
                 host = None
-        parsed = validate_spec(spec, host)
+        return validate_spec(spec, host)
+
+    async def create(self, spec: dict[str, Any] | RunSpec) -> str:
+        """Validate, write pending, launch; a failed launch leaves a failed run with the reason."""
+        parsed = await self._validated(spec)
         run_id = new_run_id()
         spec_dict = parsed.model_dump(mode="json")
 
@@ -139,6 +146,24 @@ class RunOps:
         await self.store.write(launched)
         self.supervisors.poke(parsed.host)
         return run_id
+
+    async def forecast(self, spec: dict[str, Any] | RunSpec) -> dict[str, Any]:
+        """The host's forecast for a spec (bytes to write, free bytes, fits, estimated); launches nothing.
+
+        A spec the job cannot forecast (no such model or dataset on the host) is SpecInvalid on `spec`.
+        """
+        parsed = await self._validated(spec)
+        if parsed.backend == "command":
+            raise SpecInvalid([{"field": "backend", "message": "a watched command has no forecast"}])
+        try:
+            async with self.supervisors.link_for(parsed.host) as link:
+                spec_dict = parsed.model_dump(mode="json")
+                return await link.request("forecast", spec=spec_dict, timeout=FORECAST_TIMEOUT_S)
+        except AgentError as exc:
+            if exc.agent_code in ("failed", "bad_args"):
+                message = exc.message.removeprefix(f"agent: {exc.agent_code}: ")
+                raise SpecInvalid([{"field": "spec", "message": f"no forecast: {message}"}]) from None
+            raise
 
     async def stop(self, run_id: str) -> dict[str, Any]:
         """Stop through the agent, then record the agent's status; Conflict when already finished."""

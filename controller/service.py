@@ -153,6 +153,10 @@ class Controller:
         """Validate, write the run (pending), launch it through the agent; returns the run id."""
         return await self.runs.create(spec)
 
+    async def forecast(self, spec: dict[str, Any] | RunSpec) -> dict[str, Any]:
+        """The host's disk forecast for a spec (`extract --forecast` through the agent); launches nothing."""
+        return await self.runs.forecast(spec)
+
     async def stop_run(self, run_id: str) -> RunPublic:
         """Ask the agent to stop the job; returns the run as stored afterwards."""
         await self.runs.stop(run_id)

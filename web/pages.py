@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from agent.spec import parse_spec
 from controller.capture_card import capture_card
-from controller.errors import SpecInvalid
+from controller.errors import ControllerError, SpecInvalid
 from controller.service import Controller
 from web import forms, security
 from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep, TemplateStoreDep
@@ -69,13 +69,14 @@ async def _form_page(
     status: int = 200,
     template: str | None = None,
     saved: str | None = None,
+    forecast: dict[str, Any] | None = None,
 ) -> HTMLResponse:
     hosts = await ctl.list_hosts()
     shown = forms.without_secret_values(values)  # a page never carries a secret back to the browser
     return render(
         request, "new_run.html", status=status, values=shown, errors=errors, hosts=hosts,
         templates=store.names(), template=template, saved=saved, help=forms.field_help(),
-        general_error=errors.get(forms.GENERAL_ERROR_KEY),
+        general_error=errors.get(forms.GENERAL_ERROR_KEY), forecast=forecast,
     )  # fmt: skip
 
 
@@ -92,6 +93,16 @@ async def submit_run(request: Request, ctl: ControllerDep, store: TemplateStoreD
             return await _form_page(request, ctl, store, values, {"template_name": str(exc)}, status=422)
         return await _form_page(request, ctl, store, values, {}, template=name, saved=name)
     spec, errors = forms.check_form(values)
+    if not errors and form.get("action") == "forecast":
+        try:
+            forecast = await ctl.forecast(parse_spec(spec).model_dump(mode="json", exclude_unset=True))
+        except SpecInvalid as exc:
+            errors = forms.errors_by_form_field(exc.errors)
+        except ControllerError as exc:  # the host cannot be reached: say so, keep the form
+            errors = {forms.GENERAL_ERROR_KEY: f"no forecast: {exc.message}"}
+        else:
+            return await _form_page(request, ctl, store, values, {}, forecast=forecast)
+        return await _form_page(request, ctl, store, values, errors, status=422)
     if not errors:
         try:
             run_id = await ctl.create_run(parse_spec(spec).model_dump(mode="json", exclude_unset=True))

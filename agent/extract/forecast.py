@@ -36,8 +36,8 @@ class Forecast:
     tokens: int
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object (contract: bytes, free_bytes, fits, estimated; plus samples, tokens)."""
-        return asdict(self)
+        """The JSON object (contract: bytes, free_bytes, fits, estimated; plus samples, tokens, margin)."""
+        return {**asdict(self), "margin_pct": FIT_MARGIN_PCT}
 
 
 def element_bytes(dtype: str) -> int:
