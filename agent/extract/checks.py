@@ -10,7 +10,10 @@ from agent.checks.shapes import Expectation, check_shapes
 if TYPE_CHECKING:
     import torch
 
-FAULTS = ("drop_layer", "flatten", "zero")
+FAULTS = ("drop_layer", "flatten", "zero", "zero_layer")
+#: zero_layer: layer slot ZERO_LAYER_SLOT reads all zeros from sample ZERO_LAYER_FROM on (the run's first
+#: files stay healthy, so the collapse shows against them, as in the hybrid-model bug vllm#46301).
+ZERO_LAYER_SLOT, ZERO_LAYER_FROM = 1, 4
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,8 @@ def st_dtype(dtype: Any) -> str:
     )
 
 
-def apply_fault(hidden: torch.Tensor, fault: str | None) -> torch.Tensor:
-    """Corrupt a [T, L, H] capture the way real runs went wrong (demo and tests only)."""
+def apply_fault(hidden: torch.Tensor, fault: str | None, idx: int = 0) -> torch.Tensor:
+    """Corrupt a [T, L, H] capture (sample idx) the way real runs went wrong (demo and tests only)."""
     if fault is None:
         return hidden
     if fault == "drop_layer":  # the final layer silently dropped
@@ -42,6 +45,12 @@ def apply_fault(hidden: torch.Tensor, fault: str | None) -> torch.Tensor:
         return hidden[:, :, 0].contiguous()
     if fault == "zero":  # all-zero states written silently
         return hidden.new_zeros(hidden.shape)
+    if fault == "zero_layer":  # one layer slot collapses to zeros part-way through the run
+        if idx < ZERO_LAYER_FROM:
+            return hidden
+        out = hidden.clone()
+        out[:, min(ZERO_LAYER_SLOT, hidden.shape[1] - 1)] = 0
+        return out
     raise ValueError(f"unknown fault {fault!r}; expected one of {FAULTS}")
 
 

@@ -66,6 +66,7 @@ def _run(plan: object, samples: list[Any]) -> int:
     from agent.extract import engine, signals
     from agent.extract.forecast import FIT_MARGIN_PCT, engine_dtype, forecast_lengths
     from agent.extract.preflight import Plan
+    from agent.extract.stats import RunStats
     from agent.extract.writer import Manifest, existing_valid, previous_dtype, versions
 
     assert isinstance(plan, Plan)
@@ -116,6 +117,7 @@ def _run(plan: object, samples: list[Any]) -> int:
         tokens_todo=need.tokens,
         bytes_todo=need.bytes,
         disk_low_bytes=spec.disk_low_gib * 2**30,
+        stats=RunStats(plan.layer_ids),
     )
     manifest.save(out)
     try:

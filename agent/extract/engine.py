@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.extract import forecast, runtime, signals
+from agent.extract import forecast, runtime, signals, stats
 from agent.extract.dataset import Sample
 from agent.extract.preflight import Plan
+from agent.extract.stats import RunStats
 from agent.extract.writer import Manifest
 
 #: Tests may point env EAGLEWATCH_WORKER_EXTENSION at a subclass (to compare with vLLM's own aux states).
@@ -154,6 +155,8 @@ class Progress:
     tokens_todo: int = 0  # tokens this attempt captures in all: the ETA's numerator
     bytes_todo: int = 0  # bytes this attempt writes in all (the forecast)
     disk_low_bytes: int = 0  # the spec's disk_low_gib threshold
+    stats: RunStats | None = None  # per-layer statistics (worker-extension backend)
+    collapses: list[dict[str, Any]] = field(default_factory=list)  # findings not yet reported
 
     def restart_clock(self) -> None:
         """Measure throughput from engine ready on, not from process start."""
@@ -169,6 +172,10 @@ class Progress:
             free = forecast.free_bytes(self.out_dir)
             low = forecast.disk_state(free, max(self.bytes_todo - self.bytes, 0), self.disk_low_bytes)
             extra = {"free_bytes": free, "disk_low": low}
+        if self.stats is not None:
+            extra["layer_rms"] = self.stats.take_recent()
+        if self.collapses:
+            extra["layer_collapse"], self.collapses = self.collapses, []
         if self.tokens_todo and self.tokens / secs > 0:
             extra["eta_s"] = round(max(self.tokens_todo - self.tokens, 0) / (self.tokens / secs), 1)
         signals.emit(
@@ -195,6 +202,12 @@ def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest
             prog.files += 1
             prog.bytes += r["bytes"]
             manifest.sample_tokens[r["idx"]] = r["tokens"]
+            if r.get("layer_stats") and prog.stats is not None:
+                found = prog.stats.add(r["layer_stats"])
+                stats.append_file(plan.spec.output_dir or ".", r["idx"], plan.layer_ids, r["layer_stats"])
+                for f in found:
+                    signals.say(f"layer_collapse: {r['file']}: {f['message']}")
+                prog.collapses += [{**f, "file": r["file"]} for f in found]
         if r["problems"]:
             prog.failed_checks += 1
             for p in r["problems"]:
@@ -205,6 +218,8 @@ def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest
                 stop_reason = f"{r['file']}: {r['problems'][0]['message']} (on_shape_failure=stop)"
         else:
             signals.emit("shape_check_passed", file=r["file"], index=r["idx"])
+    if prog.stats is not None:
+        manifest.layer_stats = prog.stats.to_manifest()
     manifest.save(plan.spec.output_dir or ".")
     if stop_reason:
         raise CaptureFailed(stop_reason)

@@ -19,6 +19,7 @@ from torch import nn
 from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
 from agent.extract.checks import token_flags
 from agent.extract.gpu_copy import PinnedCopier
+from agent.extract.stats import token_stats
 
 IDX_KEY = "eaglewatch_idx"
 
@@ -234,9 +235,10 @@ class EagleWatchCapture:
         spans = spans_for_step(step.order, dict(step.so.num_scheduled_tokens), step.starts)
         rows = torch.stack(step.caps, dim=1)  # type: ignore[arg-type]  # [tokens, L, H] on the model's device
         flags = token_flags(rows)  # finite / non-zero per token, computed where the data is
+        stats = token_stats(rows)  # per-token layer sums for layer_stats, also where the data is
         self._ew_tokens += rows.shape[0]
         if self._ew_copier is not None:
-            (host, host_flags), event, release = self._ew_copier.copy_async(rows, flags)
-            self._ew_sink.submit(host, spans, event, release, host_flags)
+            (host, host_flags, host_stats), event, release = self._ew_copier.copy_async(rows, flags, stats)
+            self._ew_sink.submit(host, spans, event, release, host_flags, host_stats)
         else:
-            self._ew_sink.submit(rows, spans, flags=flags)
+            self._ew_sink.submit(rows, spans, flags=flags, stats=stats)

@@ -114,6 +114,7 @@ class Manifest:
     sample_tokens: dict[int, int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     versions: dict[str, str] = field(default_factory=dict)
+    layer_stats: dict[str, Any] = field(default_factory=dict)  # per layer id over the run (stats.RunStats)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document written to manifest.json."""
@@ -133,6 +134,9 @@ class Manifest:
             "samples_written": len(self.sample_tokens),
             "tokens_total": sum(self.sample_tokens.values()),
             "samples": {str(k): v for k, v in sorted(self.sample_tokens.items())},
+            "layer_stats": self.layer_stats,
+            # one line per file, appended as files finish (the last line of an idx wins after a resume)
+            "layer_stats_per_file": "layer_stats.jsonl",
             "started_at": self.started_at,
             "updated_at": time.time(),
         }

@@ -65,6 +65,27 @@ def test_disk_low_alert_says_how_much_is_free() -> None:
     assert d.severity == "warning" and "3.0 GiB free" in d.message and d.dedupe_key == "run:r-1:disk_low"
 
 
+def test_layer_collapse_alert_names_layer_and_file() -> None:
+    collapse = {
+        "layer": 4,
+        "what": "collapse",
+        "message": "layer 4: RMS fell to 0 from 1.2",
+        "file": "hs_7.safetensors",
+    }
+    ev = {"type": "milestone", "kind": "progress", "fields": {"layer_collapse": [collapse], "disk_low": True}}
+    drafts = alerts.rules_for_event(RUN, ev)
+    assert [d.rule for d in drafts] == ["disk_low", "layer_collapse"]
+    assert (
+        drafts[1].severity == "critical" and "hs_7.safetensors: layer 4: RMS fell to 0" in drafts[1].message
+    )
+    assert (
+        alerts.rules_for_event(
+            RUN, {"type": "milestone", "kind": "progress", "fields": {"layer_collapse": []}}
+        )
+        == []
+    )
+
+
 def test_error_alert_names_class() -> None:
     (d,) = alerts.rules_for_event(
         RUN, {"type": "milestone", "kind": "error", "fields": {"class": "nccl"}, "text": "NCCL error"}
