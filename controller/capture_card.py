@@ -106,3 +106,22 @@ def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -
         fits=fit,
         eta_s=eta,
     )
+
+
+def layer_rms_series(milestones: Iterable[MilestoneLike], ats: Iterable[float]) -> list[dict[str, Any]]:
+    """[{"at", "rms": {layer id: RMS}}] from the `layer_rms` of progress milestones, for the run page chart.
+
+    ats: each milestone's time, in the same order (stored milestones carry it beside their fields).
+    """
+    out: list[dict[str, Any]] = []
+    for m, at in zip(milestones, ats, strict=True):
+        rms = m.fields.get("layer_rms") if m.kind == "progress" else None
+        if isinstance(rms, dict) and rms:
+            clean = {
+                str(k): float(v)
+                for k, v in rms.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+            if clean:
+                out.append({"at": at, "rms": clean})
+    return out

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
 from agent.spec import parse_spec
-from controller.capture_card import capture_card
+from controller.capture_card import capture_card, layer_rms_series
 from controller.errors import ControllerError, SpecInvalid
 from controller.service import Controller
 from web import forms, security
@@ -146,11 +146,14 @@ async def run_page(
         "milestone_seq": max((m.seq for m in run.milestones), default=0), "host": run.host,
         "milestone_count": len(run.milestones),
         "gpus": host.gpus if host else [],
+        "layer_rms": layer_rms_series(run.milestones, [m.at for m in run.milestones]),
     }  # fmt: skip
+    card = capture_card(run.spec, run.milestones)
     return render(
         request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
         data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE, timeline=timeline,
-        hidden_milestones=len(run.milestones) - len(timeline), card=capture_card(run.spec, run.milestones),
+        hidden_milestones=len(run.milestones) - len(timeline), card=card,
+        layer_chart=card is not None or bool(data["layer_rms"]),
     )  # fmt: skip
 
 
