@@ -80,6 +80,7 @@ class Op(StrEnum):
     CHECK = "check"
     GPUS = "gpus"
     FORECAST = "forecast"
+    MANIFEST = "manifest"
     SHUTDOWN = "shutdown"
 
 
@@ -125,6 +126,7 @@ _REQUIRED: dict[Op, tuple[str, ...]] = {
     Op.READ_LOG: ("run",),
     Op.CHECK: ("path",),
     Op.FORECAST: ("spec",),
+    Op.MANIFEST: ("run",),
 }
 
 

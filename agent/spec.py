@@ -30,7 +30,7 @@ Backend = Literal["worker-extension", "vllm-native", "command"]
 LayerConvention = Literal["input", "output"]
 ShapeFailurePolicy = Literal["alert", "stop"]
 #: Deliberate faults for the demo and the tests: make the capture go wrong the way real runs do.
-Fault = Literal["drop_layer", "flatten", "zero", "zero_layer"]
+Fault = Literal["drop_layer", "flatten", "zero", "zero_layer", "batch_skew"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -107,6 +107,12 @@ class RunSpecBase(BaseModel):
         ge=0,
         le=limits.MAX_DISK_LOW_GIB,
         description="disk_low alert below this many GiB free (or below what is left to write)",
+    )
+    canary_samples: StrictInt = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="samples captured again alone after the first batch and at the end, to compare (0: off)",
     )
     inject_fault: Fault | None = Field(default=None, description="demo/testing: corrupt the capture")
 

@@ -2,7 +2,8 @@
 
 Rules: ``shape_check_failed`` (a failed check event or milestone), ``error`` milestones, ``disk_low`` (a
 ``progress`` milestone whose job found too little free space for its output), ``layer_collapse`` (a layer
-whose statistics collapsed or exploded, from the same milestones), ``run_failed``,
+whose statistics collapsed or exploded, from the same milestones), ``canary_mismatch`` (a ``canary_checked``
+milestone that is not ok), ``run_failed``,
 ``run_lost``, ``host_key_changed``, ``host_unreachable`` (longer than N minutes), ``stall`` (no progress
 for N× the recent progress interval).  Storing a draft (dedupe within the cooldown, outbox row when
 delivering) is crud.raise_alert; delivery is outbox.py.
@@ -59,6 +60,14 @@ def rules_for_event(run: dict[str, Any], event: dict[str, Any]) -> list[AlertDra
             )
         elif kind == "progress":
             out.extend(_progress_alerts(name, rid, host, fields))
+        elif kind == "canary_checked" and fields.get("ok") is False:
+            diff, tol = fields.get("max_rel_diff"), fields.get("tolerance")
+            said = f"up to {diff:.3g}" if isinstance(diff, (int, float)) else "beyond tolerance"
+            message = (
+                f"{name}: samples captured alone differ from their batched capture by {said} "
+                f"(tolerance {tol}): batch-dependent states?"
+            )
+            out.append(AlertDraft("canary_mismatch", "critical", message, rid, host))
         elif kind == "error":
             cls = fields.get("class", "traceback")
             out.append(

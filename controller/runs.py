@@ -19,7 +19,7 @@ from controller.lifecycle import RunEvent, event_for_agent_state, is_terminal
 from controller.settings import Settings
 from controller.store import Store, Tx
 
-#: The agent gives a forecast up to 300 s (agent/runs/forecast.py); the link waits a little longer.
+#: The agent gives a forecast up to 300 s (agent/runs/output_info.py); the link waits a little longer.
 FORECAST_TIMEOUT_S = 330
 
 
@@ -164,6 +164,14 @@ class RunOps:
                 message = exc.message.removeprefix(f"agent: {exc.agent_code}: ")
                 raise SpecInvalid([{"field": "spec", "message": f"no forecast: {message}"}]) from None
             raise
+
+    async def card(self, run_id: str) -> dict[str, Any]:
+        """The run's dataset card: its manifest.json as the host has it now (without the per-sample map)."""
+        run = await self.store.read(queries.run_row, run_id)
+        if run["backend"] == "command":
+            raise Conflict(f"run {run_id} is a watched command: eaglewatch keeps no manifest for it")
+        async with self.supervisors.link_for(run["host"]) as link:
+            return await link.request("manifest", run=run_id, timeout=60)
 
     async def stop(self, run_id: str) -> dict[str, Any]:
         """Stop through the agent, then record the agent's status; Conflict when already finished."""

@@ -16,8 +16,8 @@ from agent.daemon.streams import stream_events, stream_log
 from agent.jobs import control as jobs
 from agent.logs.tail import read_from
 from agent.protocol import ErrorCode, Op, ProtocolError, Request
-from agent.runs.forecast import ForecastError, forecast
 from agent.runs.jobspec import JobSpec, SpecError
+from agent.runs.output_info import ForecastError, ManifestError, forecast, read_manifest
 from agent.runs.outputs import check_file
 from agent.runs.watcher import RunWatcher
 
@@ -85,6 +85,7 @@ class Connection:
             Op.CHECK: self.op_check,
             Op.GPUS: self.op_gpus,
             Op.FORECAST: self.op_forecast,
+            Op.MANIFEST: self.op_manifest,
             Op.SHUTDOWN: self.op_shutdown,
         }
 
@@ -305,6 +306,16 @@ class Connection:
             return await forecast(args["spec"], self.daemon.state_dir)
         except ForecastError as exc:
             raise OpError(ErrorCode.FAILED, str(exc)) from None
+
+    async def op_manifest(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A run's manifest.json (its dataset card) from its output_dir, without the per-sample token map."""
+        watcher = self.daemon.watcher(args)
+        if not watcher.spec.output_dir:
+            raise OpError(ErrorCode.NOT_FOUND, f"run {watcher.paths.run!r} has no output_dir")
+        try:
+            return await asyncio.to_thread(read_manifest, Path(watcher.spec.output_dir))
+        except ManifestError as exc:
+            raise OpError(ErrorCode.NOT_FOUND, str(exc)) from None
 
     async def op_shutdown(self, args: dict[str, Any]) -> dict[str, Any]:
         """Exit after this reply; jobs keep running."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from agent.extract.canary import compare_with_file
 from agent.extract.checks import apply_fault, check_sample, token_flags
 from agent.extract.stats import file_stats, maybe_token_stats
 from agent.extract.writer import sample_path, write_sample
@@ -49,6 +50,8 @@ class _Request:
     flags: torch.Tensor | None = None
     mask: torch.Tensor | None = None
     stats: torch.Tensor | None = None  # per-token layer sums (stats.token_stats), assembled like flags
+    canary: bool = False  # a re-capture alone: compared with the batched file, never written
+    batched: bool = False  # some step of this request also carried other requests
 
 
 class _Ref:
@@ -102,9 +105,9 @@ class CaptureSink:
         self._thread = threading.Thread(target=self._run, name="eaglewatch-assemble", daemon=True)
         self._thread.start()
 
-    def register(self, req_id: str, idx: int, prompt: list[int]) -> None:
+    def register(self, req_id: str, idx: int, prompt: list[int], canary: bool = False) -> None:
         """A new request entered the batch (called on the forward thread, ordered before its steps)."""
-        self._q.put(("register", req_id, idx, list(prompt)))
+        self._q.put(("register", req_id, idx, list(prompt), canary))
 
     def submit(
         self,
@@ -149,8 +152,8 @@ class CaptureSink:
                 if item is None:
                     return
                 if item[0] == "register":
-                    _, rid, idx, prompt = item
-                    self._reqs[rid] = _Request(idx, prompt)
+                    _, rid, idx, prompt, canary = item
+                    self._reqs[rid] = _Request(idx, prompt, canary=canary)
                 else:
                     self._step(*item[1:])
             except Exception as e:  # reported to the driver, never lost in a thread
@@ -179,6 +182,7 @@ class CaptureSink:
                 req = self._reqs.get(sp.req_id)
                 if req is None:
                     continue  # not ours (e.g. a request without a sample index)
+                req.batched = req.batched or len(spans) > 1
                 total = len(req.prompt)
                 n = min(sp.n, total - sp.start)  # rows past the prompt (decode) are not part of the sample
                 if n <= 0:
@@ -214,6 +218,13 @@ class CaptureSink:
         with self._lock:
             self._futures.append(fut)
 
+    def _compare(self, req: _Request, hidden: torch.Tensor) -> None:
+        diff = compare_with_file(sample_path(self.cfg.output_dir, req.idx), hidden)
+        with self._lock:
+            self._results.append(
+                {"idx": req.idx, "canary": True, "rel_diff": diff, "tokens": len(req.prompt)}
+            )
+
     def _finish(
         self, req: _Request, hidden: torch.Tensor, flags: torch.Tensor, done: Any, stats: torch.Tensor | None
     ) -> None:
@@ -221,8 +232,11 @@ class CaptureSink:
             cfg = self.cfg
             token_ids = torch.tensor(req.prompt, dtype=torch.int64)
             if cfg.fault is not None:
-                hidden, flags = apply_fault(hidden, cfg.fault, req.idx), None  # type: ignore[assignment]
+                hidden, flags = apply_fault(hidden, cfg.fault, req.idx, req.batched), None  # type: ignore[assignment]
                 stats = maybe_token_stats(hidden)
+            if req.canary:
+                self._compare(req, hidden)
+                return
             name = sample_path(cfg.output_dir, req.idx).name
             findings = check_sample(name, token_ids, hidden, req.prompt, cfg.layers, cfg.hidden_size, flags)
             written, nbytes = False, 0

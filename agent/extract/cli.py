@@ -67,7 +67,14 @@ def _run(plan: object, samples: list[Any]) -> int:
     from agent.extract.forecast import FIT_MARGIN_PCT, engine_dtype, forecast_lengths
     from agent.extract.preflight import Plan
     from agent.extract.stats import RunStats
-    from agent.extract.writer import Manifest, existing_valid, previous_dtype, versions
+    from agent.extract.writer import (
+        Manifest,
+        card_spec,
+        config_sha256,
+        existing_valid,
+        previous_dtype,
+        versions,
+    )
 
     assert isinstance(plan, Plan)
     spec = plan.spec
@@ -85,6 +92,8 @@ def _run(plan: object, samples: list[Any]) -> int:
         command=engine.command_line(),
         samples_total=len(samples),
         versions=versions(),
+        model_config_sha256=config_sha256(plan.model_dir),
+        spec=card_spec(spec.model_dump(mode="json")),
     )
     todo = []
     for s in samples:

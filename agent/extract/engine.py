@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.extract import forecast, runtime, signals, stats
+from agent.extract import canary, forecast, runtime, signals, stats
 from agent.extract.dataset import Sample
 from agent.extract.preflight import Plan
 from agent.extract.stats import RunStats
@@ -201,6 +201,7 @@ def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest
         if r["written"]:
             prog.files += 1
             prog.bytes += r["bytes"]
+            manifest.bytes_written += r["bytes"]
             manifest.sample_tokens[r["idx"]] = r["tokens"]
             if r.get("layer_stats") and prog.stats is not None:
                 found = prog.stats.add(r["layer_stats"])
@@ -253,7 +254,9 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     manifest.dtype = info["dtype"]
     configured(plan, info["dtype"], info["layer_class"], model_runner=info.get("model_runner"))
     prog.restart_clock()
-    for start in range(0, len(todo), spec.batch_size):
+    starts = range(0, len(todo), spec.batch_size)
+    prev: list[Sample] = []
+    for start in starts:
         batch = todo[start : start + spec.batch_size]
         prompts = [TokensPrompt(prompt_token_ids=list(s.token_ids)) for s in batch]
         params = [
@@ -268,6 +271,46 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         if missing:
             raise CaptureFailed(f"no capture came back for samples {missing}")
         batch_done(batch, prog)
+        if start == starts[0]:
+            canary_round(llm, plan, batch, manifest.dtype, "first batch")
+        elif start == starts[-1]:  # a last batch of one was captured alone: check the one before it then
+            canary_round(llm, plan, batch if len(batch) > 1 else prev, manifest.dtype, "end")
+        prev = batch
+
+
+def canary_round(llm: Any, plan: Plan, batch: list[Sample], dtype: str, when: str) -> None:
+    """Capture a few samples of a batch again, alone, and compare with their batched files (canary_checked).
+
+    Raises CaptureFailed on a mismatch under on_shape_failure=stop.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    chosen = canary.pick(batch, plan.spec.canary_samples)
+    if len(batch) < 2 or not chosen:
+        return  # a batch of one was captured alone already
+    diffs: list[float | None] = []
+    for s in chosen:  # one generate call each: nothing else is scheduled beside it
+        extra = {"eaglewatch_idx": s.idx, canary.CANARY_KEY: True}
+        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args=extra)
+        llm.generate([TokensPrompt(prompt_token_ids=list(s.token_ids))], [params], use_tqdm=False)
+        drained = one_result(llm.collective_rpc("eaglewatch_drain"))
+        for r in drained["results"]:
+            if "error" in r:
+                raise CaptureFailed(f"capture writer failed: {r['error']}")
+            if r.get("canary"):
+                diffs.append(r["rel_diff"])
+    result = canary.verdict(diffs, dtype)
+    signals.emit("canary_checked", when=when, **result)
+    if result["ok"]:
+        return
+    message = (
+        f"canary ({when}): samples captured alone differ from their batched capture by up to "
+        f"{result['max_rel_diff']:.3g} (relative L2, tolerance {result['tolerance']} for {dtype})"
+    )
+    signals.say(message)
+    if plan.spec.on_shape_failure == "stop":
+        raise CaptureFailed(f"{message} (on_shape_failure=stop)")
 
 
 def configured(plan: Plan, dtype: str, layer_class: str, model_runner: str | None = None) -> None:

@@ -11,6 +11,7 @@ KINDS = frozenset(
     {
         "engine_config",
         "forecast",
+        "canary_checked",
         "warning",
         "capture_configured",
         "batch_captured",

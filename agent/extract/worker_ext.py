@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from agent.extract.canary import CANARY_KEY
 from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
 from agent.extract.checks import token_flags
 from agent.extract.gpu_copy import PinnedCopier
@@ -195,7 +196,8 @@ class EagleWatchCapture:
             starts[new.req_id] = new.num_computed_tokens
             extra = getattr(new.sampling_params, "extra_args", None) or {}
             if self._ew_sink is not None and IDX_KEY in extra and new.prompt_token_ids is not None:
-                self._ew_sink.register(new.req_id, int(extra[IDX_KEY]), list(new.prompt_token_ids))
+                canary = bool(extra.get(CANARY_KEY))
+                self._ew_sink.register(new.req_id, int(extra[IDX_KEY]), list(new.prompt_token_ids), canary)
         cached = so.scheduled_cached_reqs
         for rid, done in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
             starts[rid] = done

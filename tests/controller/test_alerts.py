@@ -86,6 +86,14 @@ def test_layer_collapse_alert_names_layer_and_file() -> None:
     )
 
 
+def test_canary_mismatch_alert() -> None:
+    bad = {"samples": 2, "max_rel_diff": 0.25, "ok": False, "tolerance": 0.001}
+    (d,) = alerts.rules_for_event(RUN, {"type": "milestone", "kind": "canary_checked", "fields": bad})
+    assert d.rule == "canary_mismatch" and d.severity == "critical" and "up to 0.25" in d.message
+    good = {**bad, "max_rel_diff": 1e-6, "ok": True}
+    assert alerts.rules_for_event(RUN, {"type": "milestone", "kind": "canary_checked", "fields": good}) == []
+
+
 def test_error_alert_names_class() -> None:
     (d,) = alerts.rules_for_event(
         RUN, {"type": "milestone", "kind": "error", "fields": {"class": "nccl"}, "text": "NCCL error"}

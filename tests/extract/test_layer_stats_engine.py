@@ -1,5 +1,5 @@
-"""On the real CPU engine: forecast, per-layer statistics with progress and in the manifest, and a layer that
-collapses part-way through the run (inject_fault zero_layer) raising layer_collapse."""
+"""On the real CPU engine: forecast, per-layer statistics with progress and in the manifest, a layer that
+collapses part-way through the run (inject_fault zero_layer), and canary re-captures (batch_skew)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.extract.checks import ZERO_LAYER_FROM, ZERO_LAYER_SLOT
+from agent.extract.checks import BATCH_SKEW, ZERO_LAYER_FROM, ZERO_LAYER_SLOT
 from tests.extract.jobrun import run_job, write_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -59,3 +59,40 @@ def test_zero_layer_collapse_is_seen_while_running(tmp_path: Path) -> None:
     assert all(s["rms"] > 0 and s["non_finite"] == 0 for s in stats.values())
     per_file = [json.loads(ln) for ln in (out / "layer_stats.jsonl").read_text().splitlines()]
     assert sorted(p["idx"] for p in per_file) == list(range(7))
+    # batched vs alone on the same engine: float32 reordering only, far inside the tolerance
+    canaries = job.of("canary_checked")
+    assert [(c["when"], c["samples"], c["ok"]) for c in canaries] == [
+        ("first batch", 2, True),
+        ("end", 2, True),  # the last batch is one sample: the batch before it is checked
+    ]
+    assert all(c["max_rel_diff"] < 1e-4 and c["tolerance"] == 1e-3 for c in canaries)
+
+
+def test_batch_dependent_states_fail_the_canary_and_stop(tmp_path: Path) -> None:
+    from agent.extract.tinymodel import build
+
+    model = build(tmp_path / "model", "llama", seed=1)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": f"w{i} w{i + 1} w{i + 2} w7"}) + "\n" for i in range(6)))
+    spec = write_spec(
+        tmp_path / "spec.json",
+        model=str(model),
+        dataset=str(data),
+        output_dir=str(tmp_path / "out"),
+        batch_size=3,
+        inject_fault="batch_skew",
+        on_shape_failure="stop",
+        vllm_args=["--dtype", "float32"],
+    )
+    job = run_job(spec)
+    assert job.rc == 1, job.output[-3000:]
+    (canary,) = job.of("canary_checked")
+    assert canary["when"] == "first batch" and canary["samples"] == 2 and canary["ok"] is False
+    assert canary["max_rel_diff"] == pytest.approx(BATCH_SKEW - 1, rel=1e-3)
+    assert "shape_check_failed" not in job.kinds()  # right shapes, wrong contents: only the canary sees it
+    (failed,) = job.of("failed")
+    assert (
+        "differ from their batched capture" in failed["reason"]
+        and "on_shape_failure=stop" in failed["reason"]
+    )
+    assert len(job.of("batch_captured")) == 1  # stopped after the first batch

@@ -1,4 +1,5 @@
-"""The `forecast` op: `extract --spec S --forecast` in a child process (torch stays out of the daemon)."""
+"""Ops about a run's data: `forecast` (the job's `--forecast` in a child process: torch stays out of the
+daemon) and `manifest` (the dataset card a job keeps in its output directory)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,28 @@ async def forecast(spec: dict[str, Any], state_dir: Path) -> dict[str, Any]:
     lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
     message = lines[-1] if lines else f"exit status {proc.returncode}"
     raise ForecastError(message.removeprefix("eaglewatch extract: error: ")[:1000])
+
+
+MANIFEST_MAX_BYTES = 16 << 20
+
+
+class ManifestError(Exception):
+    """No readable manifest.json where the run writes."""
+
+
+def read_manifest(out_dir: Path) -> dict[str, Any]:
+    """out_dir/manifest.json without its per-sample token map ("samples" becomes a count: small replies)."""
+    path = out_dir / "manifest.json"
+    try:
+        if path.stat().st_size > MANIFEST_MAX_BYTES:
+            raise ManifestError(f"{path} is larger than {MANIFEST_MAX_BYTES} bytes")
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"no manifest.json in {out_dir} (the job has not started writing)") from None
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{path} cannot be read: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{path} is not a JSON object")
+    samples = doc.pop("samples", None)
+    doc["samples_listed"] = len(samples) if isinstance(samples, dict) else 0
+    return doc

@@ -1,4 +1,4 @@
-"""The daemon's `forecast` op over its Unix socket: the job's forecast in a child, errors as error replies."""
+"""The daemon's `forecast` and `manifest` ops over its Unix socket (real daemon, real child processes)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from agent.extract.forecast import file_bytes
+from tests.helpers.agentjobs import printer
 from tests.helpers.agentproc import AgentClient, AgentProc, agent_daemon
 
 __all__ = ["agent_daemon"]
@@ -35,3 +36,33 @@ def test_forecast_op(agent_daemon: AgentProc, tmp_path: Path) -> None:
         assert cmd["code"] == "bad_args" and "no forecast" in cmd["message"]
         assert c.request("forecast")["code"] == "bad_args"
     assert not list(agent_daemon.state_dir.glob("forecast-*"))  # the spec file is gone
+
+
+def test_manifest_op_returns_the_card_without_the_sample_map(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    spec = {
+        "host": "local",
+        "backend": "command",
+        "command": printer(tmp_path, ["x"]),
+        "output_dir": str(out),
+    }
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="m-1", spec=spec)
+        missing = c.request("manifest", run="m-1")
+        assert missing["code"] == "not_found" and "no manifest.json" in missing["message"]
+        out.mkdir(exist_ok=True)
+        card = {
+            "model": "/m",
+            "layer_stats": {"2": {"rms": 1.0}},
+            "samples": {"0": 5, "1": 7},
+            "tokens_total": 12,
+        }
+        (out / "manifest.json").write_text(json.dumps(card))
+        got = c.result("manifest", run="m-1")
+        assert got == {
+            "model": "/m",
+            "layer_stats": {"2": {"rms": 1.0}},
+            "tokens_total": 12,
+            "samples_listed": 2,
+        }
+        assert c.request("manifest", run="nope")["code"] == "not_found"
