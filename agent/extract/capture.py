@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import queue
 import threading
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,14 +122,16 @@ class CaptureSink:
         """Rows [tokens, L, H] of a step (+ token_flags, token_stats); waits on event; release() frees it."""
         self._q.put(("step", host, spans, event, release, flags, stats))
 
-    def drain(self) -> list[dict[str, Any]]:
-        """Wait until everything submitted is written; return (and forget) the finished-sample results."""
-        self._q.join()
-        with self._lock:
-            futures, self._futures = self._futures, []
-        wait(futures)
+    def drain(self, wait: bool = True) -> list[dict[str, Any]]:
+        """Return (and forget) the finished-sample results; wait: first let everything submitted finish."""
+        if wait:
+            self._q.join()
+            with self._lock:
+                futures, self._futures = self._futures, []
+            concurrent.futures.wait(futures)
         with self._lock:
             out, self._results = self._results, []
+            self._futures = [f for f in self._futures if not f.done()]
         return out
 
     def pending(self) -> int:

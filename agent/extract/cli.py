@@ -154,6 +154,8 @@ def _run(plan: object, samples: list[Any]) -> int:
         tokens=tokens,
         seconds=secs,
         sp_gathers=prog.sp_gathers,
+        engine_seconds=round(prog.engine_s, 3),
+        drain_seconds=round(prog.drain_s, 3),
     )
     signals.say(f"completed: {len(manifest.sample_tokens)} samples, {tokens} tokens in {secs} s -> {out}")
     return 0

@@ -150,6 +150,8 @@ class Progress:
     failed_checks: int = 0
     batches: int = 0
     sp_gathers: int = 0  # captured states that arrived sequence-parallel sharded (all-gathered by us)
+    engine_s: float = 0.0  # inside llm.generate: the engine's steps with the capture running beside them
+    drain_s: float = 0.0  # in eaglewatch_drain: waiting for writes the steps did not hide
     started: float = field(default_factory=time.monotonic)
     out_dir: str | None = None  # where free space is measured (None: not measured)
     tokens_todo: int = 0  # tokens this attempt captures in all: the ETA's numerator
@@ -231,7 +233,13 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from agent.extract.writer_proc import ENV as WRITER_ENV
+    from agent.extract.writer_proc import WRITERS
+
     spec = plan.spec
+    writer = os.environ.get(WRITER_ENV) or None
+    if writer is not None and writer not in WRITERS:
+        raise CaptureFailed(f"{WRITER_ENV}={writer!r}: expected one of {', '.join(WRITERS)}")
     extra = prepare_engine(plan)
     kwargs = engine_kwargs(str(plan.model_dir), [*spec.vllm_args, *extra])
     longest = max(len(s.token_ids) for s in todo)
@@ -249,33 +257,40 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         "output_dir": spec.output_dir,
         "fault": spec.inject_fault,
         "stop_on_failure": spec.on_shape_failure == "stop",
+        "writer": writer,
     }
     info = one_result(llm.collective_rpc("eaglewatch_setup", args=(cfg,)))
     manifest.dtype = info["dtype"]
-    configured(plan, info["dtype"], info["layer_class"], model_runner=info.get("model_runner"))
+    found = {"model_runner": info.get("model_runner"), "writer": info.get("writer")}
+    configured(plan, info["dtype"], info["layer_class"], **found)
     prog.restart_clock()
+    # a writer process overlaps a batch's last writes with the next batch's steps; writer threads would
+    # contend with the forward for the GIL, so with them each batch is waited for
+    pipelined = info.get("writer") == "process"
+    outstanding: list[list[Sample]] = []
+    seen: set[int] = set()
     starts = range(0, len(todo), spec.batch_size)
-    prev: list[Sample] = []
     for start in starts:
         batch = todo[start : start + spec.batch_size]
         prompts = [TokensPrompt(prompt_token_ids=list(s.token_ids)) for s in batch]
         params = [
             SamplingParams(max_tokens=1, temperature=0.0, extra_args={"eaglewatch_idx": s.idx}) for s in batch
         ]
+        t0 = time.monotonic()
         llm.generate(prompts, params, use_tqdm=False)
-        drained = one_result(llm.collective_rpc("eaglewatch_drain"))
-        prog.sp_gathers = int(drained.get("gathers", 0))
-        got = {r.get("idx") for r in drained["results"]}
-        missing = [s.idx for s in batch if s.idx not in got]
-        handle_results(drained["results"], plan, manifest, prog)
-        if missing:
-            raise CaptureFailed(f"no capture came back for samples {missing}")
-        batch_done(batch, prog)
-        if start == starts[0]:
+        prog.engine_s += time.monotonic() - t0
+        outstanding.append(batch)
+        first = start == starts[0]
+        # the canary compares with the first batch's files: they must all be written first
+        collect(llm, plan, manifest, prog, outstanding, seen, wait=first or not pipelined)
+        if first:
             canary_round(llm, plan, batch, manifest.dtype, "first batch")
-        elif start == starts[-1]:  # a last batch of one was captured alone: check the one before it then
-            canary_round(llm, plan, batch if len(batch) > 1 else prev, manifest.dtype, "end")
-        prev = batch
+    collect(llm, plan, manifest, prog, outstanding, seen, wait=True)
+    if len(starts) > 1:  # and at the end; a last batch of one was captured alone: check the one before it
+        last = todo[starts[-1] :]
+        canary_round(
+            llm, plan, last if len(last) > 1 else todo[starts[-2] : starts[-1]], manifest.dtype, "end"
+        )
 
 
 def canary_round(llm: Any, plan: Plan, batch: list[Sample], dtype: str, when: str) -> None:
@@ -313,8 +328,33 @@ def canary_round(llm: Any, plan: Plan, batch: list[Sample], dtype: str, when: st
         raise CaptureFailed(f"{message} (on_shape_failure=stop)")
 
 
-def configured(plan: Plan, dtype: str, layer_class: str, model_runner: str | None = None) -> None:
-    """The capture_configured milestone (model_runner: what the worker found, where it can tell)."""
+def collect(
+    llm: Any,
+    plan: Plan,
+    manifest: Manifest,
+    prog: Progress,
+    outstanding: list[list[Sample]],
+    seen: set[int],
+    wait: bool,
+) -> None:
+    """Take the writer's finished samples; report each batch once all its files are in (in order)."""
+    t0 = time.monotonic()
+    drained = one_result(llm.collective_rpc("eaglewatch_drain", args=(wait,)))
+    prog.drain_s += time.monotonic() - t0
+    prog.sp_gathers = int(drained.get("gathers", 0))
+    seen.update(r["idx"] for r in drained["results"] if "idx" in r)
+    handle_results(drained["results"], plan, manifest, prog)
+    while outstanding and all(s.idx in seen for s in outstanding[0]):
+        batch_done(outstanding.pop(0), prog)
+    if wait and outstanding:
+        missing = [s.idx for b in outstanding for s in b if s.idx not in seen]
+        raise CaptureFailed(f"no capture came back for samples {missing}")
+
+
+def configured(
+    plan: Plan, dtype: str, layer_class: str, model_runner: str | None = None, writer: str | None = None
+) -> None:
+    """The capture_configured milestone (model_runner, writer: what the worker chose, where it tells)."""
     spec = plan.spec
     signals.emit(
         "capture_configured",
@@ -326,6 +366,7 @@ def configured(plan: Plan, dtype: str, layer_class: str, model_runner: str | Non
         layer_class=layer_class,
         model_runner=model_runner,
         tensor_parallel_size=spec.tensor_parallel_size,
+        writer=writer,
     )
     runner = f", model runner {model_runner}" if model_runner else ""
     signals.say(

@@ -18,8 +18,19 @@ class PinnedCopier:
     memory stays bounded however slow the disk is.
     """
 
-    def __init__(self, device: torch.device, max_buffers: int = 6, min_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        max_buffers: int = 6,
+        min_bytes: int = 1 << 20,
+        alloc: Callable[[int], torch.Tensor] | None = None,
+        free: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        """alloc/free: where pinned buffers come from (default: torch's pinned allocator; the writer
+        process passes shared-memory ones)."""
         self.device = device
+        self._alloc = alloc or (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True))
+        self._drop = free or (lambda buf: None)
         self.stream = torch.cuda.Stream(device=device)
         self.max_buffers = max_buffers
         self.min_bytes = min_bytes
@@ -31,10 +42,12 @@ class PinnedCopier:
         with self._lock:
             if self._free.empty() and self._count < self.max_buffers:
                 self._count += 1
-                return torch.empty(max(nbytes, self.min_bytes), dtype=torch.uint8, pin_memory=True)
+                return self._alloc(max(nbytes, self.min_bytes))
         buf = self._free.get()  # blocks until the writer hands one back
         if buf.numel() < nbytes:  # grow: drop the small one, pin a bigger one
-            buf = torch.empty(max(nbytes, 2 * buf.numel()), dtype=torch.uint8, pin_memory=True)
+            size = max(nbytes, 2 * buf.numel())
+            self._drop(buf)
+            buf = self._alloc(size)
         return buf
 
     def reserve(self, nbytes: int, count: int | None = None) -> None:
@@ -42,7 +55,7 @@ class PinnedCopier:
         with self._lock:
             while self._count < min(count or self.max_buffers, self.max_buffers):
                 self._count += 1
-                self._free.put(torch.empty(max(nbytes, self.min_bytes), dtype=torch.uint8, pin_memory=True))
+                self._free.put(self._alloc(max(nbytes, self.min_bytes)))
 
     def copy_async(
         self, *tensors: torch.Tensor

@@ -21,6 +21,7 @@ from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
 from agent.extract.checks import token_flags
 from agent.extract.gpu_copy import PinnedCopier
 from agent.extract.stats import token_stats
+from agent.extract.writer_proc import ProcessSink, choose_writer
 
 IDX_KEY = "eaglewatch_idx"
 
@@ -82,7 +83,7 @@ class _Step:
 class EagleWatchCapture:
     """Mixin added to vLLM's worker class; public methods are RPC entry points (prefixed: no clashes)."""
 
-    def _ew_init(self, kind: str, nslots: int, sink: CaptureSink | None) -> None:
+    def _ew_init(self, kind: str, nslots: int, sink: CaptureSink | ProcessSink | None) -> None:
         """Per-worker capture state; only TP rank 0 holds a sink (one writer)."""
         self._ew_rank0 = sink is not None
         self._ew_sink = sink
@@ -107,23 +108,22 @@ class EagleWatchCapture:
         path, layers = find_decoder_layers(model, n)
         tp_rank = ps.get_tp_group().rank_in_group
         hidden = int(text_cfg.hidden_size)
-        sink = (
-            CaptureSink(
-                SinkConfig(
-                    cfg["output_dir"],
-                    len(cfg["layer_ids"]),
-                    hidden,
-                    fault=cfg.get("fault"),
-                    stop_on_failure=bool(cfg.get("stop_on_failure")),
-                )
-            )
-            if tp_rank == 0
-            else None
+        device = torch.device(getattr(runner, "device", torch.device("cpu")))
+        writer = choose_writer(device.type, cfg.get("writer"))
+        sink_cfg = SinkConfig(
+            cfg["output_dir"],
+            len(cfg["layer_ids"]),
+            hidden,
+            fault=cfg.get("fault"),
+            stop_on_failure=bool(cfg.get("stop_on_failure")),
         )
+        sink = self._ew_make_sink(sink_cfg, writer, device) if tp_rank == 0 else None
         self._ew_init(kind, len(cfg["layer_ids"]), sink)
-        device = getattr(runner, "device", torch.device("cpu"))
-        if self._ew_rank0 and torch.device(device).type == "cuda":
-            self._ew_copier = PinnedCopier(torch.device(device))
+        if self._ew_rank0 and device.type == "cuda":
+            shared = sink if isinstance(sink, ProcessSink) else None
+            self._ew_copier = PinnedCopier(
+                device, alloc=shared.alloc if shared else None, free=shared.free if shared else None
+            )
             sched = self.vllm_config.scheduler_config  # type: ignore[attr-defined]
             elt = torch.empty((), dtype=self.vllm_config.model_config.dtype).element_size()  # type: ignore[attr-defined]
             step_bytes = int(sched.max_num_batched_tokens) * (len(cfg["layer_ids"]) * hidden * elt + 64)
@@ -144,9 +144,16 @@ class EagleWatchCapture:
             "hidden_size": hidden,
             "dtype": str(self.vllm_config.model_config.dtype).removeprefix("torch."),  # type: ignore[attr-defined]
             "device": str(device),
+            "writer": writer,
             "model_runner": kind,
             "runner_class": f"{type(runner).__module__}.{type(runner).__name__}",
         }
+
+    def _ew_make_sink(self, cfg: SinkConfig, writer: str, device: torch.device) -> CaptureSink | ProcessSink:
+        """Rank 0's sink: writer threads in this process, or a writer process fed through shared memory."""
+        if writer == "process":
+            return ProcessSink(cfg, pin=device.type == "cuda")
+        return CaptureSink(cfg)
 
     def _ew_wrap_runner(self, runner: Any, kind: str) -> None:
         """Bracket each execute_model call as one step; on V2, read the batch order prepare_inputs made."""
@@ -174,11 +181,11 @@ class EagleWatchCapture:
 
         runner.prepare_inputs = prepare_inputs
 
-    def eaglewatch_drain(self) -> dict[str, Any] | None:
-        """Wait for the writer; return finished samples (small dicts) and the pending count. Rank 0 only."""
+    def eaglewatch_drain(self, wait: bool = True) -> dict[str, Any] | None:
+        """Finished samples (small dicts) and the pending count; wait: for all submitted. Rank 0 only."""
         if self._ew_sink is None:
             return None
-        results = self._ew_sink.drain()
+        results = self._ew_sink.drain(wait)
         return {
             "results": results,
             "pending": self._ew_sink.pending(),

@@ -43,9 +43,9 @@ class AuxCompareCapture(EagleWatchCapture):
         inner.forward = forward
         return info
 
-    def eaglewatch_drain(self) -> dict[str, Any] | None:
+    def eaglewatch_drain(self, wait: bool = True) -> dict[str, Any] | None:
         """Drain both sinks, so the aux files are complete whenever the driver's batch is."""
-        out = super().eaglewatch_drain()
+        out = super().eaglewatch_drain(wait)
         if self._aux_sink is None:
             return out
         aux = self._aux_sink.drain()

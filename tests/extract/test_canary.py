@@ -76,3 +76,26 @@ def test_sink_compares_alone_with_batched_and_writes_nothing(
     sink.close()
     assert res["canary"] is True and res["idx"] == 0 and res["rel_diff"] == pytest.approx(want, abs=1e-6)
     assert (tmp_path / "hs_0.safetensors").read_bytes() == written  # the canary never overwrites
+
+
+def test_writer_process_carries_stats_and_canaries(tmp_path: Path) -> None:
+    """The writer process (the GPU default) gives the same layer_stats and canary results as threads."""
+    from agent.extract.stats import file_stats, summary, token_stats
+    from agent.extract.writer_proc import ProcessSink
+
+    sink = ProcessSink(SinkConfig(str(tmp_path), L, H, fault="batch_skew"), max_buffers=2)
+    a, b = _states(4, 1), _states(3, 2)
+    rows = torch.cat([a, b])
+    sink.register("ra", 0, [1, 2, 3, 4])
+    sink.register("rb", 1, [5, 6, 7])
+    sink.submit(rows, [Span("ra", 0, 0, 4), Span("rb", 4, 0, 3)], stats=token_stats(rows))
+    first = {r["idx"]: r for r in sink.drain()}
+    # batch_skew: the files hold 1.25 × the states, and so do their statistics
+    want = [summary(s) for s in file_stats(token_stats(a * BATCH_SKEW), H)]
+    got = [summary(s) for s in first[0]["layer_stats"]]
+    assert [g["rms"] for g in got] == pytest.approx([w["rms"] for w in want], rel=1e-5)
+    sink.register("ca", 0, [1, 2, 3, 4], canary=True)
+    sink.submit(a.clone(), [Span("ca", 0, 0, 4)], stats=token_stats(a))
+    (res,) = sink.drain()
+    sink.close()
+    assert res["canary"] is True and res["rel_diff"] == pytest.approx(BATCH_SKEW - 1, abs=1e-6)

@@ -1,7 +1,8 @@
 """worker-extension backend on the real vLLM CPU engine, tiny Llama fp32: equals HF transformers; resume.
 
-One module-scoped scenario (engine starts are expensive): run 1 is SIGKILLed after its first batch, one of
-its files is then truncated, run 2 resumes. Every assertion below reads that scenario's results.
+One module-scoped scenario (engine starts are expensive): run 1 (writer threads) is SIGKILLed after its
+first batch, one of its files is then truncated, run 2 resumes through the writer process. Every
+assertion below reads that scenario's results.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     truncated = sorted(after_kill)[0]
     with open(out / truncated, "r+b") as fh:  # an invalid file: must be rewritten
         fh.truncate(100)
-    second = run_job(spec)
+    # the resumed run writes through the writer process (the GPU default) instead of writer threads
+    second = run_job(spec, env={"EAGLEWATCH_WRITER": "process"})
     return {
         "model": model,
         "samples": samples,
@@ -78,6 +80,8 @@ def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> 
     conf = second.of("capture_configured")[0]
     assert conf["layers"] == LAYERS and conf["convention"] == "input" and conf["hidden_size"] == 128
     assert conf["dtype"] == "float32" and conf["backend"] == "worker-extension"
+    assert conf["writer"] == "process"
+    assert scenario["first"].of("capture_configured")[0]["writer"] == "thread"  # the CPU default
     done = second.of("completed")[0]
     assert done["samples"] == len(LENGTHS) and done["tokens"] == sum(LENGTHS)
     last = second.of("progress")[-1]

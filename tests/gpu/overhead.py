@@ -72,9 +72,11 @@ def model_dir(work: Path) -> Path:
     return out
 
 
-def plain(work: Path, data: Path, eager: bool, env: dict[str, str], logs: Path) -> float:
-    """Tokens/s of plain vLLM prefill (max_tokens=1) of the dataset, in batches like the job's."""
-    log = logs / f"plain-8b-{'eager' if eager else 'graphs'}.log"
+def plain(
+    work: Path, data: Path, eager: bool, env: dict[str, str], logs: Path, round_: int = 1
+) -> dict[str, float]:
+    """Plain vLLM prefill (max_tokens=1) of the dataset, in batches like the job's: tokens_per_s, seconds."""
+    log = logs / f"plain-8b-{'eager' if eager else 'graphs'}{f'-{round_}' if round_ > 1 else ''}.log"
     with log.open("w") as fh:
         subprocess.run(
             [sys.executable, "-c", PLAIN, str(model_dir(work)), str(data), "1" if eager else "0", str(BATCH)],
@@ -87,16 +89,30 @@ def plain(work: Path, data: Path, eager: bool, env: dict[str, str], logs: Path) 
         )
     for line in log.read_text(errors="replace").splitlines():
         if line.startswith("PLAIN "):
-            return float(json.loads(line[6:])["tokens_per_s"])
+            return {k: float(v) for k, v in json.loads(line[6:]).items()}
     raise RuntimeError(f"plain prefill failed; see {log.name}")
 
 
-def overhead(
-    work: Path, logs: Path, version: str, env_for: Callable[..., dict[str, str]], quick: bool = False
-) -> list[dict[str, Any]]:
-    """Plain eager / plain graphs / worker-extension / vllm-native on the 8B shape; then the agent run.
+#: variants of the capture run: (tag, backend, CUDA graphs, extra env, output on /dev/shm)
+FULL = [
+    ("worker-extension", "worker-extension", False, {}, False),
+    ("vllm-native", "vllm-native", True, {}, False),
+]
+WRITER = [
+    ("worker-extension-threads", "worker-extension", False, {"EAGLEWATCH_WRITER": "thread"}, False),
+    ("worker-extension", "worker-extension", False, {}, False),
+    ("worker-extension-tmpfs", "worker-extension", False, {}, True),
+]
 
-    quick: plain eager against the worker extension only (a short device call after a capture change).
+
+def overhead(
+    work: Path, logs: Path, version: str, env_for: Callable[..., dict[str, str]], mode: str = "full"
+) -> list[dict[str, Any]]:
+    """Plain prefill against capture runs on the 8B shape, same prompts and batches, one after another.
+
+    mode full: plain eager and graphs, worker-extension, vllm-native, then the agent stop run; quick: plain
+    eager and the worker extension; writer: plain eager and the worker extension with writer threads, with
+    the writer process (the default on CUDA) and with the writer process into /dev/shm (no disk).
     """
     from tests.gpu.run_gpu import make_data, milestones, run_job
 
@@ -104,28 +120,43 @@ def overhead(
     make_data(data, [TOKENS] * PROMPTS, 128000, 5)
     env = env_for({"CUDA_VISIBLE_DEVICES": "0"})
     base = {"eager": plain(work, data, True, env, logs)}
-    base["graphs"] = base["eager"] if quick else plain(work, data, False, env, logs)
-    print(f"plain prefill tokens/s: {base}", flush=True)
+    base["graphs"] = plain(work, data, False, env, logs) if mode == "full" else base["eager"]
+    print(f"plain prefill: {base}", flush=True)
+    # quick: two rounds (plain, capture, plain, capture), so the record shows the run-to-run spread too
+    variants = {"full": FULL, "quick": FULL[:1] * 2, "writer": WRITER}[mode]
     records = []
-    for backend, graphs in (("worker-extension", False), ("vllm-native", True))[: 1 if quick else 2]:
-        tag = f"llama-8b-{backend}"
-        out = work / "out" / tag
+    for n, (tag, backend, graphs, extra, tmpfs) in enumerate(variants):
+        if mode == "quick" and n:
+            base["eager"] = base["graphs"] = plain(work, data, True, env, logs, round_=n + 1)
+            print(f"plain prefill again: {base['eager']}", flush=True)
+        name = f"llama-8b-{tag}" + (f"-{n + 1}" if mode == "quick" and n else "")
+        root = Path("/dev/shm/ew-out") if tmpfs else work / "out"
+        free = shutil.disk_usage("/dev/shm").free
+        if tmpfs and free < 20e9:
+            print(f"{name}: skipped, /dev/shm has {free} bytes free", flush=True)
+            continue
+        out = root / name
         spec = {
-            "name": tag,
+            "name": name,
             "backend": backend,
             "model": str(model_dir(work)),
             "dataset": str(data),
             "output_dir": str(out),
             "batch_size": BATCH,
             "vllm_args": ARGS + ([] if graphs else ["--enforce-eager"]),
+            "env": extra,
         }
-        res = run_job(tag, spec, {"CUDA_VISIBLE_DEVICES": "0"}, logs)
+        res = run_job(name, spec, {"CUDA_VISIBLE_DEVICES": "0"}, logs)
         prog = [e for e in res["events"] if e["kind"] == "progress"]
+        done = next((e for e in res["events"] if e["kind"] == "completed"), {})
+        conf = next((e for e in res["events"] if e["kind"] == "capture_configured"), {})
         tps = float(prog[-1]["tokens_per_s"]) if prog and res["rc"] == 0 else None
         files = len(list(out.glob("hs_*.safetensors")))
         size = sum(p.stat().st_size for p in out.glob("hs_*.safetensors"))
         shutil.rmtree(out, ignore_errors=True)  # 17 GB each: the disk must hold the next run
-        same = base["eager" if not graphs else "graphs"]
+        same = base["graphs" if graphs else "eager"]
+        engine_s = done.get("engine_seconds")
+        step_ratio = round(same["seconds"] / engine_s, 4) if engine_s else None
         ms = milestones(res["log"], 1)
         records.append(
             {
@@ -139,18 +170,21 @@ def overhead(
                 "files": files,
                 "max_rel_err": None,
                 "tp1_max_abs_diff": None,
-                "overhead_ratio": round(tps / same, 4) if tps else None,
+                "overhead_ratio": round(tps / same["tokens_per_s"], 4) if tps else None,
                 "ok": res["rc"] == 0 and files == PROMPTS,
                 "note": (
-                    f"capture {tps} tok/s vs plain {'graphs' if graphs else 'eager'} {same:.0f} tok/s "
-                    f"(plain eager {base['eager']:.0f}, plain graphs {base['graphs']:.0f}); "
-                    f"{PROMPTS} prompts x {TOKENS} tokens, batches of {BATCH}, {size / 1e9:.1f} GB written; "
-                    f"dummy weights, no HF reference; milestones {ms['kinds']}; {res['seconds']} s"
+                    f"{tag}: writer {conf.get('writer')}; capture {tps} tok/s vs plain "
+                    f"{'graphs' if graphs else 'eager'} {same['tokens_per_s']:.0f} tok/s; time in generate "
+                    f"{engine_s} s vs plain {same['seconds']:.2f} s (per-step ratio {step_ratio}), waiting "
+                    f"for writes after batches {done.get('drain_seconds')} s; "
+                    f"{PROMPTS} prompts x {TOKENS} tokens, batches of {BATCH}, {size / 1e9:.1f} GB "
+                    f"written to {'/dev/shm' if tmpfs else 'disk'}; dummy weights, no HF reference; "
+                    f"milestones {ms['kinds']}; {res['seconds']} s"
                 ),
             }
         )
         print(json.dumps(records[-1]), flush=True)
-    if not quick:
+    if mode == "full":
         records.append(agent_stop(work, data, version, env_for, logs))
         print(json.dumps(records[-1]), flush=True)
     return records

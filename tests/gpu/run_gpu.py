@@ -184,6 +184,14 @@ CASES_TP2 = [
     case("deepseek-v3-tiny", "worker-extension", 2, False),
     case("deepseek-v3-tiny", "vllm-native", 2, True),
 ]
+#: phase `writer`: the worker extension again after a change to its write path, plus DeepSeek-V3 with every
+#: routed expert active (top-8 of 8), where no near-tied router score can flip an expert choice
+WRITER_TP1 = [
+    *[c for c in CASES_TP1 if c["backend"] == "worker-extension"],
+    case("deepseek-v3-tiny-dense", "worker-extension", 1, False),
+    case("deepseek-v3-tiny-dense", "vllm-native", 1, True),
+]
+WRITER_TP2 = [c for c in CASES_TP2 if c["backend"] == "worker-extension"]
 RUNNER_ENV = {"1": "0", "2": "1"}  # case runner_env (V1/V2 forced) -> VLLM_USE_V2_MODEL_RUNNER
 
 
@@ -227,6 +235,9 @@ def correctness(
         "llama-tiny": build(WORK / "llama", "llama", seed=3),
         # DeepSeek's own MLA head dims: vLLM's GPU MLA prefill backends take no others
         "deepseek-v3-tiny": build(WORK / "dsv3", "deepseek_v3", seed=3, overrides=GPU_MLA_DIMS),
+        "deepseek-v3-tiny-dense": build(
+            WORK / "dsv3-dense", "deepseek_v3", seed=3, overrides={**GPU_MLA_DIMS, "num_experts_per_tok": 8}
+        ),
     }
     data = WORK / "tiny.jsonl"
     samples = make_data(data, [5, 37, 12, 64, 1, 50, 23, 200], 500, 7)
@@ -314,7 +325,9 @@ def describe(
 def main() -> int:
     """Run a phase; write DIR/validation.json and DIR/logs.tar.gz."""
     p = argparse.ArgumentParser()
-    p.add_argument("phase", choices=["smoke", "correctness", "overhead", "overhead-quick"])
+    p.add_argument(
+        "phase", choices=["smoke", "correctness", "writer", "overhead", "overhead-quick", "overhead-writer"]
+    )
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     args = p.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
@@ -326,10 +339,12 @@ def main() -> int:
         records = correctness(logs, version, CASES_TP1[:1], [])
     elif args.phase == "correctness":
         records = correctness(logs, version, CASES_TP1, CASES_TP2)
+    elif args.phase == "writer":
+        records = correctness(logs, version, WRITER_TP1, WRITER_TP2)
     else:
         from tests.gpu.overhead import overhead
 
-        records = overhead(WORK, logs, version, env_for, quick=args.phase == "overhead-quick")
+        records = overhead(WORK, logs, version, env_for, mode=args.phase.partition("-")[2] or "full")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"validation-{args.phase}.json").write_text(json.dumps(records, indent=1) + "\n")
     with tarfile.open(args.out / f"logs-{args.phase}.tar.gz", "w:gz") as tar:
