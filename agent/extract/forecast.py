@@ -12,7 +12,10 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.spec import RunSpec
 
 #: Header bytes of one hs_N.safetensors file: length prefix + JSON header (two tensors), rounded up.
 HEADER_BYTES = 256
@@ -139,13 +142,14 @@ def engine_dtype(vllm_args: Sequence[str], config: dict[str, Any]) -> str:
     return str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
 
 
-def forecast_spec(spec: Any) -> Forecast:
+def forecast_spec(spec: RunSpec) -> Forecast:
     """The forecast of a validated RunSpec: reads the model's config.json and the dataset, starts nothing.
 
     Raises preflight.SpecError for a model or dataset it cannot read.
     """
     from agent.extract.preflight import SpecError, resolve_layers, text_config
 
+    assert spec.model is not None and spec.dataset is not None and spec.output_dir is not None
     model_dir, dataset = Path(spec.model), Path(spec.dataset)
     cfg = text_config(model_dir)
     layers = resolve_layers(spec.layers, spec.layer_convention, cfg["num_hidden_layers"])

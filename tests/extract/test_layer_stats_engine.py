@@ -83,10 +83,14 @@ def test_batch_dependent_states_fail_the_canary_and_stop(tmp_path: Path) -> None
         inject_fault="batch_skew",
         on_shape_failure="stop",
         vllm_args=["--dtype", "float32"],
+        env={
+            "EAGLEWATCH_WRITER": "process"
+        },  # the GPU default, pipelined: the canary must wait for the files
     )
     job = run_job(spec)
     assert job.rc == 1, job.output[-3000:]
     (canary,) = job.of("canary_checked")
+    assert job.of("capture_configured")[0]["writer"] == "process"
     assert canary["when"] == "first batch" and canary["samples"] == 2 and canary["ok"] is False
     assert canary["max_rel_diff"] == pytest.approx(BATCH_SKEW - 1, rel=1e-3)
     assert "shape_check_failed" not in job.kinds()  # right shapes, wrong contents: only the canary sees it
