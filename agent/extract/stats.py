@@ -26,17 +26,21 @@ COLLAPSE_FACTOR = 10.0
 
 
 def token_stats(hidden: torch.Tensor) -> torch.Tensor:
-    """Per token and layer slot [T, L, 4] float32 of a [T, L, H] capture: Σx² (finite values), max |x|,
-    #zeros, #non-finite; computed on hidden's device."""
+    """Per token and layer slot [T, L, 4] float32 of a [T, L, H] capture: Σx², max |x|, #zeros, #non-finite;
+    computed on hidden's device. A row holding a NaN/Inf gives 0 for Σx² and max |x| (its count says so)."""
     import torch
 
-    finite = torch.isfinite(hidden)
-    clean = torch.where(finite, hidden, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
-    sumsq = torch.linalg.vector_norm(clean, ord=2, dim=-1, dtype=torch.float32).square()
-    max_abs = clean.abs().amax(dim=-1).float()
+    # reductions only, no float copy of the states: the GPU keeps its memory for the engine
+    sumsq = torch.linalg.vector_norm(hidden, ord=2, dim=-1, dtype=torch.float32).square()
+    lo, hi = torch.aminmax(hidden, dim=-1)
+    max_abs = torch.maximum(hi.float(), lo.float().neg())
+    non_finite = hidden.shape[-1] - torch.isfinite(hidden).sum(dim=-1, dtype=torch.float32)
     zeros = (hidden == 0).sum(dim=-1, dtype=torch.float32)
-    non_finite = (~finite).sum(dim=-1, dtype=torch.float32)
-    return torch.stack([sumsq, max_abs, zeros, non_finite], dim=-1)
+    ok = non_finite == 0
+    none = sumsq.new_zeros(())
+    return torch.stack(
+        [torch.where(ok, sumsq, none), torch.where(ok, max_abs, none), zeros, non_finite], dim=-1
+    )
 
 
 def maybe_token_stats(hidden: torch.Tensor) -> torch.Tensor | None:
@@ -45,22 +49,31 @@ def maybe_token_stats(hidden: torch.Tensor) -> torch.Tensor | None:
 
 
 def file_stats(stats: torch.Tensor, hidden_size: int) -> list[dict[str, float]]:
-    """One sample's per-slot sums from its [T, L, 4] token_stats rows: sumsq, max_abs, zeros, non_finite, n"""
+    """One sample's per-slot sums from its [T, L, 4] token_stats rows (sumsq, max_abs, zeros, non_finite, n,
+    finite_n: the values in rows without a NaN/Inf, the RMS's denominator)."""
     total = stats.sum(dim=0)  # [L, 4]
     peak = stats[:, :, 1].amax(dim=0) if stats.shape[0] else total[:, 1]
+    finite_rows = (stats[:, :, 3] == 0).sum(dim=0)
     n = float(stats.shape[0] * hidden_size)
     return [
-        {"sumsq": float(t[0]), "max_abs": float(m), "zeros": float(t[2]), "non_finite": float(t[3]), "n": n}
-        for t, m in zip(total.tolist(), peak.tolist(), strict=True)
+        {
+            "sumsq": float(t[0]),
+            "max_abs": float(m),
+            "zeros": float(t[2]),
+            "non_finite": float(t[3]),
+            "n": n,
+            "finite_n": float(rows * hidden_size),
+        }
+        for t, m, rows in zip(total.tolist(), peak.tolist(), finite_rows.tolist(), strict=True)
     ]
 
 
 def summary(sums: dict[str, float]) -> dict[str, float | int]:
     """The user-facing values of sums: rms, max_abs, zero_fraction, non_finite."""
     n = sums["n"]
-    finite_n = max(n - sums["non_finite"], 1.0)
+    finite_n = sums["finite_n"]
     return {
-        "rms": math.sqrt(sums["sumsq"] / finite_n) if n else 0.0,
+        "rms": math.sqrt(sums["sumsq"] / finite_n) if finite_n > 0 else 0.0,
         "max_abs": sums["max_abs"],
         "zero_fraction": sums["zeros"] / n if n else 0.0,
         "non_finite": int(sums["non_finite"]),
@@ -68,7 +81,7 @@ def summary(sums: dict[str, float]) -> dict[str, float | int]:
 
 
 def _add(into: dict[str, float], sums: dict[str, float]) -> None:
-    for key in ("sumsq", "zeros", "non_finite", "n"):
+    for key in ("sumsq", "zeros", "non_finite", "n", "finite_n"):
         into[key] = into.get(key, 0.0) + sums[key]
     into["max_abs"] = max(into.get("max_abs", 0.0), sums["max_abs"])
 

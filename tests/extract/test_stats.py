@@ -25,7 +25,8 @@ def _direct(hidden: torch.Tensor) -> list[dict[str, float | int]]:
     out: list[dict[str, float | int]] = []
     for slot in range(hidden.shape[1]):
         x = hidden[:, slot].reshape(-1)
-        finite = x[torch.isfinite(x)]
+        rows_ok = torch.isfinite(hidden[:, slot]).all(dim=1)  # a row with a NaN/Inf leaves RMS and max
+        finite = hidden[rows_ok, slot].reshape(-1)
         out.append(
             {
                 "rms": math.sqrt(float((finite.double() ** 2).mean())) if finite.numel() else 0.0,
@@ -101,7 +102,8 @@ def test_zero_layer_fault_and_a_dropped_layer_has_no_stats(tmp_path: Path) -> No
 
 
 def _file(rms: float, zero_fraction: float = 0.0, n: float = 100.0) -> dict[str, float]:
-    return {"sumsq": rms * rms * n, "max_abs": 3 * rms, "zeros": zero_fraction * n, "non_finite": 0.0, "n": n}
+    return {"sumsq": rms * rms * n, "max_abs": 3 * rms, "zeros": zero_fraction * n, "non_finite": 0.0, "n": n,
+            "finite_n": n}  # fmt: skip
 
 
 @pytest.mark.parametrize(
