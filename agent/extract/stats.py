@@ -120,8 +120,8 @@ class RunStats:
         return out
 
     def to_manifest(self) -> dict[str, dict[str, float | int]]:
-        """manifest.json's "layer_stats": per layer id, over the run."""
-        return {str(k): {**summary(v), "files_n": int(v["n"])} for k, v in self.totals.items() if v.get("n")}
+        """manifest.json's "layer_stats": per layer id over the run (values: how many were summarised)."""
+        return {str(k): {**summary(v), "values": int(v["n"])} for k, v in self.totals.items() if v.get("n")}
 
 
 def judge(values: dict[str, float | int], base: list[dict[str, float | int]]) -> list[tuple[str, str]]:

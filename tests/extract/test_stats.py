@@ -135,6 +135,7 @@ def test_run_stats_totals_baseline_and_findings_once(tmp_path: Path) -> None:
     assert run.take_recent() == {"2": 1.0, "4": 0.0}
     manifest = run.to_manifest()
     assert manifest["2"]["rms"] == pytest.approx(1.0) and manifest["2"]["zero_fraction"] == 0
+    assert manifest["2"]["values"] == 500
     assert manifest["4"]["rms"] == pytest.approx(math.sqrt(12 / 5)) and manifest["4"]["zero_fraction"] == 0.4
     append_file(tmp_path, 7, [2, 4], [_file(1.0), _file(0.5)])
     (line,) = (tmp_path / "layer_stats.jsonl").read_text().splitlines()
