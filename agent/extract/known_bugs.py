@@ -137,6 +137,19 @@ def run_conditions(
     return frozenset(out)
 
 
+def target_for(
+    version: str, config: Mapping[str, Any], backend: str, layer_ids: Iterable[int], convention: str
+) -> Target:
+    """The Target of a run from its (text-merged) config.json: a wrapper's own architecture and its language
+    model's both count, since a known bug may name either."""
+    archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    inner = config.get("text_config")
+    inner_archs = inner.get("architectures") if isinstance(inner, dict) else None
+    archs += [a for a in inner_archs or [] if isinstance(a, str) and a not in archs]
+    n = int(config["num_hidden_layers"])
+    return Target(version, tuple(archs), backend, run_conditions(config, layer_ids, convention, n))
+
+
 def applies(bug: KnownBug, target: Target) -> bool:
     """Whether one bug applies; a version that cannot be parsed matches no version range."""
     if bug.vllm_min is not None or bug.vllm_below is not None:

@@ -173,16 +173,7 @@ def preflight(spec: RunSpec, bugs: list[known_bugs.KnownBug] | None = None) -> P
     except ValueError as e:
         raise SpecError(str(e)) from None
     archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
-    inner = cfg.get("text_config")
-    # a known bug may name a wrapper's own architecture or its language model's: both count
-    inner_archs = inner.get("architectures") if isinstance(inner, dict) else None
-    bug_archs = archs + [a for a in inner_archs or [] if isinstance(a, str) and a not in archs]
-    target = known_bugs.Target(
-        version,
-        tuple(bug_archs),
-        spec.backend,
-        known_bugs.run_conditions(cfg, layer_ids, spec.layer_convention, n),
-    )
+    target = known_bugs.target_for(version, cfg, spec.backend, layer_ids, spec.layer_convention)
     try:
         table = known_bugs.load_bugs() if bugs is None else bugs
     except known_bugs.BugTableError as e:

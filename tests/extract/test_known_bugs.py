@@ -17,6 +17,7 @@ from agent.extract.known_bugs import (
     match,
     parse_bugs,
     run_conditions,
+    target_for,
 )
 from agent.extract.preflight import SpecError, preflight, vllm_version
 from agent.spec import RunSpec, parse_spec
@@ -77,6 +78,13 @@ def test_run_conditions(
     config: dict[str, object], layers: list[int], convention: str, want: frozenset[str]
 ) -> None:
     assert run_conditions(config, layers, convention, 8) == want
+
+
+def test_target_for_a_vlm_wrapper_names_both_architectures() -> None:
+    cfg = {"architectures": ["KimiK25ForConditionalGeneration"], "num_hidden_layers": 61,
+           "text_config": {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61}}  # fmt: skip
+    target = target_for("0.24.0", cfg, "vllm-native", [2, 30, 58, 61], "input")
+    assert target == Target("0.24.0", (*KIMI25, *DSV3), "vllm-native", FINAL | VLM)
 
 
 def test_gate_refuses_warns_and_allows() -> None:
