@@ -172,7 +172,6 @@ def preflight(spec: RunSpec, bugs: list[known_bugs.KnownBug] | None = None) -> P
         runtime.flag({**os.environ, **spec.env}.get(runtime.RUNNER_ENV))
     except ValueError as e:
         raise SpecError(str(e)) from None
-    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
     target = known_bugs.target_for(version, cfg, spec.backend, layer_ids, spec.layer_convention)
     try:
         table = known_bugs.load_bugs() if bugs is None else bugs
@@ -189,5 +188,6 @@ def preflight(spec: RunSpec, bugs: list[known_bugs.KnownBug] | None = None) -> P
     except OSError as e:
         raise SpecError(f"cannot create output_dir {out}: {e.strerror}") from None
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
     moe = runtime.is_moe(cfg)
     return Plan(spec, model_dir, n, hidden, dtype, layer_ids, version, archs, moe, note, tuple(bug_warnings))
