@@ -43,13 +43,12 @@ def _str(value: Any) -> str | None:
 
 
 def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -> CaptureCard | None:
-    """The card for an extraction run (None for a watched command, or before the job said anything).
+    """The card of a run whose job reported its capture (None before that, and for a watched command that
+    never does: eaglewatch's own job, or any job printing the same milestone lines).
 
     Later milestones win: a resumed job reports its configuration again. Tokens count captured batches
     until `completed` gives the totals (which include samples already valid from an earlier attempt).
     """
-    if spec.get("backend") == "command":
-        return None
     vllm = layers = convention = hidden = dtype = None
     tokens = files = nbytes = None
     forecast_bytes = free = eta = None
@@ -58,7 +57,7 @@ def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -
     for m in milestones:
         f = m.fields
         if m.kind == "engine_config":
-            vllm, seen = _str(f.get("vllm")) or vllm, True
+            vllm = _str(f.get("vllm")) or vllm
         elif m.kind == "capture_configured":
             seen = True
             raw = f.get("layers")

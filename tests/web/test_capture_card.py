@@ -71,7 +71,7 @@ def test_running_then_completed() -> None:
 @pytest.mark.parametrize(
     ("spec", "ms"),
     [
-        ({**SPEC, "backend": "command", "command": ["x"]}, [ENGINE, CONFIGURED]),  # a watched command
+        ({**SPEC, "backend": "command", "command": ["x"]}, [ENGINE]),  # a watched vLLM: its log says no more
         (SPEC, []),  # nothing reported yet
         (SPEC, [("progress", {"files_written": 1})]),
     ],

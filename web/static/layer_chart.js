@@ -24,7 +24,7 @@
     layers.forEach(function (id) {
       cols.push(points.map(function (p) { return typeof p.rms[id] === "number" ? p.rms[id] : null; }));
     });
-    if (window.__ew) window.__ew.layerPoints = points.length;  // read by the browser tests
+    box.dataset.points = String(points.length);  // how many progress lines the chart holds
     if (plot && shown === layers.join(",")) { plot.setData(cols); return; }
     if (plot) plot.destroy();
     shown = layers.join(",");
