@@ -147,7 +147,7 @@ async def test_run_page_shows_the_card(client: httpx.AsyncClient, ctl: Controlle
     assert 'id="capture-card"' in html and "so far" in html
     shown = {"vllm": "0.26.0", "hidden_size": "7,168", "dtype": "bfloat16", "tokens": "1,234", "files": "8",
              "bytes": "3.0 GiB", "forecast": "5.0 GiB to write", "free": "512.0 GiB",
-             "eta": "2m 05s "}  # fmt: skip
+             "eta": "2m 05s"}  # fmt: skip
     for key, text in shown.items():
         assert f'data-card="{key}">{text}<' in html, key
     assert (
