@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from agent.extract.canary import CANARY_KEY
 from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
 from agent.extract.worker_ext import IDX_KEY, EagleWatchCapture
 
@@ -60,7 +61,8 @@ class AuxCompareCapture(EagleWatchCapture):
             return
         for new in so.scheduled_new_reqs:
             extra = getattr(new.sampling_params, "extra_args", None) or {}
-            if IDX_KEY in extra and new.prompt_token_ids is not None:
+            # a canary re-capture is compared, never written: its aux states would overwrite the batched ones
+            if IDX_KEY in extra and not extra.get(CANARY_KEY) and new.prompt_token_ids is not None:
                 self._aux_sink.register(new.req_id, int(extra[IDX_KEY]), list(new.prompt_token_ids))
 
     def _ew_end(self) -> None:
