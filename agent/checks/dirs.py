@@ -141,6 +141,26 @@ def index_gaps(
     return problems
 
 
+def _manifest_range(folder: Path, name: str) -> tuple[int, int] | None:
+    # [start, end) a shard manifest records; None when it is missing, unreadable or not plausible
+    path = folder / name
+    try:
+        if escapes(path, folder) or path.stat().st_size > _MAX_LENGTHS_BYTES:
+            return None
+        shard = json.loads(path.read_text(encoding="utf-8"))["shard"]
+        start, end = shard["start"], shard["end"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if isinstance(start, int) and isinstance(end, int) and 0 <= start <= end:
+        return start, end
+    return None
+
+
+def shard_range(folder: Path, index: int, count: int) -> tuple[int, int] | None:
+    """[start, end) of shard index of count, from its manifest in folder (None until the job wrote it)."""
+    return _manifest_range(folder, f"manifest.shard-{index}-of-{count}.json")
+
+
 def shard_ranges(folder: Path) -> list[tuple[int, int]]:
     """[start, end) of each shard manifest in folder; none once a merged manifest.json checks it whole."""
     try:
@@ -149,20 +169,8 @@ def shard_ranges(folder: Path) -> list[tuple[int, int]]:
         return []
     if MERGED_MANIFEST in names:
         return []
-    ranges = []
-    for name in names:
-        if SHARD_MANIFEST.match(name) is None or escapes(folder / name, folder):
-            continue
-        try:
-            if (folder / name).stat().st_size > _MAX_LENGTHS_BYTES:
-                continue
-            shard = json.loads((folder / name).read_text(encoding="utf-8"))["shard"]
-            start, end = shard["start"], shard["end"]
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-        if isinstance(start, int) and isinstance(end, int) and 0 <= start <= end:
-            ranges.append((start, end))
-    return sorted(ranges)
+    found = (_manifest_range(folder, n) for n in names if SHARD_MANIFEST.match(n) is not None)
+    return sorted(r for r in found if r is not None)
 
 
 def escapes(path: Path, root: Path) -> bool:
