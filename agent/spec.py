@@ -217,7 +217,7 @@ class RunSpecBase(BaseModel):
             if not self.command:
                 raise ValueError("backend 'command' needs 'command' (an argv list)")
             if self.shard is not None:
-                raise ValueError("'shard' splits an extraction's samples; backend 'command' has none")
+                raise ValueError("'shard' needs an extraction backend (worker-extension or vllm-native)")
         else:
             if self.command:
                 raise ValueError(f"'command' is only allowed with backend 'command', not {self.backend!r}")
