@@ -79,6 +79,8 @@ class Op(StrEnum):
     READ_LOG = "read_log"
     CHECK = "check"
     GPUS = "gpus"
+    FORECAST = "forecast"
+    MANIFEST = "manifest"
     SHUTDOWN = "shutdown"
 
 
@@ -123,6 +125,8 @@ _REQUIRED: dict[Op, tuple[str, ...]] = {
     Op.UNFOLLOW: ("run",),
     Op.READ_LOG: ("run",),
     Op.CHECK: ("path",),
+    Op.FORECAST: ("spec",),
+    Op.MANIFEST: ("run",),
 }
 
 

@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     StringConstraints,
     field_validator,
@@ -29,7 +30,7 @@ Backend = Literal["worker-extension", "vllm-native", "command"]
 LayerConvention = Literal["input", "output"]
 ShapeFailurePolicy = Literal["alert", "stop"]
 #: Deliberate faults for the demo and the tests: make the capture go wrong the way real runs do.
-Fault = Literal["drop_layer", "flatten", "zero"]
+Fault = Literal["drop_layer", "flatten", "zero", "zero_layer", "batch_skew"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -121,6 +122,21 @@ class RunSpecBase(BaseModel):
         default_factory=list, max_length=limits.MAX_RULES, description="extra milestone rules"
     )
     on_shape_failure: ShapeFailurePolicy = "alert"
+    allow_disk_overrun: StrictBool = Field(
+        default=False, description="launch even when the forecast says the output will not fit on disk"
+    )
+    disk_low_gib: StrictInt = Field(
+        default=10,
+        ge=0,
+        le=limits.MAX_DISK_LOW_GIB,
+        description="disk_low alert below this many GiB free (or below what is left to write)",
+    )
+    canary_samples: StrictInt = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="samples captured again alone after the first batch and at the end, to compare (0: off)",
+    )
     inject_fault: Fault | None = Field(default=None, description="demo/testing: corrupt the capture")
     shard: Shard | None = Field(default=None, description="capture only this contiguous slice of the samples")
 

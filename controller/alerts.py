@@ -1,6 +1,9 @@
 """Alert rules, pure: events and states in, AlertDrafts out; and the alert policy, held once per process.
 
-Rules: ``shape_check_failed`` (a failed check event or milestone), ``error`` milestones, ``run_failed``,
+Rules: ``shape_check_failed`` (a failed check event or milestone), ``error`` milestones, ``disk_low`` (a
+``progress`` milestone whose job found too little free space for its output), ``layer_collapse`` (a layer
+whose statistics collapsed or exploded, from the same milestones), ``canary_mismatch`` (a ``canary_checked``
+milestone that is not ok), ``run_failed``,
 ``run_lost``, ``host_key_changed``, ``host_unreachable`` (longer than N minutes), ``stall`` (no progress
 for N× the recent progress interval).  Storing a draft (dedupe within the cooldown, outbox row when
 delivering) is crud.raise_alert; delivery is outbox.py.
@@ -55,6 +58,16 @@ def rules_for_event(run: dict[str, Any], event: dict[str, Any]) -> list[AlertDra
             out.append(
                 AlertDraft("shape_check_failed", "critical", f"{name}: shape check failed: {what}", rid, host)
             )
+        elif kind == "progress":
+            out.extend(_progress_alerts(name, rid, host, fields))
+        elif kind == "canary_checked" and fields.get("ok") is False:
+            diff, tol = fields.get("max_rel_diff"), fields.get("tolerance")
+            said = f"up to {diff:.3g}" if isinstance(diff, (int, float)) else "beyond tolerance"
+            message = (
+                f"{name}: samples captured alone differ from their batched capture by {said} "
+                f"(tolerance {tol}): batch-dependent states?"
+            )
+            out.append(AlertDraft("canary_mismatch", "critical", message, rid, host))
         elif kind == "error":
             cls = fields.get("class", "traceback")
             # A wrapper ("Engine core initialization failed") names its root cause (agent rootcause.py).
@@ -75,6 +88,27 @@ def rules_for_event(run: dict[str, Any], event: dict[str, Any]) -> list[AlertDra
         )
     elif etype == "state":
         out.extend(rules_for_state(run, str(event.get("state")), event.get("reason")))
+    return out
+
+
+def _progress_alerts(name: str, rid: str, host: str, fields: dict[str, Any]) -> list[AlertDraft]:
+    """disk_low and layer_collapse: findings the job attaches to its progress milestones."""
+    out = []
+    if fields.get("disk_low") is True:
+        free = fields.get("free_bytes")
+        gib = f"{free / 2**30:.1f} GiB" if isinstance(free, (int, float)) else "little space"
+        out.append(
+            AlertDraft("disk_low", "warning", f"{name}: disk low: {gib} free for the output", rid, host)
+        )
+    collapses = fields.get("layer_collapse")
+    if isinstance(collapses, list) and collapses:
+        said = "; ".join(
+            f"{c.get('file', '?')}: {c.get('message', '')}" if isinstance(c, dict) else str(c)
+            for c in collapses[:4]
+        )
+        out.append(
+            AlertDraft("layer_collapse", "critical", f"{name}: layer statistics: {said}"[:500], rid, host)
+        )
     return out
 
 

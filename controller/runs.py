@@ -22,6 +22,9 @@ from controller.store import Store, Tx
 #: Runs that may be resumed (an extraction that ended without finishing).
 RESUMABLE_STATES = ("failed", "stopped", "lost")
 
+#: The agent gives a forecast up to 300 s (agent/runs/output_info.py); the link waits a little longer.
+FORECAST_TIMEOUT_S = 330
+
 
 def new_run_id(now: float | None = None) -> str:
     """A sortable, unique run id: r-YYYYMMDD-HHMMSS-xxxx (UTC)."""
@@ -95,8 +98,8 @@ class RunOps:
         self.supervisors = supervisors
         self.policy = policy
 
-    async def create(self, spec: dict[str, Any] | RunSpec, resumed_from: str | None = None) -> str:
-        """Validate, write pending, launch; a failed launch leaves a failed run with the reason."""
+    async def _validated(self, spec: dict[str, Any] | RunSpec) -> RunSpec:
+        """The spec validated against the model and its host as stored; raises SpecInvalid."""
         host_name = (
             spec.host if isinstance(spec, RunSpec) else (spec.get("host") if isinstance(spec, dict) else None)
         )
@@ -106,7 +109,11 @@ class RunOps:
                 host = await self.store.read(queries.host_row, host_name)
             except NotFound:
                 host = None
-        parsed = validate_spec(spec, host)
+        return validate_spec(spec, host)
+
+    async def create(self, spec: dict[str, Any] | RunSpec, resumed_from: str | None = None) -> str:
+        """Validate, write pending, launch; a failed launch leaves a failed run with the reason."""
+        parsed = await self._validated(spec)
         run_id = new_run_id()
         spec_dict = parsed.model_dump(mode="json")
 
@@ -157,6 +164,32 @@ class RunOps:
                 f"run {run_id} runs a command, which may not skip finished work: start it again instead"
             )
         return await self.create(json.loads(run["spec_json"]), resumed_from=run_id)
+
+    async def forecast(self, spec: dict[str, Any] | RunSpec) -> dict[str, Any]:
+        """The host's forecast for a spec (bytes to write, free bytes, fits, estimated); launches nothing.
+
+        A spec the job cannot forecast (no such model or dataset on the host) is SpecInvalid on `spec`.
+        """
+        parsed = await self._validated(spec)
+        if parsed.backend == "command":
+            raise SpecInvalid([{"field": "backend", "message": "a watched command has no forecast"}])
+        try:
+            async with self.supervisors.link_for(parsed.host) as link:
+                spec_dict = parsed.model_dump(mode="json")
+                return await link.request("forecast", spec=spec_dict, timeout=FORECAST_TIMEOUT_S)
+        except AgentError as exc:
+            if exc.agent_code in ("failed", "bad_args"):
+                message = exc.message.removeprefix(f"agent: {exc.agent_code}: ")
+                raise SpecInvalid([{"field": "spec", "message": f"no forecast: {message}"}]) from None
+            raise
+
+    async def card(self, run_id: str) -> dict[str, Any]:
+        """The run's dataset card: its manifest.json as the host has it now (without the per-sample map)."""
+        run = await self.store.read(queries.run_row, run_id)
+        if run["backend"] == "command":
+            raise Conflict(f"run {run_id} is a watched command: eaglewatch keeps no manifest for it")
+        async with self.supervisors.link_for(run["host"]) as link:
+            return await link.request("manifest", run=run_id, timeout=60)
 
     async def stop(self, run_id: str) -> dict[str, Any]:
         """Stop through the agent, then record the agent's status; Conflict when already finished."""

@@ -163,6 +163,14 @@ class Controller:
         """Start a new run linked to ``run_id`` with its spec (same output directory); returns its id."""
         return await self.runs.resume(run_id)
 
+    async def forecast(self, spec: dict[str, Any] | RunSpec) -> dict[str, Any]:
+        """The host's disk forecast for a spec (`extract --forecast` through the agent); launches nothing."""
+        return await self.runs.forecast(spec)
+
+    async def run_card(self, run_id: str) -> dict[str, Any]:
+        """A run's dataset card (manifest.json from its host: totals, layer stats, versions, spec)."""
+        return await self.runs.card(run_id)
+
     async def stop_run(self, run_id: str) -> RunPublic:
         """Ask the agent to stop the job; returns the run as stored afterwards."""
         await self.runs.stop(run_id)

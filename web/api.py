@@ -32,6 +32,18 @@ class Created(BaseModel):
     id: str
 
 
+class ForecastOut(BaseModel):
+    """``POST /api/forecast``: what the run would write against the free space of its output directory."""
+
+    bytes: int
+    free_bytes: int
+    fits: bool
+    estimated: bool
+    samples: int | None = None
+    tokens: int | None = None
+    margin_pct: int | None = None
+
+
 class FieldError(BaseModel):
     """One invalid field."""
 
@@ -111,6 +123,12 @@ async def create_run(ctl: ControllerDep, spec: Annotated[RunSpec, Body()]) -> Cr
     """Validate a run spec and launch it; 422 names each bad field."""
     run_id = await ctl.create_run(spec.model_dump(mode="json", exclude_unset=True))
     return Created(id=run_id)
+
+
+@post_router.post("/forecast", response_model=ForecastOut, responses=_SPEC_ERRORS)
+async def forecast(ctl: ControllerDep, spec: Annotated[RunSpec, Body()]) -> ForecastOut:
+    """The host's disk forecast for a run spec (its job's `--forecast`); launches nothing."""
+    return ForecastOut.model_validate(await ctl.forecast(spec.model_dump(mode="json", exclude_unset=True)))
 
 
 @router.get("/runs", response_model=list[RunPublic])

@@ -84,6 +84,30 @@ def gib(mib: Any) -> str:
     return f"{mib / 1024:.1f}" if isinstance(mib, (int, float)) else "?"
 
 
+def size(nbytes: Any) -> str:
+    """Bytes in binary units (1.5 GiB), exact below 1 KiB."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)):
+        return "?"
+    value, unit = float(nbytes), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024 or unit == "PiB":
+            break
+        value /= 1024
+    return f"{int(nbytes):,} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def duration(seconds: Any) -> str:
+    """A duration at a glance: 42s, 7m 05s, 3h 20m."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return "?"
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"
+
+
 def problem_words(code: str) -> str:
     """A problem code explained."""
     return PROBLEM_WORDS.get(code, code.replace("_", " "))
@@ -136,6 +160,13 @@ def log_text(text: str) -> str:
 def install(env: jinja2.Environment) -> None:
     """Register the filters and globals on an environment."""
     env.filters.update(
-        clock=clock, since=since, num=num, gib=gib, problem_words=problem_words, log_text=log_text
+        clock=clock,
+        since=since,
+        num=num,
+        gib=gib,
+        size=size,
+        duration=duration,
+        problem_words=problem_words,
+        log_text=log_text,
     )
     env.globals.update(spec_value=spec_value, field_items=field_items, masked_env=masked_env, percent=percent)

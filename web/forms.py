@@ -15,9 +15,10 @@ from web.filters import is_secret_name
 FIELDS = (
     "name", "host", "backend", "model", "layers", "layer_convention", "tensor_parallel_size", "dataset",
     "max_samples", "seq_len", "batch_size", "output_dir", "env", "vllm_args", "command",
-    "expect_layers", "expect_hidden_size", "on_shape_failure", "inject_fault",
+    "expect_layers", "expect_hidden_size", "on_shape_failure", "inject_fault", "disk_low_gib",
+    "allow_disk_overrun",
 )  # fmt: skip
-_INT_FIELDS = ("tensor_parallel_size", "max_samples", "seq_len", "batch_size")
+_INT_FIELDS = ("tensor_parallel_size", "max_samples", "seq_len", "batch_size", "disk_low_gib")
 _GENERAL = "_form"
 #: A whole number as typed: ASCII digits only (int() would also take "1_000" and other scripts' digits).
 _WHOLE_RE = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)
@@ -64,6 +65,8 @@ def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
                 errors[key] = f"must be a whole number, got {get(key)!r}"
     if expect:
         spec["expect"] = expect
+    if get("allow_disk_overrun"):  # a select: "" (no) or "true"
+        spec["allow_disk_overrun"] = get("allow_disk_overrun") == "true"
     env: dict[str, str] = {}
     first_line: dict[str, int] = {}
     for number, raw in enumerate((form.get("env") or "").splitlines(), start=1):
@@ -123,6 +126,8 @@ def spec_to_form(spec: Mapping[str, Any]) -> dict[str, str]:
             expect = spec.get("expect") or {}
             inner = expect.get(key.removeprefix("expect_"))
             out[key] = "" if inner is None else str(inner)
+        elif key == "allow_disk_overrun":
+            out[key] = "true" if value is True else ""
         elif value is not None and not isinstance(value, (dict, list)):
             out[key] = str(value)
     return out

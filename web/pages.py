@@ -11,7 +11,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
 from agent.spec import parse_spec
-from controller.errors import SpecInvalid
+from controller.capture_card import capture_card, layer_rms_series
+from controller.errors import ControllerError, SpecInvalid
 from controller.runs import RESUMABLE_STATES
 from controller.service import Controller
 from controller.verdict import group_problems
@@ -78,13 +79,14 @@ async def _form_page(
     template: str | None = None,
     saved: str | None = None,
     again: str | None = None,
+    forecast: dict[str, Any] | None = None,
 ) -> HTMLResponse:
     hosts = await ctl.list_hosts()
     shown = forms.without_secret_values(values)  # a page never carries a secret back to the browser
     return render(
         request, "new_run.html", status=status, values=shown, errors=errors, hosts=hosts,
         templates=store.names(), template=template, saved=saved, help=forms.field_help(),
-        general_error=errors.get(forms.GENERAL_ERROR_KEY), again=again,
+        general_error=errors.get(forms.GENERAL_ERROR_KEY), again=again, forecast=forecast,
     )  # fmt: skip
 
 
@@ -101,6 +103,16 @@ async def submit_run(request: Request, ctl: ControllerDep, store: TemplateStoreD
             return await _form_page(request, ctl, store, values, {"template_name": str(exc)}, status=422)
         return await _form_page(request, ctl, store, values, {}, template=name, saved=name)
     spec, errors = forms.check_form(values)
+    if not errors and form.get("action") == "forecast":
+        try:
+            forecast = await ctl.forecast(parse_spec(spec).model_dump(mode="json", exclude_unset=True))
+        except SpecInvalid as exc:
+            errors = forms.errors_by_form_field(exc.errors)
+        except ControllerError as exc:  # the host cannot be reached: say so, keep the form
+            errors = {forms.GENERAL_ERROR_KEY: f"no forecast: {exc.message}"}
+        else:
+            return await _form_page(request, ctl, store, values, {}, forecast=forecast)
+        return await _form_page(request, ctl, store, values, errors, status=422)
     if not errors:
         try:
             run_id = await ctl.create_run(parse_spec(spec).model_dump(mode="json", exclude_unset=True))
@@ -146,13 +158,16 @@ async def run_page(
         "milestone_count": len(run.milestones),
         "gpus": host.gpus if host else [],
         "output_dir": out_dir,
+        "layer_rms": layer_rms_series(run.milestones, [m.at for m in run.milestones]),
     }  # fmt: skip
     problem_groups = group_problems(((p.code, p.file, p.message) for p in run.problems), out_dir)
+    card = capture_card(run.spec, run.milestones)
     return render(
         request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
         data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE, timeline=timeline,
         hidden_milestones=len(run.milestones) - len(timeline), problem_groups=problem_groups,
-        resumable=run.state in RESUMABLE_STATES and run.backend != "command",
+        resumable=run.state in RESUMABLE_STATES and run.backend != "command", card=card,
+        layer_chart=card is not None or bool(data["layer_rms"]),
     )  # fmt: skip
 
 

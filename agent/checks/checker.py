@@ -112,8 +112,17 @@ def find_hidden_size(config: dict[str, Any]) -> int | None:
     return None
 
 
+def find_kv_lora_rank(config: dict[str, Any]) -> int | None:
+    """The MLA latent width (kv_lora_rank) of a DeepSeek-V2-family config.json dict, else None."""
+    for cfg in (config.get("text_config"), config.get("language_config"), config):
+        v = cfg.get("kv_lora_rank") if isinstance(cfg, dict) else None
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
 def expectation_from_model(model_dir: str | Path, layer_ids: list[int] | None) -> Expectation:
-    """Expected layers (len(layer_ids), or 4 for EAGLE-3) and hidden size from model_dir/config.json.
+    """Expected layers (len(layer_ids), or 4 for EAGLE-3), hidden size, kv_lora_rank from config.json.
 
     Never raises: a missing or malformed config.json (e.g. a hub id, not a path) leaves hidden_size None.
     """
@@ -122,8 +131,10 @@ def expectation_from_model(model_dir: str | Path, layer_ids: list[int] | None) -
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return Expectation(layers=layers, hidden_size=None)
+    if not isinstance(config, dict):
+        return Expectation(layers=layers, hidden_size=None)
     return Expectation(
-        layers=layers, hidden_size=find_hidden_size(config) if isinstance(config, dict) else None
+        layers=layers, hidden_size=find_hidden_size(config), kv_lora_rank=find_kv_lora_rank(config)
     )
 
 

@@ -17,7 +17,8 @@ def expectation(arg: dict[str, Any]) -> Any:
 
     layers = arg.get("layers")
     hidden = arg.get("hidden_size")
-    if (layers is None or hidden is None) and arg.get("model"):
+    from_model = Expectation()
+    if arg.get("model"):  # read even when layers and hidden size are given: it also names kv_lora_rank
         try:
             from_model = expectation_from_model(arg["model"], arg.get("layer_ids"))
         except Exception:  # no or odd config.json: check what can be checked without it
@@ -26,7 +27,7 @@ def expectation(arg: dict[str, Any]) -> Any:
         hidden = hidden if hidden is not None else from_model.hidden_size
     if layers is None and arg.get("layer_ids"):
         layers = len(arg["layer_ids"])
-    return Expectation(layers=layers, hidden_size=hidden)
+    return Expectation(layers=layers, hidden_size=hidden, kv_lora_rank=from_model.kv_lora_rank)
 
 
 def main(argv: list[str]) -> int:

@@ -121,7 +121,11 @@ def run(argv: list[str]) -> int:
                 f"eaglewatch-agent check: error: no hidden size in {_safe(args.model)}/config.json\n"
             )
             return EXIT_CANNOT_RUN
-        expect = Expectation(layers=base.layers, hidden_size=args.hidden_size or base.hidden_size)
+        expect = Expectation(
+            layers=base.layers,
+            hidden_size=args.hidden_size or base.hidden_size,
+            kv_lora_rank=base.kv_lora_rank,
+        )
     else:
         expect = Expectation(layers=len(layers) if layers else None, hidden_size=args.hidden_size)
     report = check_path(root, expect, deep=not args.shallow)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agent.checks.shapes import (
+    MLA_LATENT_HINT,
     Described,
     Expectation,
     Problem,
@@ -14,6 +15,7 @@ from agent.checks.shapes import (
     missing_keys,
     squeeze_batch,
     token_count,
+    width_mismatch,
 )
 
 SPECULATORS_PT = "speculators-pt"
@@ -109,13 +111,16 @@ def _last_layer(
         )
     if expect.hidden_size is not None and shape[1] != expect.hidden_size:
         problems.append(
-            Problem(
-                "hidden_size_mismatch",
-                file,
-                f"hidden size mismatch: hidden_state has {shape[1]}, expected {expect.hidden_size}",
-            )
+            Problem("hidden_size_mismatch", file, width_mismatch("hidden_state", shape[1], expect))
         )
     return shape[1], problems
+
+
+def _latent_multiple(width: int, expect: Expectation) -> str:
+    rank = expect.kv_lora_rank
+    if rank and width % rank == 0:
+        return f" but of the model's kv_lora_rank {rank}: {MLA_LATENT_HINT}"
+    return ""
 
 
 def _check_single_and_aux(
@@ -164,7 +169,7 @@ def _check_single_and_aux(
                     "hidden_size_mismatch",
                     file,
                     f"hidden size mismatch: aux_hidden_state's last axis {shape[1]} "
-                    f"is not a multiple of {hidden}",
+                    f"is not a multiple of {hidden}" + _latent_multiple(shape[1], expect),
                 )
             )
         elif want_aux is not None and shape[1] // hidden != want_aux:

@@ -56,10 +56,26 @@ _DTYPE_ALIASES = {
 
 @dataclass(frozen=True)
 class Expectation:
-    """What a run should capture: number of layers per token and the model's hidden size (None = unknown)."""
+    """What a run should capture: number of layers per token and the model's hidden size (None = unknown).
+
+    kv_lora_rank: the MLA latent width of DeepSeek-V2-family models (512 for DeepSeek-V3/Kimi), to name a
+    capture of the attention latent instead of the residual stream.
+    """
 
     layers: int | None = None
     hidden_size: int | None = None
+    kv_lora_rank: int | None = None
+
+
+MLA_LATENT_HINT = "looks like the MLA latent, not the residual stream"
+
+
+def width_mismatch(where: str, got: int, expect: Expectation) -> str:
+    """The hidden_size_mismatch message; names the MLA latent when the width is the model's kv_lora_rank."""
+    msg = f"hidden size mismatch: {where} has {got}, expected {expect.hidden_size}"
+    if expect.kv_lora_rank is not None and got == expect.kv_lora_rank:
+        msg += f" ({got} is the model's kv_lora_rank: {MLA_LATENT_HINT})"
+    return msg
 
 
 @dataclass(frozen=True)
@@ -190,11 +206,7 @@ def check_shapes(
             )
         if want_h is not None and hh != want_h:
             problems.append(
-                Problem(
-                    "hidden_size_mismatch",
-                    file,
-                    f"hidden size mismatch: hidden_states has {hh}, expected {want_h}",
-                )
+                Problem("hidden_size_mismatch", file, width_mismatch("hidden_states", hh, expect))
             )
         return problems
     last = hs[-1] if hs else None
@@ -277,13 +289,7 @@ def check_layer_list(
                 Problem("seq_len_mismatch", file, f"{where} has {shape[0]} tokens but input_ids has {t}")
             )
         if want_h is not None and shape[1] != want_h:
-            problems.append(
-                Problem(
-                    "hidden_size_mismatch",
-                    file,
-                    f"hidden size mismatch: {where} has {shape[1]}, expected {want_h}",
-                )
-            )
+            problems.append(Problem("hidden_size_mismatch", file, width_mismatch(where, shape[1], expect)))
     return problems
 
 

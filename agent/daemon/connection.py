@@ -8,6 +8,7 @@ import logging
 import os
 import platform
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from agent import __version__, protocol
@@ -15,12 +16,14 @@ from agent.daemon.streams import stream_events, stream_log
 from agent.jobs import control as jobs
 from agent.logs.tail import read_from
 from agent.protocol import ErrorCode, Op, ProtocolError, Request
+from agent.runs.jobspec import JobSpec, SpecError
+from agent.runs.output_info import ForecastError, ManifestError, forecast, read_manifest
 from agent.runs.outputs import check_file
 from agent.runs.watcher import RunWatcher
 
 log = logging.getLogger("eaglewatch.agent")
 #: Ops that may take seconds: they run in their own task so the connection keeps answering.
-SLOW_OPS = frozenset({Op.LAUNCH, Op.STOP, Op.CHECK, Op.GPUS})
+SLOW_OPS = frozenset({Op.LAUNCH, Op.STOP, Op.CHECK, Op.GPUS, Op.FORECAST})
 MAX_IN_FLIGHT = 16
 
 
@@ -45,6 +48,7 @@ class Host(Protocol):
 
     hostname: str
     runs: dict[str, RunWatcher]
+    state_dir: Path
 
     def watcher(self, args: dict[str, Any]) -> RunWatcher:
         """The run named by ``args["run"]`` or an OpError."""
@@ -80,6 +84,8 @@ class Connection:
             Op.READ_LOG: self.op_read_log,
             Op.CHECK: self.op_check,
             Op.GPUS: self.op_gpus,
+            Op.FORECAST: self.op_forecast,
+            Op.MANIFEST: self.op_manifest,
             Op.SHUTDOWN: self.op_shutdown,
         }
 
@@ -285,6 +291,31 @@ class Connection:
 
         result: dict[str, Any] = await asyncio.to_thread(gpus.query)
         return result
+
+    async def op_forecast(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Bytes a spec's run would write against free disk (the job's `--forecast`; no engine)."""
+        try:
+            view = JobSpec.parse(args["spec"])
+        except SpecError as exc:
+            raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
+        if view.backend == "command":
+            raise OpError(
+                ErrorCode.BAD_ARGS, "backend 'command' writes nothing the agent knows of: no forecast"
+            )
+        try:
+            return await forecast(args["spec"], self.daemon.state_dir)
+        except ForecastError as exc:
+            raise OpError(ErrorCode.FAILED, str(exc)) from None
+
+    async def op_manifest(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A run's manifest.json (its dataset card) from its output_dir, without the per-sample token map."""
+        watcher = self.daemon.watcher(args)
+        if not watcher.spec.output_dir:
+            raise OpError(ErrorCode.NOT_FOUND, f"run {watcher.paths.run!r} has no output_dir")
+        try:
+            return await asyncio.to_thread(read_manifest, Path(watcher.spec.output_dir))
+        except ManifestError as exc:
+            raise OpError(ErrorCode.NOT_FOUND, str(exc)) from None
 
     async def op_shutdown(self, args: dict[str, Any]) -> dict[str, Any]:
         """Exit after this reply; jobs keep running."""

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
+from agent.extract.canary import compare_with_file
 from agent.extract.checks import apply_fault, check_sample, token_flags
+from agent.extract.stats import file_stats, maybe_token_stats
 from agent.extract.writer import sample_path, write_sample
 
 
@@ -48,6 +50,9 @@ class _Request:
     buf: torch.Tensor | None = None
     flags: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    stats: torch.Tensor | None = None  # per-token layer sums (stats.token_stats), assembled like flags
+    canary: bool = False  # a re-capture alone: compared with the batched file, never written
+    batched: bool = False  # some step of this request also carried other requests
 
 
 class _Ref:
@@ -101,9 +106,9 @@ class CaptureSink:
         self._thread = threading.Thread(target=self._run, name="eaglewatch-assemble", daemon=True)
         self._thread.start()
 
-    def register(self, req_id: str, idx: int, prompt: list[int]) -> None:
+    def register(self, req_id: str, idx: int, prompt: list[int], canary: bool = False) -> None:
         """A new request entered the batch (called on the forward thread, ordered before its steps)."""
-        self._q.put(("register", req_id, idx, list(prompt)))
+        self._q.put(("register", req_id, idx, list(prompt), canary))
 
     def submit(
         self,
@@ -112,9 +117,10 @@ class CaptureSink:
         event: Any = None,
         release: Callable[[], None] | None = None,
         flags: torch.Tensor | None = None,
+        stats: torch.Tensor | None = None,
     ) -> None:
-        """Rows [tokens, L, H] of one step (+ token_flags); event is waited on; release() frees the buffer."""
-        self._q.put(("step", host, spans, event, release, flags))
+        """Rows [tokens, L, H] of a step (+ token_flags, token_stats); waits on event; release() frees it."""
+        self._q.put(("step", host, spans, event, release, flags, stats))
 
     def drain(self, wait: bool = True) -> list[dict[str, Any]]:
         """Return (and forget) the finished-sample results; wait: first let everything submitted finish."""
@@ -149,8 +155,8 @@ class CaptureSink:
                 if item is None:
                     return
                 if item[0] == "register":
-                    _, rid, idx, prompt = item
-                    self._reqs[rid] = _Request(idx, prompt)
+                    _, rid, idx, prompt, canary = item
+                    self._reqs[rid] = _Request(idx, prompt, canary=canary)
                 else:
                     self._step(*item[1:])
             except Exception as e:  # reported to the driver, never lost in a thread
@@ -159,7 +165,13 @@ class CaptureSink:
                 self._q.task_done()
 
     def _step(
-        self, host: torch.Tensor, spans: list[Span], event: Any, release: Any, flags: torch.Tensor | None
+        self,
+        host: torch.Tensor,
+        spans: list[Span],
+        event: Any,
+        release: Any,
+        flags: torch.Tensor | None,
+        stats: torch.Tensor | None = None,
     ) -> None:
         if event is not None:
             event.synchronize()
@@ -167,10 +179,13 @@ class CaptureSink:
         try:
             if flags is None:
                 flags = token_flags(host)
+            if stats is None:
+                stats = maybe_token_stats(host)
             for sp in spans:
                 req = self._reqs.get(sp.req_id)
                 if req is None:
                     continue  # not ours (e.g. a request without a sample index)
+                req.batched = req.batched or len(spans) > 1
                 total = len(req.prompt)
                 n = min(sp.n, total - sp.start)  # rows past the prompt (decode) are not part of the sample
                 if n <= 0:
@@ -179,33 +194,52 @@ class CaptureSink:
                 if req.buf is None and sp.start == 0 and n == total:
                     del self._reqs[sp.req_id]
                     ref.inc()
-                    self._spawn(req, host[rows], flags[rows], ref.dec)
+                    self._spawn(req, host[rows], flags[rows], ref.dec, None if stats is None else stats[rows])
                     continue
                 if req.buf is None:
                     req.buf = torch.empty((total, *host.shape[1:]), dtype=host.dtype)
                     req.flags = torch.zeros((total, 2), dtype=torch.bool)
                     req.mask = torch.zeros(total, dtype=torch.bool)
+                    if stats is not None:
+                        req.stats = torch.zeros((total, *stats.shape[1:]), dtype=stats.dtype)
                 assert req.mask is not None and req.flags is not None
                 req.buf[sp.start : sp.start + n].copy_(host[rows])
                 req.flags[sp.start : sp.start + n] = flags[rows]
                 req.mask[sp.start : sp.start + n] = True
+                if req.stats is not None and stats is not None:
+                    req.stats[sp.start : sp.start + n] = stats[rows]
                 if bool(req.mask.all()):
                     del self._reqs[sp.req_id]
-                    self._spawn(req, req.buf, req.flags, None)
+                    self._spawn(req, req.buf, req.flags, None, req.stats)
         finally:
             ref.dec()
 
-    def _spawn(self, req: _Request, hidden: torch.Tensor, flags: torch.Tensor, done: Any) -> None:
-        fut = self._pool.submit(self._finish, req, hidden, flags, done)
+    def _spawn(
+        self, req: _Request, hidden: torch.Tensor, flags: torch.Tensor, done: Any, stats: torch.Tensor | None
+    ) -> None:
+        fut = self._pool.submit(self._finish, req, hidden, flags, done, stats)
         with self._lock:
             self._futures.append(fut)
 
-    def _finish(self, req: _Request, hidden: torch.Tensor, flags: torch.Tensor, done: Any) -> None:
+    def _compare(self, req: _Request, hidden: torch.Tensor) -> None:
+        diff = compare_with_file(sample_path(self.cfg.output_dir, req.idx), hidden)
+        with self._lock:
+            self._results.append(
+                {"idx": req.idx, "canary": True, "rel_diff": diff, "tokens": len(req.prompt)}
+            )
+
+    def _finish(
+        self, req: _Request, hidden: torch.Tensor, flags: torch.Tensor, done: Any, stats: torch.Tensor | None
+    ) -> None:
         try:
             cfg = self.cfg
             token_ids = torch.tensor(req.prompt, dtype=torch.int64)
             if cfg.fault is not None:
-                hidden, flags = apply_fault(hidden, cfg.fault), None  # type: ignore[assignment]
+                hidden, flags = apply_fault(hidden, cfg.fault, req.idx, req.batched), None  # type: ignore[assignment]
+                stats = maybe_token_stats(hidden)
+            if req.canary:
+                self._compare(req, hidden)
+                return
             name = sample_path(cfg.output_dir, req.idx).name
             findings = check_sample(name, token_ids, hidden, req.prompt, cfg.layers, cfg.hidden_size, flags)
             written, nbytes = False, 0
@@ -219,6 +253,10 @@ class CaptureSink:
                 "bytes": nbytes,
                 "written": written,
                 "problems": [f.to_dict() for f in findings],
+                # stats of a capture with a dropped layer would misname the ids: none then
+                "layer_stats": None
+                if stats is None or stats.shape[1] != cfg.layers
+                else file_stats(stats, cfg.hidden_size),
             }
             with self._lock:
                 self._results.append(result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import traceback
@@ -13,10 +14,18 @@ def run_extract(argv: list[str]) -> int:
     """Run one extraction job; 0 done, 1 failed (a `failed` line says why), 2 cannot start (bad spec)."""
     p = argparse.ArgumentParser(prog="eaglewatch-agent extract", description="hidden-state extraction job")
     p.add_argument("--spec", required=True, help="run spec JSON file")
+    p.add_argument(
+        "--forecast",
+        action="store_true",
+        help='print {"bytes", "free_bytes", "fits", "estimated"} as one JSON object and start nothing',
+    )
     args = p.parse_args(argv)
 
     from agent.extract import signals
     from agent.extract.preflight import SpecError, load_spec, preflight
+
+    if args.forecast:
+        return _print_forecast(args.spec)
 
     try:
         spec = load_spec(args.spec)
@@ -39,10 +48,37 @@ def run_extract(argv: list[str]) -> int:
     return _run(plan, samples, window)
 
 
+def _print_forecast(path: str) -> int:
+    """`extract --spec S --forecast`: one JSON object on stdout, exit 0; 2 with a message on a bad spec."""
+    from agent.extract.forecast import forecast_spec
+    from agent.extract.preflight import SpecError, load_spec
+
+    try:
+        spec = load_spec(path)
+        if spec.backend == "command":
+            raise SpecError("backend 'command' writes nothing the job knows of: no forecast")
+        result = forecast_spec(spec)
+    except (SpecError, OSError) as e:
+        print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(json.dumps(result.to_dict()), flush=True)
+    return 0
+
+
 def _run(plan: object, samples: list[Any], window: tuple[int, int] | None = None) -> int:
     from agent.extract import engine, signals
+    from agent.extract.forecast import FIT_MARGIN_PCT, engine_dtype, forecast_lengths
     from agent.extract.preflight import Plan
-    from agent.extract.writer import MANIFEST, Manifest, existing_valid, previous_dtype, versions
+    from agent.extract.stats import RunStats
+    from agent.extract.writer import (
+        MANIFEST,
+        Manifest,
+        card_spec,
+        config_sha256,
+        existing_valid,
+        previous_dtype,
+        versions,
+    )
 
     assert isinstance(plan, Plan)
     spec = plan.spec
@@ -64,6 +100,8 @@ def _run(plan: object, samples: list[Any], window: tuple[int, int] | None = None
         command=engine.command_line(),
         samples_total=len(samples),
         versions=versions(),
+        model_config_sha256=config_sha256(plan.model_dir),
+        spec=card_spec(spec.model_dump(mode="json")),
         name=name,
         shard=shard,
     )
@@ -77,8 +115,28 @@ def _run(plan: object, samples: list[Any], window: tuple[int, int] | None = None
         signals.say(
             f"resuming: {len(manifest.sample_tokens)} of {len(samples)} samples already valid in {out}"
         )
+    dtype = engine_dtype(spec.vllm_args, {"torch_dtype": plan.dtype})
+    need = forecast_lengths(
+        [len(s.token_ids) for s in todo], len(plan.layer_ids), plan.hidden_size, dtype, out
+    )
+    signals.emit("forecast", **need.to_dict())
+    if not need.fits and not spec.allow_disk_overrun:
+        reason = (
+            f"the output will not fit: {need.bytes} bytes to write (+{FIT_MARGIN_PCT}% margin) but {out} has "
+            f"{need.free_bytes} bytes free; free space, or set allow_disk_overrun in the spec to try anyway"
+        )
+        print(f"eaglewatch extract: error: {reason}", file=sys.stderr, flush=True)
+        signals.emit("failed", reason=reason)
+        return 2
     prog = engine.Progress(
-        total=len(samples), done=len(manifest.sample_tokens), files=len(manifest.sample_tokens)
+        total=len(samples),
+        done=len(manifest.sample_tokens),
+        files=len(manifest.sample_tokens),
+        out_dir=out,
+        tokens_todo=need.tokens,
+        bytes_todo=need.bytes,
+        disk_low_bytes=spec.disk_low_gib * 2**30,
+        stats=RunStats(plan.layer_ids),
     )
     manifest.save(out)
     try:

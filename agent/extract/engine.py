@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.extract import runtime, signals
+from agent.extract import canary, forecast, runtime, signals, stats
 from agent.extract.dataset import Sample
 from agent.extract.preflight import Plan
+from agent.extract.stats import RunStats
 from agent.extract.writer import Manifest
 
 #: Tests may point env EAGLEWATCH_WORKER_EXTENSION at a subclass (to compare with vLLM's own aux states).
@@ -111,6 +112,8 @@ def prepare_engine(plan: Plan) -> list[str]:
     signals.say(f"model runner {choice.runner}: {choice.reason}")
     if plan.version_note:
         signals.emit("warning", source="eaglewatch", message=plan.version_note)
+    for message in plan.bug_warnings:
+        signals.emit("warning", source="eaglewatch", message=message)
     return args
 
 
@@ -150,6 +153,12 @@ class Progress:
     engine_s: float = 0.0  # inside llm.generate: the engine's steps with the capture running beside them
     drain_s: float = 0.0  # in eaglewatch_drain: waiting for writes the steps did not hide
     started: float = field(default_factory=time.monotonic)
+    out_dir: str | None = None  # where free space is measured (None: not measured)
+    tokens_todo: int = 0  # tokens this attempt captures in all: the ETA's numerator
+    bytes_todo: int = 0  # bytes this attempt writes in all (the forecast)
+    disk_low_bytes: int = 0  # the spec's disk_low_gib threshold
+    stats: RunStats | None = None  # per-layer statistics (worker-extension backend)
+    collapses: list[dict[str, Any]] = field(default_factory=list)  # findings not yet reported
 
     def restart_clock(self) -> None:
         """Measure throughput from engine ready on, not from process start."""
@@ -160,6 +169,17 @@ class Progress:
         """One `progress` milestone line plus a human line."""
         secs = max(time.monotonic() - self.started, 1e-9)
         tps = round(self.tokens / secs, 1)
+        extra: dict[str, Any] = {}
+        if self.out_dir is not None:
+            free = forecast.free_bytes(self.out_dir)
+            low = forecast.disk_state(free, max(self.bytes_todo - self.bytes, 0), self.disk_low_bytes)
+            extra = {"free_bytes": free, "disk_low": low}
+        if self.stats is not None:
+            extra["layer_rms"] = self.stats.take_recent()
+        if self.collapses:
+            extra["layer_collapse"], self.collapses = self.collapses, []
+        if self.tokens_todo and self.tokens / secs > 0:
+            extra["eta_s"] = round(max(self.tokens_todo - self.tokens, 0) / (self.tokens / secs), 1)
         signals.emit(
             "progress",
             samples_done=self.done,
@@ -167,6 +187,7 @@ class Progress:
             tokens_per_s=tps,
             files_written=self.files,
             bytes_written=self.bytes,
+            **extra,
         )
         signals.say(f"{self.done}/{self.total} samples, {tps} tok/s, {self.files} files, {self.bytes} bytes")
 
@@ -182,7 +203,14 @@ def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest
         if r["written"]:
             prog.files += 1
             prog.bytes += r["bytes"]
+            manifest.bytes_written += r["bytes"]
             manifest.sample_tokens[r["idx"]] = r["tokens"]
+            if r.get("layer_stats") and prog.stats is not None:
+                found = prog.stats.add(r["layer_stats"])
+                stats.append_file(plan.spec.output_dir or ".", r["idx"], plan.layer_ids, r["layer_stats"])
+                for f in found:
+                    signals.say(f"layer_collapse: {r['file']}: {f['message']}")
+                prog.collapses += [{**f, "file": r["file"]} for f in found]
         if r["problems"]:
             prog.failed_checks += 1
             for p in r["problems"]:
@@ -193,6 +221,8 @@ def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest
                 stop_reason = f"{r['file']}: {r['problems'][0]['message']} (on_shape_failure=stop)"
         else:
             signals.emit("shape_check_passed", file=r["file"], index=r["idx"])
+    if prog.stats is not None:
+        manifest.layer_stats = prog.stats.to_manifest()
     manifest.save(plan.spec.output_dir or ".")
     if stop_reason:
         raise CaptureFailed(stop_reason)
@@ -239,7 +269,8 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     pipelined = info.get("writer") == "process"
     outstanding: list[list[Sample]] = []
     seen: set[int] = set()
-    for start in range(0, len(todo), spec.batch_size):
+    starts = range(0, len(todo), spec.batch_size)
+    for start in starts:
         batch = todo[start : start + spec.batch_size]
         prompts = [TokensPrompt(prompt_token_ids=list(s.token_ids)) for s in batch]
         params = [
@@ -249,8 +280,52 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         llm.generate(prompts, params, use_tqdm=False)
         prog.engine_s += time.monotonic() - t0
         outstanding.append(batch)
-        collect(llm, plan, manifest, prog, outstanding, seen, wait=not pipelined)
+        first = start == starts[0]
+        # the canary compares with the first batch's files: they must all be written first
+        collect(llm, plan, manifest, prog, outstanding, seen, wait=first or not pipelined)
+        if first:
+            canary_round(llm, plan, batch, manifest.dtype, "first batch")
     collect(llm, plan, manifest, prog, outstanding, seen, wait=True)
+    if len(starts) > 1:  # and at the end; a last batch of one was captured alone: check the one before it
+        last = todo[starts[-1] :]
+        canary_round(
+            llm, plan, last if len(last) > 1 else todo[starts[-2] : starts[-1]], manifest.dtype, "end"
+        )
+
+
+def canary_round(llm: Any, plan: Plan, batch: list[Sample], dtype: str, when: str) -> None:
+    """Capture a few samples of a batch again, alone, and compare with their batched files (canary_checked).
+
+    Raises CaptureFailed on a mismatch under on_shape_failure=stop.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    chosen = canary.pick(batch, plan.spec.canary_samples)
+    if len(batch) < 2 or not chosen:
+        return  # a batch of one was captured alone already
+    diffs: list[float | None] = []
+    for s in chosen:  # one generate call each: nothing else is scheduled beside it
+        extra = {"eaglewatch_idx": s.idx, canary.CANARY_KEY: True}
+        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args=extra)
+        llm.generate([TokensPrompt(prompt_token_ids=list(s.token_ids))], [params], use_tqdm=False)
+        drained = one_result(llm.collective_rpc("eaglewatch_drain"))
+        for r in drained["results"]:
+            if "error" in r:
+                raise CaptureFailed(f"capture writer failed: {r['error']}")
+            if r.get("canary"):
+                diffs.append(r["rel_diff"])
+    result = canary.verdict(diffs, dtype)
+    signals.emit("canary_checked", when=when, **result)
+    if result["ok"]:
+        return
+    message = (
+        f"canary ({when}): samples captured alone differ from their batched capture by up to "
+        f"{result['max_rel_diff']:.3g} (relative L2, tolerance {result['tolerance']} for {dtype})"
+    )
+    signals.say(message)
+    if plan.spec.on_shape_failure == "stop":
+        raise CaptureFailed(f"{message} (on_shape_failure=stop)")
 
 
 def collect(

@@ -19,6 +19,7 @@ from agent.extract.engine import (
     prepare_engine,
 )
 from agent.extract.preflight import Plan
+from agent.extract.stats import file_stats, maybe_token_stats
 from agent.extract.writer import Manifest, sample_path, write_sample
 
 CONNECTOR = "EagleWatchHiddenStatesConnector"
@@ -75,6 +76,8 @@ def _finish(plan: Plan, sample: Sample, path: str) -> dict[str, Any]:
     if os.path.exists(path):
         os.remove(path)
     problems = [f.to_dict() for f in found]
+    # vLLM's connector has already copied the states off the device: the statistics come from the file
+    token = maybe_token_stats(hidden)
     return {
         "idx": sample.idx,
         "file": name,
@@ -82,6 +85,9 @@ def _finish(plan: Plan, sample: Sample, path: str) -> dict[str, Any]:
         "bytes": nbytes,
         "written": written,
         "problems": problems,
+        "layer_stats": None
+        if token is None or token.shape[1] != len(plan.layer_ids)
+        else file_stats(token, plan.hidden_size),
     }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent.extract import runtime
+from agent.extract import known_bugs, runtime
 from agent.spec import RunSpec, eagle3_default_layers, parse_spec
 
 
@@ -34,6 +34,7 @@ class Plan:
     architectures: list[str] = field(default_factory=list)
     moe: bool = False
     version_note: str | None = None  # a warning for a vLLM inside the checked range that was not tested
+    bug_warnings: tuple[str, ...] = ()  # known vLLM bugs that apply with severity "warning" (or allowed)
 
 
 def load_spec(path: str) -> RunSpec:
@@ -144,8 +145,11 @@ def backend_support() -> dict[str, str | None]:
     return out
 
 
-def preflight(spec: RunSpec) -> Plan:
-    """Every check that needs no engine; raises SpecError with one clear message."""
+def preflight(spec: RunSpec, bugs: list[known_bugs.KnownBug] | None = None) -> Plan:
+    """Every check that needs no engine; raises SpecError with one clear message.
+
+    bugs: the known-bug table (default: agent/extract/known_bugs.toml).
+    """
     if spec.backend == "command":
         raise SpecError("backend 'command' is run by the agent itself, not by `extract`")
     assert spec.model is not None and spec.dataset is not None and spec.output_dir is not None
@@ -168,6 +172,16 @@ def preflight(spec: RunSpec) -> Plan:
         runtime.flag({**os.environ, **spec.env}.get(runtime.RUNNER_ENV))
     except ValueError as e:
         raise SpecError(str(e)) from None
+    target = known_bugs.target_for(version, cfg, spec.backend, layer_ids, spec.layer_convention)
+    try:
+        table = known_bugs.load_bugs() if bugs is None else bugs
+    except known_bugs.BugTableError as e:
+        raise SpecError(f"known-bug table: {e}") from None
+    refusals, bug_warnings = known_bugs.gate(
+        table, target, known_bugs.allowed_ids({**os.environ, **spec.env})
+    )
+    if refusals:
+        raise SpecError("; ".join(refusals))
     out = Path(spec.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -175,4 +189,5 @@ def preflight(spec: RunSpec) -> Plan:
         raise SpecError(f"cannot create output_dir {out}: {e.strerror}") from None
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
-    return Plan(spec, model_dir, n, hidden, dtype, layer_ids, version, archs, runtime.is_moe(cfg), note)
+    moe = runtime.is_moe(cfg)
+    return Plan(spec, model_dir, n, hidden, dtype, layer_ids, version, archs, moe, note, tuple(bug_warnings))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -28,6 +29,7 @@ SAME = (
     "hidden_size",
     "dtype",
     "backend",
+    "model_config_sha256",
 )
 
 
@@ -79,12 +81,25 @@ def merge_docs(docs: list[dict[str, Any]]) -> dict[str, Any]:
     samples: dict[str, int] = {}
     for d in ordered:
         samples.update(d["samples"])
-    merged = {k: first[k] for k in (*SAME, "num_layers_captured", "versions", "command") if k in first}
+    keep = (
+        *SAME,
+        "num_layers_captured",
+        "versions",
+        "vllm_version",
+        "command",
+        "spec",
+        "layer_stats_per_file",
+    )
+    merged = {k: first[k] for k in keep if k in first}
+    if isinstance(merged.get("spec"), dict):
+        merged["spec"] = {k: v for k, v in merged["spec"].items() if k != "shard"}
     merged |= {
         "samples_total": sum(d["samples_total"] for d in ordered),
         "samples_written": len(samples),
         "tokens_total": sum(samples.values()),
         "samples": dict(sorted(samples.items(), key=lambda kv: int(kv[0]))),
+        "bytes_written": sum(int(d.get("bytes_written") or 0) for d in ordered),
+        "layer_stats": merge_layer_stats([d.get("layer_stats") or {} for d in ordered]),
         "started_at": min(d["started_at"] for d in ordered),
         "updated_at": time.time(),
         "shards": [
@@ -93,6 +108,28 @@ def merge_docs(docs: list[dict[str, Any]]) -> dict[str, Any]:
         ],
     }
     return merged
+
+
+def merge_layer_stats(per_shard: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The shards' per-layer statistics as one run's (pure): weighted by each shard's `values`.
+
+    max_abs is the largest, non_finite and values add up, zero_fraction is exact; rms is exact when no
+    value was non-finite (a shard's manifest keeps no count of its finite values).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for layer in sorted({k for stats in per_shard for k in stats}, key=int):
+        parts = [s[layer] for s in per_shard if layer in s and s[layer].get("values")]
+        n = sum(int(p["values"]) for p in parts)
+        if not n:
+            continue
+        out[layer] = {
+            "rms": math.sqrt(sum(float(p["rms"]) ** 2 * int(p["values"]) for p in parts) / n),
+            "max_abs": max(float(p["max_abs"]) for p in parts),
+            "zero_fraction": sum(float(p["zero_fraction"]) * int(p["values"]) for p in parts) / n,
+            "non_finite": sum(int(p["non_finite"]) for p in parts),
+            "values": n,
+        }
+    return out
 
 
 def merge_dir(out_dir: str | Path) -> dict[str, Any]:

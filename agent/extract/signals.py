@@ -10,6 +10,8 @@ PREFIX = "EAGLEWATCH "
 KINDS = frozenset(
     {
         "engine_config",
+        "forecast",
+        "canary_checked",
         "warning",
         "capture_configured",
         "batch_captured",

@@ -16,9 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from agent.extract.canary import CANARY_KEY
 from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
 from agent.extract.checks import token_flags
 from agent.extract.gpu_copy import PinnedCopier
+from agent.extract.stats import token_stats
 from agent.extract.writer_proc import ProcessSink, choose_writer
 
 IDX_KEY = "eaglewatch_idx"
@@ -124,7 +126,9 @@ class EagleWatchCapture:
             )
             sched = self.vllm_config.scheduler_config  # type: ignore[attr-defined]
             elt = torch.empty((), dtype=self.vllm_config.model_config.dtype).element_size()  # type: ignore[attr-defined]
-            step_bytes = int(sched.max_num_batched_tokens) * (len(cfg["layer_ids"]) * hidden * elt + 64)
+            nl = len(cfg["layer_ids"])
+            # per token: the states, token_flags (2 bools) and token_stats ([L, 4] float32); 3 × 64 alignment
+            step_bytes = int(sched.max_num_batched_tokens) * (nl * hidden * elt + 2 + 16 * nl) + 192
             self._ew_copier.reserve(step_bytes)
         for li, where, slot in plan_hooks(cfg["layer_ids"], cfg["convention"], n):
             if where == "pre":
@@ -201,7 +205,8 @@ class EagleWatchCapture:
             starts[new.req_id] = new.num_computed_tokens
             extra = getattr(new.sampling_params, "extra_args", None) or {}
             if self._ew_sink is not None and IDX_KEY in extra and new.prompt_token_ids is not None:
-                self._ew_sink.register(new.req_id, int(extra[IDX_KEY]), list(new.prompt_token_ids))
+                canary = bool(extra.get(CANARY_KEY))
+                self._ew_sink.register(new.req_id, int(extra[IDX_KEY]), list(new.prompt_token_ids), canary)
         cached = so.scheduled_cached_reqs
         for rid, done in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
             starts[rid] = done
@@ -241,9 +246,10 @@ class EagleWatchCapture:
         spans = spans_for_step(step.order, dict(step.so.num_scheduled_tokens), step.starts)
         rows = torch.stack(step.caps, dim=1)  # type: ignore[arg-type]  # [tokens, L, H] on the model's device
         flags = token_flags(rows)  # finite / non-zero per token, computed where the data is
+        stats = token_stats(rows)  # per-token layer sums for layer_stats, also where the data is
         self._ew_tokens += rows.shape[0]
         if self._ew_copier is not None:
-            (host, host_flags), event, release = self._ew_copier.copy_async(rows, flags)
-            self._ew_sink.submit(host, spans, event, release, host_flags)
+            (host, host_flags, host_stats), event, release = self._ew_copier.copy_async(rows, flags, stats)
+            self._ew_sink.submit(host, spans, event, release, host_flags, host_stats)
         else:
-            self._ew_sink.submit(rows, spans, flags=flags)
+            self._ew_sink.submit(rows, spans, flags=flags, stats=stats)

@@ -118,6 +118,10 @@ class Manifest:
     sample_tokens: dict[int, int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     versions: dict[str, str] = field(default_factory=dict)
+    layer_stats: dict[str, Any] = field(default_factory=dict)  # per layer id over the run (stats.RunStats)
+    bytes_written: int = 0  # by this attempt (a resumed run's earlier files are not counted)
+    model_config_sha256: str = ""  # of the model's config.json: which model exactly
+    spec: dict[str, Any] = field(default_factory=dict)  # the run spec, env values left out (card_spec)
     #: the file this manifest is saved as; a shard's own name keeps shards in one directory apart
     name: str = MANIFEST
     #: {"index", "count", "start", "end"} for a shard's manifest, None for a whole run
@@ -141,6 +145,13 @@ class Manifest:
             "samples_written": len(self.sample_tokens),
             "tokens_total": sum(self.sample_tokens.values()),
             "samples": {str(k): v for k, v in sorted(self.sample_tokens.items())},
+            "bytes_written": self.bytes_written,
+            "vllm_version": self.versions.get("vllm"),
+            "model_config_sha256": self.model_config_sha256,
+            "spec": self.spec,
+            "layer_stats": self.layer_stats,
+            # one line per file, appended as files finish (the last line of an idx wins after a resume)
+            "layer_stats_per_file": "layer_stats.jsonl",
             "started_at": self.started_at,
             "updated_at": time.time(),
         } | ({"shard": self.shard} if self.shard is not None else {})
@@ -151,6 +162,22 @@ class Manifest:
         tmp = path.with_name(f".{self.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         os.replace(tmp, path)
+
+
+def card_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec as the dataset card keeps it: env variable names only (values may be tokens)."""
+    env = spec.get("env")
+    return {**spec, "env": sorted(env) if isinstance(env, dict) else []}
+
+
+def config_sha256(model_dir: str | Path) -> str:
+    """sha256 of the model's config.json bytes ('' when it cannot be read)."""
+    import hashlib
+
+    try:
+        return hashlib.sha256((Path(model_dir) / "config.json").read_bytes()).hexdigest()
+    except OSError:
+        return ""
 
 
 def previous_dtype(out_dir: str | Path, name: str = MANIFEST) -> str | None:

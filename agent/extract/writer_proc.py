@@ -162,9 +162,9 @@ class ProcessSink:
         return views, lambda: self._free.put(buf)
 
     # -- CaptureSink's interface ----------------------------------------------------------------------
-    def register(self, req_id: str, idx: int, prompt: list[int]) -> None:
+    def register(self, req_id: str, idx: int, prompt: list[int], canary: bool = False) -> None:
         """A new request entered the batch (ordered before its steps)."""
-        self._q.put(("register", req_id, idx, prompt))
+        self._q.put(("register", req_id, idx, prompt, canary))
 
     def submit(
         self,
@@ -173,8 +173,9 @@ class ProcessSink:
         event: Any = None,
         release: Callable[[], None] | None = None,
         flags: torch.Tensor | None = None,
+        stats: torch.Tensor | None = None,
     ) -> None:
-        """Rows [tokens, L, H] (+ token_flags); staged into shared memory unless already there."""
+        """Rows [tokens, L, H] (+ token_flags, token_stats); staged into shared memory unless already so."""
         if flags is None:
             from agent.extract.checks import token_flags
 
@@ -182,10 +183,12 @@ class ProcessSink:
         try:
             where = self._where(host)
         except ValueError:
-            (host, flags), release = self._stage(host, flags)
+            views, release = self._stage(host, flags, *([] if stats is None else [stats]))
+            host, flags, stats = views[0], views[1], views[2] if stats is not None else None
             where = self._where(host)
         # descriptors are made here, on the one thread that adds and drops segments
-        self._q.put(("step", where, self._where(flags), spans, event, release))
+        stats_where = None if stats is None else self._where(stats)
+        self._q.put(("step", where, self._where(flags), spans, event, release, stats_where))
 
     def drain(self, wait: bool = True) -> list[dict[str, Any]]:
         """The child's finished-sample results; wait: once it has written everything submitted."""
@@ -235,17 +238,28 @@ class ProcessSink:
             try:
                 op = item[0]
                 if op == "step":
-                    _, where, flags_where, spans, event, release = item
+                    _, where, flags_where, spans, event, release, stats_where = item
                     if event is not None:
                         event.synchronize()  # the copy has landed; waits without the GIL
                     k = next(self._ids)
                     self._releases[k] = release
                     rows = [[s.req_id, s.offset, s.start, s.n] for s in spans]
-                    self._send({"op": "step", "id": k, "rows": where, "flags": flags_where, "spans": rows})
+                    self._send(
+                        {
+                            "op": "step",
+                            "id": k,
+                            "rows": where,
+                            "flags": flags_where,
+                            "spans": rows,
+                            "stats": stats_where,
+                        }
+                    )
                 elif op == "register":
                     # token ids as base64 int64: a JSON list of 1k ints per prompt would hold this GIL
                     ids = base64.b64encode(array.array("q", item[3]).tobytes()).decode()
-                    self._send({"op": "register", "req": item[1], "idx": item[2], "ids": ids})
+                    self._send(
+                        {"op": "register", "req": item[1], "idx": item[2], "ids": ids, "canary": item[4]}
+                    )
                 elif op == "forget":
                     self._send({"op": "forget", "seg": item[1]})
                 elif op == "drain":
@@ -319,7 +333,7 @@ class _Child:
         if op == "register":
             ids = array.array("q")
             ids.frombytes(base64.b64decode(msg["ids"]))
-            self.sink.register(msg["req"], int(msg["idx"]), ids.tolist())
+            self.sink.register(msg["req"], int(msg["idx"]), ids.tolist(), bool(msg.get("canary")))
         elif op == "step":
             k = int(msg["id"])
             spans = [Span(str(r), int(o), int(s), int(n)) for r, o, s, n in msg["spans"]]
@@ -328,6 +342,7 @@ class _Child:
                 spans,
                 release=lambda: self.send({"op": "release", "id": k}),
                 flags=self.view(msg["flags"]),
+                stats=self.view(msg["stats"]) if msg.get("stats") else None,
             )
         elif op == "drain":
             results = self.sink.drain(wait=bool(msg.get("wait", True)))

@@ -56,7 +56,7 @@ KINDS = frozenset(
         "launched", "engine_config", "extension_injected", "weights_loaded", "kv_cache_ready",
         "cuda_graphs_captured", "engine_ready", "server_ready", "capture_configured", "batch_captured",
         "shape_check_passed", "shape_check_failed", "progress", "throughput", "warning", "error",
-        "completed", "failed",
+        "completed", "failed", "forecast", "canary_checked",
     }
 )  # fmt: skip
 ERROR_CLASSES = frozenset(

@@ -32,6 +32,11 @@ RUN = {"id": "r-1", "name": "llama", "host": "gpu1", "state": "running"}
         ),
         ({"type": "milestone", "kind": "error", "fields": {"class": "oom"}, "text": "CUDA OOM"}, ["error"]),
         ({"type": "milestone", "kind": "progress", "fields": {}}, []),
+        (
+            {"type": "milestone", "kind": "progress", "fields": {"disk_low": True, "free_bytes": 2**30}},
+            ["disk_low"],
+        ),
+        ({"type": "milestone", "kind": "progress", "fields": {"disk_low": False, "free_bytes": 2**40}}, []),
         ({"type": "milestone", "kind": "warning", "fields": {}}, []),
         (
             {
@@ -52,6 +57,41 @@ def test_rules_for_event(event: dict[str, Any], rules: list[str]) -> None:
     drafts = alerts.rules_for_event(RUN, event)
     assert [d.rule for d in drafts] == rules
     assert all(d.run_id == "r-1" and d.host == "gpu1" and "llama" in d.message for d in drafts)
+
+
+def test_disk_low_alert_says_how_much_is_free() -> None:
+    ev = {"type": "milestone", "kind": "progress", "fields": {"disk_low": True, "free_bytes": 3 * 2**30}}
+    (d,) = alerts.rules_for_event(RUN, ev)
+    assert d.severity == "warning" and "3.0 GiB free" in d.message and d.dedupe_key == "run:r-1:disk_low"
+
+
+def test_layer_collapse_alert_names_layer_and_file() -> None:
+    collapse = {
+        "layer": 4,
+        "what": "collapse",
+        "message": "layer 4: RMS fell to 0 from 1.2",
+        "file": "hs_7.safetensors",
+    }
+    ev = {"type": "milestone", "kind": "progress", "fields": {"layer_collapse": [collapse], "disk_low": True}}
+    drafts = alerts.rules_for_event(RUN, ev)
+    assert [d.rule for d in drafts] == ["disk_low", "layer_collapse"]
+    assert (
+        drafts[1].severity == "critical" and "hs_7.safetensors: layer 4: RMS fell to 0" in drafts[1].message
+    )
+    assert (
+        alerts.rules_for_event(
+            RUN, {"type": "milestone", "kind": "progress", "fields": {"layer_collapse": []}}
+        )
+        == []
+    )
+
+
+def test_canary_mismatch_alert() -> None:
+    bad = {"samples": 2, "max_rel_diff": 0.25, "ok": False, "tolerance": 0.001}
+    (d,) = alerts.rules_for_event(RUN, {"type": "milestone", "kind": "canary_checked", "fields": bad})
+    assert d.rule == "canary_mismatch" and d.severity == "critical" and "up to 0.25" in d.message
+    good = {**bad, "max_rel_diff": 1e-6, "ok": True}
+    assert alerts.rules_for_event(RUN, {"type": "milestone", "kind": "canary_checked", "fields": good}) == []
 
 
 def test_error_alert_names_class() -> None:

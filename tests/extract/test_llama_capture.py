@@ -74,7 +74,8 @@ def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> 
     second: JobResult = scenario["second"]
     assert second.rc == 0, second.output[-3000:]
     kinds = second.kinds()
-    assert kinds[:2] == ["engine_config", "capture_configured"] and kinds[-1] == "completed"
+    # the disk forecast comes before any engine starts
+    assert kinds[:3] == ["forecast", "engine_config", "capture_configured"] and kinds[-1] == "completed"
     engine = second.of("engine_config")[0]
     assert engine["platform"] == "cpu" and engine["model_runner"] == "v1" and engine["cuda_graphs"] is False
     conf = second.of("capture_configured")[0]

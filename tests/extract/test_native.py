@@ -49,10 +49,17 @@ def test_native_backend_equals_hf_reference(tmp_path: Path) -> None:
     assert conf["convention"] == "output" and conf["layers"] == LAYERS
     assert conf["backend"] == "vllm-native" and conf["layer_class"] == "EagleWatchHiddenStatesConnector"
     assert len(job.of("shape_check_passed")) == len(LENGTHS)
-    # only hs_N + manifest remain: staging dir and .lock files are cleaned up
+    # only hs_N, the manifest and the per-file statistics remain: staging dir and .lock files are cleaned up
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [f"hs_{i}.safetensors" for i in range(len(LENGTHS))] + ["manifest.json"]
+        [f"hs_{i}.safetensors" for i in range(len(LENGTHS))] + ["manifest.json", "layer_stats.jsonl"]
     )
+    # per-layer statistics for this backend too (read from the connector's files): RMS over the run
+    stats = json.loads((out / "manifest.json").read_text())["layer_stats"]
+    for j, k in enumerate(LAYERS):
+        files = [load_file(str(out / f"hs_{i}.safetensors")) for i in range(len(LENGTHS))]
+        states = torch.cat([f["hidden_states"][:, j] for f in files])
+        rms = float(states.double().square().mean().sqrt())
+        assert abs(stats[str(k)]["rms"] - rms) <= 1e-4 * rms and stats[str(k)]["non_finite"] == 0
     refs = hf_states(model, samples, REF_LAYERS)
     for i, (ids, ref) in enumerate(zip(samples, refs, strict=True)):
         got = load_file(str(out / f"hs_{i}.safetensors"))

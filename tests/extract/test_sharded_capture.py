@@ -105,6 +105,7 @@ def test_each_shard_counts_and_resumes_its_own_slice(scenario: dict[str, Any]) -
 
 def test_merged_manifest_equals_the_whole_runs(scenario: dict[str, Any]) -> None:
     from agent.checks.checker import Expectation, check_path
+    from agent.extract.shards import merge_layer_stats
 
     one = json.loads((scenario["whole"] / "manifest.json").read_text())
     merged = json.loads((scenario["sharded"] / "manifest.json").read_text())
@@ -119,6 +120,12 @@ def test_merged_manifest_equals_the_whole_runs(scenario: dict[str, Any]) -> None
     ):
         assert merged[key] == one[key], key
     assert [(s["start"], s["end"], s["samples_written"]) for s in merged["shards"]] == [(0, 3, 3), (3, 7, 4)]
+    # statistics and bytes cover each shard's last attempt (shard 1 was resumed): summed over the shards
+    shards = [json.loads((scenario["sharded"] / f"manifest.shard-{i}-of-2.json").read_text()) for i in (0, 1)]
+    assert merged["layer_stats"] == merge_layer_stats([d["layer_stats"] for d in shards])
+    assert set(merged["layer_stats"]) == set(one["layer_stats"])
+    assert merged["bytes_written"] == sum(d["bytes_written"] for d in shards) > 0
+    assert "shard" not in merged["spec"] and merged["model_config_sha256"] == one["model_config_sha256"]
     report = check_path(scenario["sharded"], Expectation(layers=len(LAYERS), hidden_size=128))
     assert report.ok and report.files == len(LENGTHS), report.to_dict()
 

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from agent.extract.dataset import count, load
-from agent.extract.shards import MergeError, merge_docs
+from agent.extract.shards import MergeError, merge_docs, merge_layer_stats
 from agent.spec import Shard, parse_spec
 from tests.extract.jobrun import ROOT
 
@@ -157,3 +157,23 @@ def test_merge_manifests_command_writes_manifest_json(tmp_path: Path) -> None:
         "manifest.shard-0-of-2.json",
         "manifest.shard-1-of-2.json",
     ]
+
+
+def test_layer_stats_merge_weighted_by_values() -> None:
+    a = {"2": {"rms": 1.0, "max_abs": 3.0, "zero_fraction": 0.5, "non_finite": 0, "values": 10}}
+    b = {
+        "2": {"rms": 2.0, "max_abs": 2.0, "zero_fraction": 0.0, "non_finite": 1, "values": 30},
+        "4": {"rms": 1.5, "max_abs": 1.0, "zero_fraction": 0.0, "non_finite": 0, "values": 5},
+    }
+    got = merge_layer_stats([a, b, {}])
+    assert got["2"] == {
+        "rms": pytest.approx((13 / 4) ** 0.5),
+        "max_abs": 3.0,
+        "zero_fraction": pytest.approx(0.125),
+        "non_finite": 1,
+        "values": 40,
+    }
+    assert got["4"]["values"] == 5 and list(got) == ["2", "4"]
+    assert (
+        merge_docs([_doc(0, 2, 0, 1, layer_stats=a), _doc(1, 2, 1, 2, layer_stats=b)])["layer_stats"] == got
+    )

@@ -1,6 +1,7 @@
 """A stand-in extraction job (no GPU here): prints realistic vLLM milestone lines, then writes capture files.
 
 Usage: fake_vllm_job.py OUT_DIR [--progress N] [--delay S] [--broken] [--hang] [--payload T] [--wait-file F]
+[--layer-rms] [--capture]
 - ``--broken`` writes ``hs_0.safetensors`` whose hidden states lost their layer axis ([T, H], not [T, L, H]).
 - ``--hang`` keeps running after the last line (for stop tests); ``--payload`` prints hostile text in the log.
 - ``--wait-file F``: before each progress line wait until F's content (an int) reaches that line's number,
@@ -55,6 +56,8 @@ def main() -> int:
     ap.add_argument("--hang", action="store_true")
     ap.add_argument("--payload", default="")
     ap.add_argument("--wait-file", default="")
+    ap.add_argument("--layer-rms", action="store_true", help="progress lines carry layer_rms (layers 2, 4)")
+    ap.add_argument("--capture", action="store_true", help="print the extraction job's own capture lines too")
     ap.add_argument("--flood", type=int, default=0, help="then print this many filler lines")
     ap.add_argument("--flood-milestones", type=int, default=0, help="of which this many are progress markers")
     args, _ignored = ap.parse_known_args()
@@ -80,6 +83,10 @@ def main() -> int:
         print("ERROR " + args.payload, flush=True)
         print("EAGLEWATCH " + json.dumps({"kind": "warning", "note": args.payload}), flush=True)
     total = max(1, args.progress)
+    if args.capture:  # what eaglewatch's extraction job says about its capture
+        conf = {"kind": "capture_configured", "layers": [2, 4], "convention": "input", "hidden_size": 64,
+                "dtype": "bfloat16", "backend": "worker-extension"}  # fmt: skip
+        print("EAGLEWATCH " + json.dumps(conf), flush=True)
     for i in range(1, args.progress + 1):
         if args.wait_file:
             while True:
@@ -94,6 +101,12 @@ def main() -> int:
             time.sleep(args.delay)
         rec = {"kind": "progress", "samples_done": i * 8, "samples_total": total * 8,
                "tokens_per_s": 1000.0 + 37 * i, "files_written": i}  # fmt: skip
+        if args.capture:
+            batch = {"kind": "batch_captured", "batch": i, "samples": 8, "tokens": 1000}
+            print("EAGLEWATCH " + json.dumps(batch), flush=True)
+            rec.update(bytes_written=i * 3 * 2**20, free_bytes=2**40 - i * 2**30, eta_s=60.0 * (total - i))
+        if args.layer_rms:  # layer 4 collapses to zero from the third line on
+            rec["layer_rms"] = {"2": 0.5 + 0.01 * i, "4": 1.5 if i < 3 else 0.0}
         print("EAGLEWATCH " + json.dumps(rec), flush=True)
     if args.flood:
         every = max(1, args.flood // max(1, args.flood_milestones)) if args.flood_milestones else 0
@@ -111,6 +124,15 @@ def main() -> int:
         write_safetensors(os.path.join(args.out, "hs_0.safetensors"),
                           {"token_ids": ("I64", [16]), "hidden_states": ("BF16", [16, 64])})  # fmt: skip
         say("capture.py:88", "wrote hs_0.safetensors")
+    if args.capture:
+        done = {
+            "kind": "completed",
+            "samples": total * 8,
+            "files": total,
+            "tokens": total * 1000,
+            "seconds": 1.0,
+        }
+        print("EAGLEWATCH " + json.dumps(done), flush=True)
     if args.hang:
         while True:
             time.sleep(1)

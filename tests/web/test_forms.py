@@ -78,3 +78,12 @@ def test_form_text_becomes_strict_integers() -> None:
     spec, errors = forms.check_form({**BASE, "tensor_parallel_size": " 8 ", "expect_layers": "+4"})
     assert errors == {}
     assert spec["tensor_parallel_size"] == 8 and spec["expect"] == {"layers": 4}
+
+
+def test_disk_fields_round_trip() -> None:
+    spec, errors = forms.check_form({**BASE, "allow_disk_overrun": "true", "disk_low_gib": "50"})
+    assert errors == {} and spec["allow_disk_overrun"] is True and spec["disk_low_gib"] == 50
+    back = forms.spec_to_form(spec)
+    assert (back["allow_disk_overrun"], back["disk_low_gib"]) == ("true", "50")
+    spec, errors = forms.check_form({**BASE, "allow_disk_overrun": "", "disk_low_gib": "-1"})
+    assert "allow_disk_overrun" not in spec and "disk_low_gib" in errors

@@ -414,6 +414,7 @@
       document.getElementById("milestone-count").textContent = String(count);
       window.__ew.milestones = count;
       window.__ew.lastMilestoneAt = performance.now();
+      document.dispatchEvent(new CustomEvent("ew:milestone", { detail: m }));  // for layer_chart.js
       if ((m.kind === "progress" || m.kind === "throughput") && m.fields) {
         const p = { at: m.at };
         Object.keys(m.fields).forEach(function (k) { if (typeof m.fields[k] === "number") p[k] = m.fields[k]; });

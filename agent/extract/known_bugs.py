@@ -1,0 +1,194 @@
+"""Known vLLM capture bugs (known_bugs.toml) matched against the host's vLLM, the model and the backend.
+
+Pure: the table is data, the facts of a run are a `Target`, and `match` says which entries apply; the
+preflight turns a refusal into a failed job and a warning into a `warning` milestone.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from agent.extract.runtime import parse_version
+
+DEFAULT_FILE = Path(__file__).with_name("known_bugs.toml")
+ALLOW_ENV = "EAGLEWATCH_ALLOW_KNOWN_BUGS"
+#: Facts of a run a bug entry may require (its `when`).
+CONDITIONS = frozenset({"captures_final_layer", "vlm_wrapper"})
+BACKENDS = frozenset({"worker-extension", "vllm-native"})
+Severity = Literal["warning", "refuse"]
+Version = tuple[int, int, int]
+
+
+class BugTableError(ValueError):
+    """The known-bug table is malformed; the message names the entry and the field."""
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    """One known bug: where it applies (versions, architectures, backends, conditions) and what to say."""
+
+    id: str
+    severity: Severity
+    message: str
+    link: str
+    vllm_min: Version | None = None
+    vllm_below: Version | None = None
+    archs: frozenset[str] = frozenset()
+    backends: frozenset[str] = frozenset()
+    when: frozenset[str] = frozenset()
+
+    def describe(self) -> str:
+        """One line for a milestone or an error: id, message and link."""
+        return f"known vLLM bug {self.id}: {self.message} ({self.link})"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the preflight knows about a run before any engine starts."""
+
+    vllm_version: str
+    archs: tuple[str, ...]
+    backend: str
+    conditions: frozenset[str]
+
+
+def _version(entry: str, key: str, value: Any) -> Version | None:
+    if value is None:
+        return None
+    parsed = parse_version(value) if isinstance(value, str) else None
+    if parsed is None:
+        raise BugTableError(f"known bug {entry}: {key} {value!r} is not a version like '0.25.0'")
+    return parsed
+
+
+def _names(entry: str, key: str, value: Any, allowed: frozenset[str] | None = None) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise BugTableError(f"known bug {entry}: {key} must be a list of names")
+    unknown = set(value) - allowed if allowed is not None else set()
+    if unknown:
+        raise BugTableError(
+            f"known bug {entry}: unknown {key} {sorted(unknown)}; expected {sorted(allowed or ())}"
+        )
+    return frozenset(value)
+
+
+def parse_bugs(data: Mapping[str, Any]) -> list[KnownBug]:
+    """Known bugs from a parsed TOML table `{"bug": [...]}`; BugTableError names a bad entry."""
+    fields = {"id", "severity", "message", "link", "vllm_min", "vllm_below", "archs", "backends", "when"}
+    bugs: list[KnownBug] = []
+    for i, raw in enumerate(data.get("bug", [])):
+        name = str(raw.get("id", f"#{i + 1}")) if isinstance(raw, dict) else f"#{i + 1}"
+        if not isinstance(raw, dict):
+            raise BugTableError(f"known bug {name}: must be a table")
+        extra = set(raw) - fields
+        if extra:
+            raise BugTableError(f"known bug {name}: unknown field(s) {sorted(extra)}")
+        for key in ("id", "message", "link"):
+            if not isinstance(raw.get(key), str) or not raw[key]:
+                raise BugTableError(f"known bug {name}: {key} must be a non-empty string")
+        severity = raw.get("severity")
+        if severity not in ("warning", "refuse"):
+            raise BugTableError(f"known bug {name}: severity must be 'warning' or 'refuse', got {severity!r}")
+        bugs.append(
+            KnownBug(
+                id=raw["id"],
+                severity=severity,
+                message=raw["message"],
+                link=raw["link"],
+                vllm_min=_version(name, "vllm_min", raw.get("vllm_min")),
+                vllm_below=_version(name, "vllm_below", raw.get("vllm_below")),
+                archs=_names(name, "archs", raw.get("archs")),
+                backends=_names(name, "backends", raw.get("backends"), BACKENDS),
+                when=_names(name, "when", raw.get("when"), CONDITIONS),
+            )
+        )
+    ids = [b.id for b in bugs]
+    dup = sorted({x for x in ids if ids.count(x) > 1})
+    if dup:
+        raise BugTableError(f"known bug ids repeated: {dup}")
+    return bugs
+
+
+def load_bugs(path: Path = DEFAULT_FILE) -> list[KnownBug]:
+    """The known-bug table from a TOML file (default: the one shipped with the agent)."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise BugTableError(f"{path}: {e}") from None
+    return parse_bugs(data)
+
+
+def run_conditions(
+    config: Mapping[str, Any], layer_ids: Iterable[int], convention: str, n: int
+) -> frozenset[str]:
+    """The CONDITIONS that hold for a run: from the raw config.json and the resolved layer ids."""
+    out = set()
+    final = n if convention == "input" else n - 1
+    if final in set(layer_ids):
+        out.add("captures_final_layer")
+    if isinstance(config.get("text_config"), dict):
+        out.add("vlm_wrapper")
+    return frozenset(out)
+
+
+def target_for(
+    version: str, config: Mapping[str, Any], backend: str, layer_ids: Iterable[int], convention: str
+) -> Target:
+    """The Target of a run from its (text-merged) config.json: a wrapper's own architecture and its language
+    model's both count, since a known bug may name either."""
+    archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    inner = config.get("text_config")
+    inner_archs = inner.get("architectures") if isinstance(inner, dict) else None
+    archs += [a for a in inner_archs or [] if isinstance(a, str) and a not in archs]
+    n = int(config["num_hidden_layers"])
+    return Target(version, tuple(archs), backend, run_conditions(config, layer_ids, convention, n))
+
+
+def applies(bug: KnownBug, target: Target) -> bool:
+    """Whether one bug applies; a version that cannot be parsed matches no version range."""
+    if bug.vllm_min is not None or bug.vllm_below is not None:
+        v = parse_version(target.vllm_version)
+        if v is None:
+            return False
+        if bug.vllm_min is not None and v < bug.vllm_min:
+            return False
+        if bug.vllm_below is not None and v >= bug.vllm_below:
+            return False
+    if bug.archs and not bug.archs.intersection(target.archs):
+        return False
+    if bug.backends and target.backend not in bug.backends:
+        return False
+    return bug.when <= target.conditions
+
+
+def match(bugs: Iterable[KnownBug], target: Target) -> list[KnownBug]:
+    """Every known bug that applies to the target, in table order."""
+    return [b for b in bugs if applies(b, target)]
+
+
+def allowed_ids(env: Mapping[str, str]) -> frozenset[str]:
+    """Bug ids the user declared fixed in their vLLM build (ALLOW_ENV, comma-separated)."""
+    return frozenset(x.strip() for x in env.get(ALLOW_ENV, "").split(",") if x.strip())
+
+
+def gate(bugs: Iterable[KnownBug], target: Target, allowed: frozenset[str]) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) as message lines; an allowed refusal becomes a warning that says so."""
+    refusals: list[str] = []
+    warnings: list[str] = []
+    for bug in match(bugs, target):
+        if bug.severity == "refuse" and bug.id not in allowed:
+            refusals.append(
+                f"{bug.describe()}. Use a fixed vLLM, or set {ALLOW_ENV}={bug.id} in the spec's env if your "
+                "build carries the fix"
+            )
+        elif bug.severity == "refuse":
+            warnings.append(f"{bug.describe()}; capturing anyway ({ALLOW_ENV})")
+        else:
+            warnings.append(bug.describe())
+    return refusals, warnings

@@ -1,0 +1,150 @@
+"""Per-layer statistics of captured states (RMS, max |x|, zero fraction, non-finite count); collapse alarms.
+
+`token_stats` runs where the step tensor is (the GPU, before the copy), like `checks.token_flags`: one
+[T, L, 4] float32 tensor of per-token sums, small next to the states. `file_stats` folds one sample's rows
+into per-slot values; `RunStats` (pure) keeps the run's totals per layer id, the per-file values (appended to
+`layer_stats.jsonl`) and says when a layer collapses or explodes against the run's first files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+PER_FILE = "layer_stats.jsonl"
+#: The run's first files set each layer's baseline.
+BASELINE_FILES = 3
+#: A layer whose RMS or non-zero fraction falls this many times below its baseline (or to 0) collapsed;
+#: one whose RMS grows this many times above it exploded.
+COLLAPSE_FACTOR = 10.0
+
+
+def token_stats(hidden: torch.Tensor) -> torch.Tensor:
+    """Per token and layer slot [T, L, 4] float32 of a [T, L, H] capture: Σx², max |x|, #zeros, #non-finite;
+    computed on hidden's device. A row holding a NaN/Inf gives 0 for Σx² and max |x| (its count says so)."""
+    import torch
+
+    # reductions only, no float copy of the states: the GPU keeps its memory for the engine
+    sumsq = torch.linalg.vector_norm(hidden, ord=2, dim=-1, dtype=torch.float32).square()
+    lo, hi = torch.aminmax(hidden, dim=-1)
+    max_abs = torch.maximum(hi.float(), lo.float().neg())
+    non_finite = hidden.shape[-1] - torch.isfinite(hidden).sum(dim=-1, dtype=torch.float32)
+    zeros = (hidden == 0).sum(dim=-1, dtype=torch.float32)
+    ok = non_finite == 0
+    none = sumsq.new_zeros(())
+    return torch.stack(
+        [torch.where(ok, sumsq, none), torch.where(ok, max_abs, none), zeros, non_finite], dim=-1
+    )
+
+
+def maybe_token_stats(hidden: torch.Tensor) -> torch.Tensor | None:
+    """token_stats of a capture that may not be [T, L, H] (a fault): None then (its shape check says why)."""
+    return token_stats(hidden) if hidden.dim() == 3 and hidden.is_floating_point() else None
+
+
+def file_stats(stats: torch.Tensor, hidden_size: int) -> list[dict[str, float]]:
+    """One sample's per-slot sums from its [T, L, 4] token_stats rows (sumsq, max_abs, zeros, non_finite, n,
+    finite_n: the values in rows without a NaN/Inf, the RMS's denominator)."""
+    total = stats.sum(dim=0)  # [L, 4]
+    peak = stats[:, :, 1].amax(dim=0) if stats.shape[0] else total[:, 1]
+    finite_rows = (stats[:, :, 3] == 0).sum(dim=0)
+    n = float(stats.shape[0] * hidden_size)
+    return [
+        {
+            "sumsq": float(t[0]),
+            "max_abs": float(m),
+            "zeros": float(t[2]),
+            "non_finite": float(t[3]),
+            "n": n,
+            "finite_n": float(rows * hidden_size),
+        }
+        for t, m, rows in zip(total.tolist(), peak.tolist(), finite_rows.tolist(), strict=True)
+    ]
+
+
+def summary(sums: dict[str, float]) -> dict[str, float | int]:
+    """The user-facing values of sums: rms, max_abs, zero_fraction, non_finite."""
+    n = sums["n"]
+    finite_n = sums["finite_n"]
+    return {
+        "rms": math.sqrt(sums["sumsq"] / finite_n) if finite_n > 0 else 0.0,
+        "max_abs": sums["max_abs"],
+        "zero_fraction": sums["zeros"] / n if n else 0.0,
+        "non_finite": int(sums["non_finite"]),
+    }
+
+
+def _add(into: dict[str, float], sums: dict[str, float]) -> None:
+    for key in ("sumsq", "zeros", "non_finite", "n", "finite_n"):
+        into[key] = into.get(key, 0.0) + sums[key]
+    into["max_abs"] = max(into.get("max_abs", 0.0), sums["max_abs"])
+
+
+@dataclass
+class RunStats:
+    """Totals per layer id over the run, per-file values, baselines and collapse findings (pure)."""
+
+    layer_ids: list[int]
+    totals: dict[int, dict[str, float]] = field(default_factory=dict)
+    since: dict[int, dict[str, float]] = field(default_factory=dict)  # since the last progress line
+    baseline: dict[int, list[dict[str, float | int]]] = field(default_factory=dict)
+    flagged: set[tuple[int, str]] = field(default_factory=set)
+
+    def add(self, per_slot: list[dict[str, float]]) -> list[dict[str, Any]]:
+        """Fold one file's per-slot sums in; returns new findings [{layer, what, message}] (each once)."""
+        found: list[dict[str, Any]] = []
+        for layer, sums in zip(self.layer_ids, per_slot, strict=False):
+            _add(self.totals.setdefault(layer, {}), sums)
+            _add(self.since.setdefault(layer, {}), sums)
+            values = summary(sums)
+            base = self.baseline.setdefault(layer, [])
+            if len(base) < BASELINE_FILES:
+                base.append(values)
+                continue
+            for what, message in judge(values, base):
+                if (layer, what) not in self.flagged:
+                    self.flagged.add((layer, what))
+                    found.append({"layer": layer, "what": what, "message": f"layer {layer}: {message}"})
+        return found
+
+    def take_recent(self) -> dict[str, float]:
+        """RMS per layer id over the files since the last call (for the progress line and its chart)."""
+        out = {str(k): round(float(summary(v)["rms"]), 6) for k, v in self.since.items() if v.get("n")}
+        self.since = {}
+        return out
+
+    def to_manifest(self) -> dict[str, dict[str, float | int]]:
+        """manifest.json's "layer_stats": per layer id over the run (values: how many were summarised)."""
+        return {str(k): {**summary(v), "values": int(v["n"])} for k, v in self.totals.items() if v.get("n")}
+
+
+def judge(values: dict[str, float | int], base: list[dict[str, float | int]]) -> list[tuple[str, str]]:
+    """Collapse / explosion of one file's values against the baseline files' mean (pure)."""
+    rms0 = sum(float(b["rms"]) for b in base) / len(base)
+    nz0 = sum(1.0 - float(b["zero_fraction"]) for b in base) / len(base)
+    rms, nz = float(values["rms"]), 1.0 - float(values["zero_fraction"])
+    out: list[tuple[str, str]] = []
+    if rms0 > 0 and (rms == 0 or rms * COLLAPSE_FACTOR <= rms0):
+        out.append(("collapse", f"RMS fell to {rms:.3g} from {rms0:.3g} in the run's first files"))
+    elif nz0 > 0 and (nz == 0 or nz * COLLAPSE_FACTOR <= nz0):
+        out.append(
+            ("collapse", f"non-zero fraction fell to {nz:.3g} from {nz0:.3g} in the run's first files")
+        )
+    if rms0 > 0 and rms >= rms0 * COLLAPSE_FACTOR:
+        out.append(("explode", f"RMS grew to {rms:.3g} from {rms0:.3g} in the run's first files"))
+    return out
+
+
+def append_file(
+    out_dir: str | Path, idx: int, layer_ids: list[int], per_slot: list[dict[str, float]]
+) -> None:
+    """One line of layer_stats.jsonl: {"idx", "layers": {id: {rms, max_abs, zero_fraction, non_finite}}}."""
+    line = {"idx": idx, "layers": {str(k): summary(v) for k, v in zip(layer_ids, per_slot, strict=False)}}
+    with (Path(out_dir) / PER_FILE).open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line, separators=(",", ":")) + "\n")

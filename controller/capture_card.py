@@ -1,0 +1,126 @@
+"""What a run captured, from its milestones: model, vLLM, layers, hidden size, dtype, tokens, files, bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class MilestoneLike(Protocol):
+    """The two attributes of a stored milestone the card reads."""
+
+    kind: str
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CaptureCard:
+    """The capture card of a run page; None fields were not reported (yet)."""
+
+    model: str | None
+    vllm: str | None
+    layers: list[int] | None
+    convention: str | None
+    hidden_size: int | None
+    dtype: str | None
+    tokens: int | None
+    files: int | None
+    bytes: int | None
+    final: bool  # totals from the `completed` milestone, not a running count
+    forecast_bytes: int | None = None  # what the job forecast it would write (its `forecast` milestone)
+    free_bytes: int | None = None  # free space of the output directory, latest reading
+    fits: bool | None = None
+    eta_s: float | None = None  # from the measured tokens/s; None once the run is over
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -> CaptureCard | None:
+    """The card of a run whose job reported its capture (None before that, and for a watched command that
+    never does: eaglewatch's own job, or any job printing the same milestone lines).
+
+    Later milestones win: a resumed job reports its configuration again. Tokens count captured batches
+    until `completed` gives the totals (which include samples already valid from an earlier attempt).
+    """
+    vllm = layers = convention = hidden = dtype = None
+    tokens = files = nbytes = None
+    forecast_bytes = free = eta = None
+    fit: bool | None = None
+    batch_tokens, seen, final = 0, False, False
+    for m in milestones:
+        f = m.fields
+        if m.kind == "engine_config":
+            vllm = _str(f.get("vllm")) or vllm
+        elif m.kind == "capture_configured":
+            seen = True
+            raw = f.get("layers")
+            layers = [x for x in raw if _int(x) is not None] if isinstance(raw, list) else layers
+            convention = _str(f.get("convention")) or convention
+            hidden = _int(f.get("hidden_size")) or hidden
+            dtype = _str(f.get("dtype")) or dtype
+        elif m.kind == "batch_captured":
+            batch_tokens += _int(f.get("tokens")) or 0
+        elif m.kind == "forecast":
+            seen, forecast_bytes = True, _int(f.get("bytes"))
+            free = _int(f.get("free_bytes")) if _int(f.get("free_bytes")) is not None else free
+            fit = f.get("fits") if isinstance(f.get("fits"), bool) else fit
+        elif m.kind == "progress":
+            free = _int(f.get("free_bytes")) if _int(f.get("free_bytes")) is not None else free
+            raw_eta = f.get("eta_s")
+            eta = (
+                float(raw_eta)
+                if isinstance(raw_eta, (int, float)) and not isinstance(raw_eta, bool)
+                else None
+            )
+            files = _int(f.get("files_written")) if _int(f.get("files_written")) is not None else files
+            nbytes = _int(f.get("bytes_written")) if _int(f.get("bytes_written")) is not None else nbytes
+        elif m.kind == "completed":
+            final, eta = True, None
+            tokens = _int(f.get("tokens")) if _int(f.get("tokens")) is not None else tokens
+            files = _int(f.get("files")) if _int(f.get("files")) is not None else files
+    if not seen:
+        return None
+    if not final:
+        tokens = batch_tokens
+    return CaptureCard(
+        model=_str(spec.get("model")),
+        vllm=vllm,
+        layers=layers,
+        convention=convention,
+        hidden_size=hidden,
+        dtype=dtype,
+        tokens=tokens,
+        files=files,
+        bytes=nbytes,
+        final=final,
+        forecast_bytes=forecast_bytes,
+        free_bytes=free,
+        fits=fit,
+        eta_s=eta,
+    )
+
+
+def layer_rms_series(milestones: Iterable[MilestoneLike], ats: Iterable[float]) -> list[dict[str, Any]]:
+    """[{"at", "rms": {layer id: RMS}}] from the `layer_rms` of progress milestones, for the run page chart.
+
+    ats: each milestone's time, in the same order (stored milestones carry it beside their fields).
+    """
+    out: list[dict[str, Any]] = []
+    for m, at in zip(milestones, ats, strict=True):
+        rms = m.fields.get("layer_rms") if m.kind == "progress" else None
+        if isinstance(rms, dict) and rms:
+            clean = {
+                str(k): float(v)
+                for k, v in rms.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+            if clean:
+                out.append({"at": at, "rms": clean})
+    return out

@@ -1,0 +1,179 @@
+"""The known-bug gate: the shipped table as case tables; the preflight refuses or warns before any engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.extract.known_bugs import (
+    ALLOW_ENV,
+    BugTableError,
+    KnownBug,
+    Target,
+    gate,
+    load_bugs,
+    match,
+    parse_bugs,
+    run_conditions,
+    target_for,
+)
+from agent.extract.preflight import SpecError, preflight, vllm_version
+from agent.spec import RunSpec, parse_spec
+
+BUGS = load_bugs()
+FINAL = frozenset({"captures_final_layer"})
+VLM = frozenset({"vlm_wrapper"})
+DSV3, KIMI25, LLAMA = ("DeepseekV3ForCausalLM",), ("KimiK25ForConditionalGeneration",), ("LlamaForCausalLM",)
+
+
+@pytest.mark.parametrize(
+    ("version", "archs", "backend", "conditions", "want"),
+    [
+        # DeepSeek-V2 family, final layer asked for through vLLM's own capture: dropped before 0.25.0
+        ("0.24.0", DSV3, "vllm-native", FINAL, ["deepseek-v2-final-layer-drop"]),
+        ("0.19.1", KIMI25, "vllm-native", FINAL, ["deepseek-v2-final-layer-drop"]),
+        ("0.24.9rc1", DSV3, "vllm-native", FINAL, ["deepseek-v2-final-layer-drop"]),
+        ("0.25.0", DSV3, "vllm-native", FINAL, []),  # the fix (PR #46973)
+        ("0.26.0", DSV3, "vllm-native", FINAL, []),
+        ("0.24.0", DSV3, "worker-extension", FINAL, []),  # our hooks capture the final layer themselves
+        ("0.24.0", DSV3, "vllm-native", frozenset(), []),  # final layer not requested
+        ("0.24.0", LLAMA, "vllm-native", FINAL, []),
+        # VLM wrapper under extract_hidden_states on 0.18
+        ("0.18.0", LLAMA, "vllm-native", VLM, ["vlm-text-config-attention-heads"]),
+        ("0.18.1", LLAMA, "vllm-native", VLM | FINAL, ["vlm-text-config-attention-heads"]),
+        (
+            "0.18.0",
+            KIMI25,
+            "vllm-native",
+            VLM | FINAL,
+            ["deepseek-v2-final-layer-drop", "vlm-text-config-attention-heads"],
+        ),
+        ("0.19.0", LLAMA, "vllm-native", VLM, []),
+        ("0.17.1", LLAMA, "vllm-native", VLM, []),
+        ("0.18.0", LLAMA, "vllm-native", frozenset(), []),
+        ("0.18.0", LLAMA, "worker-extension", VLM, []),
+        # a version that cannot be read matches no range (the version gate deals with it)
+        ("unknown", DSV3, "vllm-native", FINAL, []),
+    ],
+)
+def test_shipped_table_matches(
+    version: str, archs: tuple[str, ...], backend: str, conditions: frozenset[str], want: list[str]
+) -> None:
+    assert [b.id for b in match(BUGS, Target(version, archs, backend, conditions))] == want
+
+
+@pytest.mark.parametrize(
+    ("config", "layers", "convention", "want"),
+    [
+        ({}, [2, 4, 5, 8], "input", FINAL),
+        ({}, [2, 4, 5, 7], "output", FINAL),
+        ({}, [2, 4, 5, 7], "input", frozenset()),
+        ({"text_config": {"num_hidden_layers": 8}}, [2], "input", VLM),
+        ({"text_config": None}, [8], "input", FINAL),
+    ],
+)
+def test_run_conditions(
+    config: dict[str, object], layers: list[int], convention: str, want: frozenset[str]
+) -> None:
+    assert run_conditions(config, layers, convention, 8) == want
+
+
+def test_target_for_a_vlm_wrapper_names_both_architectures() -> None:
+    cfg = {"architectures": ["KimiK25ForConditionalGeneration"], "num_hidden_layers": 61,
+           "text_config": {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61}}  # fmt: skip
+    target = target_for("0.24.0", cfg, "vllm-native", [2, 30, 58, 61], "input")
+    assert target == Target("0.24.0", (*KIMI25, *DSV3), "vllm-native", FINAL | VLM)
+
+
+def test_gate_refuses_warns_and_allows() -> None:
+    target = Target("0.24.0", DSV3, "vllm-native", FINAL)
+    refusals, warnings = gate(BUGS, target, frozenset())
+    assert warnings == [] and len(refusals) == 1
+    assert "drops the final layer" in refusals[0] and "vllm/issues/48124" in refusals[0]
+    assert f"{ALLOW_ENV}=deepseek-v2-final-layer-drop" in refusals[0]
+    refusals, warnings = gate(BUGS, target, frozenset({"deepseek-v2-final-layer-drop"}))
+    assert refusals == [] and len(warnings) == 1 and "capturing anyway" in warnings[0]
+    soft = parse_bugs({"bug": [{"id": "w", "severity": "warning", "message": "m", "link": "l"}]})
+    assert gate(soft, target, frozenset()) == ([], ["known vLLM bug w: m (l)"])
+
+
+@pytest.mark.parametrize(
+    ("entry", "error"),
+    [
+        ({"id": "x", "severity": "fatal", "message": "m", "link": "l"}, "severity must be"),
+        ({"id": "x", "severity": "refuse", "message": "", "link": "l"}, "message must be"),
+        (
+            {"id": "x", "severity": "refuse", "message": "m", "link": "l", "vllm_below": "soon"},
+            "not a version",
+        ),
+        (
+            {"id": "x", "severity": "refuse", "message": "m", "link": "l", "backends": ["sglang"]},
+            "unknown backends",
+        ),
+        ({"id": "x", "severity": "refuse", "message": "m", "link": "l", "when": ["tuesday"]}, "unknown when"),
+        ({"id": "x", "severity": "refuse", "message": "m", "link": "l", "arch": ["A"]}, "unknown field"),
+    ],
+)
+def test_bad_table_entries_are_named(entry: dict[str, object], error: str) -> None:
+    with pytest.raises(BugTableError, match=error):
+        parse_bugs({"bug": [entry]})
+
+
+def _spec(tmp_path: Path, config: dict[str, object], **over: object) -> RunSpec:
+    model = tmp_path / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(config))
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"token_ids": [1, 2, 3]}\n')
+    base: dict[str, object] = {
+        "host": "local",
+        "backend": "vllm-native",
+        "model": str(model),
+        "dataset": str(data),
+        "output_dir": str(tmp_path / "out"),
+    }
+    return parse_spec({**base, **over})
+
+
+def _here(severity: str) -> list[KnownBug]:
+    """A bug entry that applies to the vLLM installed here (its real version), for DeepSeek-V3 models."""
+    return parse_bugs(
+        {
+            "bug": [
+                {
+                    "id": "here",
+                    "severity": severity,
+                    "message": "drops the final layer",
+                    "link": "https://example.invalid/1",
+                    "vllm_min": "0.0.0",
+                    "archs": ["DeepseekV3ForCausalLM"],
+                    "when": ["captures_final_layer"],
+                }
+            ]
+        }
+    )
+
+
+DS_CONFIG = {"num_hidden_layers": 8, "hidden_size": 64, "architectures": ["DeepseekV3ForCausalLM"]}
+
+
+@pytest.mark.skipif(vllm_version() is None, reason="the preflight needs an installed vLLM")
+def test_preflight_refuses_a_known_bug_before_any_engine(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, DS_CONFIG)
+    with pytest.raises(
+        SpecError, match=r"known vLLM bug here: drops the final layer \(https://example.invalid/1\)"
+    ):
+        preflight(spec, bugs=_here("refuse"))
+    assert not (tmp_path / "out").exists()  # refused before anything was made
+
+
+@pytest.mark.skipif(vllm_version() is None, reason="the preflight needs an installed vLLM")
+def test_preflight_passes_warnings_and_overrides(tmp_path: Path) -> None:
+    plan = preflight(_spec(tmp_path, DS_CONFIG), bugs=_here("warning"))
+    assert plan.bug_warnings == ("known vLLM bug here: drops the final layer (https://example.invalid/1)",)
+    allowed = _spec(tmp_path / "b", DS_CONFIG, env={ALLOW_ENV: "other, here"})
+    assert "capturing anyway" in preflight(allowed, bugs=_here("refuse")).bug_warnings[0]
+    not_final = _spec(tmp_path / "c", DS_CONFIG, layers=[2, 4])
+    assert preflight(not_final, bugs=_here("refuse")).bug_warnings == ()

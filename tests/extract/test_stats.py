@@ -1,0 +1,143 @@
+"""Per-layer statistics: token sums on the tensor, assembly in the sink, run totals and collapse rules."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.extract.capture import CaptureSink, SinkConfig, Span
+from agent.extract.checks import ZERO_LAYER_FROM, ZERO_LAYER_SLOT, apply_fault
+from agent.extract.stats import RunStats, append_file, file_stats, judge, summary, token_stats
+
+L, H = 3, 8
+
+
+def _states(t: int, seed: int) -> torch.Tensor:
+    return torch.randn((t, L, H), generator=torch.Generator().manual_seed(seed))
+
+
+def _direct(hidden: torch.Tensor) -> list[dict[str, float | int]]:
+    """The values computed the slow, obvious way over the whole sample, per layer slot."""
+    out: list[dict[str, float | int]] = []
+    for slot in range(hidden.shape[1]):
+        x = hidden[:, slot].reshape(-1)
+        rows_ok = torch.isfinite(hidden[:, slot]).all(dim=1)  # a row with a NaN/Inf leaves RMS and max
+        finite = hidden[rows_ok, slot].reshape(-1)
+        out.append(
+            {
+                "rms": math.sqrt(float((finite.double() ** 2).mean())) if finite.numel() else 0.0,
+                "max_abs": float(finite.abs().max()) if finite.numel() else 0.0,
+                "zero_fraction": float((x == 0).double().mean()),
+                "non_finite": int((~torch.isfinite(x)).sum()),
+            }
+        )
+    return out
+
+
+def _close(got: list[dict[str, float | int]], want: list[dict[str, float | int]]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g["non_finite"] == w["non_finite"]
+        for key in ("rms", "max_abs", "zero_fraction"):
+            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-7), key
+
+
+def test_token_stats_match_the_obvious_computation() -> None:
+    hidden = _states(6, 1)
+    hidden[2, 1, 3] = float("nan")
+    hidden[4, 1, 0] = float("inf")
+    hidden[:, 2, :4] = 0
+    ts = token_stats(hidden)
+    assert ts.shape == (6, L, 4) and ts.dtype == torch.float32
+    _close([summary(s) for s in file_stats(ts, H)], _direct(hidden))
+
+
+def test_bf16_states_are_summed_in_float32() -> None:
+    hidden = (_states(64, 2) * 100).bfloat16()
+    _close([summary(s) for s in file_stats(token_stats(hidden), H)], _direct(hidden.float()))
+
+
+def test_stats_survive_chunked_assembly(tmp_path: Path) -> None:
+    """A sample split over two steps (chunked prefill) gets the stats of the whole sample."""
+    sink = CaptureSink(SinkConfig(str(tmp_path), L, H))
+    a, b = _states(10, 3), _states(4, 4)
+    sink.register("ra", 0, list(range(10)))
+    sink.register("rb", 1, list(range(4)))
+    sink.submit(torch.cat([b, a[:6]]), [Span("rb", 0, 0, 4), Span("ra", 4, 0, 6)])
+    sink.submit(a[6:], [Span("ra", 0, 6, 4)])
+    results = {r["idx"]: r for r in sink.drain()}
+    sink.close()
+    _close([summary(s) for s in results[0]["layer_stats"]], _direct(a))
+    _close([summary(s) for s in results[1]["layer_stats"]], _direct(b))
+
+
+def test_zero_layer_fault_and_a_dropped_layer_has_no_stats(tmp_path: Path) -> None:
+    sink = CaptureSink(SinkConfig(str(tmp_path), L, H, fault="zero_layer"))
+    for idx in (ZERO_LAYER_FROM - 1, ZERO_LAYER_FROM):
+        sink.register(f"r{idx}", idx, [1, 2, 3])
+        sink.submit(_states(3, idx), [Span(f"r{idx}", 0, 0, 3)])
+    results = {r["idx"]: r for r in sink.drain()}
+    sink.close()
+    before, after = (results[i]["layer_stats"] for i in (ZERO_LAYER_FROM - 1, ZERO_LAYER_FROM))
+    assert summary(before[ZERO_LAYER_SLOT])["rms"] > 0
+    assert summary(after[ZERO_LAYER_SLOT]) == {
+        "rms": 0.0,
+        "max_abs": 0.0,
+        "zero_fraction": 1.0,
+        "non_finite": 0,
+    }
+    assert summary(after[0])["rms"] > 0  # only the one slot
+    assert apply_fault(_states(2, 1), "zero_layer", idx=0).abs().sum() > 0
+    dropped = CaptureSink(SinkConfig(str(tmp_path / "d"), L, H, fault="drop_layer"))
+    (tmp_path / "d").mkdir()
+    dropped.register("r", 0, [1, 2])
+    dropped.submit(_states(2, 5), [Span("r", 0, 0, 2)])
+    (res,) = dropped.drain()
+    dropped.close()
+    assert res["layer_stats"] is None  # two slots cannot be named by three layer ids
+
+
+def _file(rms: float, zero_fraction: float = 0.0, n: float = 100.0) -> dict[str, float]:
+    return {"sumsq": rms * rms * n, "max_abs": 3 * rms, "zeros": zero_fraction * n, "non_finite": 0.0, "n": n,
+            "finite_n": n}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rms", "zero_fraction", "want"),
+    [
+        (1.0, 0.0, []),
+        (0.5, 0.5, []),
+        (0.1, 0.0, ["collapse"]),  # 10× below the baseline
+        (0.0, 1.0, ["collapse"]),  # went to 0
+        (1.0, 0.95, ["collapse"]),  # RMS held up by a few values, but 95 % zeros: non-zero fraction 20× down
+        (10.0, 0.0, ["explode"]),
+        (float("inf"), 0.0, ["explode"]),
+    ],
+)
+def test_judge(rms: float, zero_fraction: float, want: list[str]) -> None:
+    base = [summary(_file(1.0)), summary(_file(1.2)), summary(_file(0.8))]
+    assert [what for what, _ in judge({"rms": rms, "zero_fraction": zero_fraction}, base)] == want
+
+
+def test_run_stats_totals_baseline_and_findings_once(tmp_path: Path) -> None:
+    run = RunStats([2, 4])
+    for _ in range(3):  # the baseline files
+        assert run.add([_file(1.0), _file(2.0)]) == []
+    assert run.take_recent() == {"2": 1.0, "4": 2.0}
+    found = run.add([_file(1.0), _file(0.0, zero_fraction=1.0)])
+    assert [(f["layer"], f["what"]) for f in found] == [(4, "collapse")]
+    assert "layer 4: RMS fell to 0 from 2" in found[0]["message"]
+    assert run.add([_file(1.0), _file(0.0, zero_fraction=1.0)]) == []  # said once
+    assert run.take_recent() == {"2": 1.0, "4": 0.0}
+    manifest = run.to_manifest()
+    assert manifest["2"]["rms"] == pytest.approx(1.0) and manifest["2"]["zero_fraction"] == 0
+    assert manifest["2"]["values"] == 500
+    assert manifest["4"]["rms"] == pytest.approx(math.sqrt(12 / 5)) and manifest["4"]["zero_fraction"] == 0.4
+    append_file(tmp_path, 7, [2, 4], [_file(1.0), _file(0.5)])
+    (line,) = (tmp_path / "layer_stats.jsonl").read_text().splitlines()
+    doc = json.loads(line)
+    assert doc["idx"] == 7 and doc["layers"]["4"]["rms"] == pytest.approx(0.5)
