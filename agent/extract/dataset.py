@@ -25,7 +25,7 @@ def count(path: str | Path, max_samples: int | None) -> int:
     if not p.is_file():
         raise DatasetError(f"dataset {p} does not exist")
     n = 0
-    with p.open("rb") as fh:
+    with p.open(encoding="utf-8") as fh:  # read as load() reads it, so both see the same lines
         for raw in fh:
             if max_samples is not None and n >= max_samples:
                 break

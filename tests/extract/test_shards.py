@@ -75,6 +75,12 @@ def test_dataset_window_keeps_global_indices(tmp_path: Path) -> None:
     assert load(data, tmp_path, 8, None, (3, 3)) == []  # an empty slice is not an error
 
 
+def test_count_sees_the_lines_load_sees(tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_bytes(b'{"token_ids": [1]}\r{"token_ids": [2]}\r\n\n{"token_ids": [3]}\n')
+    assert count(data, None) == len(load(data, tmp_path, 8, None)) == 3
+
+
 def test_a_shard_does_not_parse_other_shards_lines(tmp_path: Path) -> None:
     data = tmp_path / "d.jsonl"
     data.write_text('{"token_ids": [1]}\n{"token_ids": [2]}\nnot json\n')
