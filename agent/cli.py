@@ -1,4 +1,4 @@
-"""``eaglewatch-agent``: daemon, connect, launch here; milestones, check, extract, tiny-model delegated."""
+"""``eaglewatch-agent``: daemon, connect, launch here; milestones, check, extract, tiny-model... delegated."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ DELEGATED = {
     "check": ("agent.checks.cli", "run"),
     "extract": ("agent.extract.cli", "run_extract"),
     "tiny-model": ("agent.extract.cli", "run_tiny_model"),
+    "merge-manifests": ("agent.extract.shards", "run"),
 }
 
 

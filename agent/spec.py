@@ -62,6 +62,29 @@ class Expect(BaseModel):
     )
 
 
+class Shard(BaseModel):
+    """One job's part of a sharded run: samples [index*M//count, (index+1)*M//count) of the run's M."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: StrictInt = Field(ge=0, lt=limits.MAX_SHARDS, description="this job's shard, 0-based")
+    count: StrictInt = Field(ge=1, le=limits.MAX_SHARDS, description="how many shards the run has")
+
+    @model_validator(mode="after")
+    def _index_below_count(self) -> Shard:
+        if self.index >= self.count:
+            raise ValueError(f"shard index must be below count: got index {self.index} of count {self.count}")
+        return self
+
+    def bounds(self, total: int) -> tuple[int, int]:
+        """[start, end) of this shard among total samples: contiguous, sizes differing by at most one."""
+        return self.index * total // self.count, (self.index + 1) * total // self.count
+
+    def manifest_name(self) -> str:
+        """The manifest file this shard writes (the merged one is manifest.json)."""
+        return f"manifest.shard-{self.index}-of-{self.count}.json"
+
+
 class RunSpecBase(BaseModel):
     """Fields a user sets to describe an extraction run (or any watched command)."""
 
@@ -115,6 +138,7 @@ class RunSpecBase(BaseModel):
         description="samples captured again alone after the first batch and at the end, to compare (0: off)",
     )
     inject_fault: Fault | None = Field(default=None, description="demo/testing: corrupt the capture")
+    shard: Shard | None = Field(default=None, description="capture only this contiguous slice of the samples")
 
     @field_validator("rules")
     @classmethod
@@ -208,6 +232,8 @@ class RunSpecBase(BaseModel):
         if self.backend == "command":
             if not self.command:
                 raise ValueError("backend 'command' needs 'command' (an argv list)")
+            if self.shard is not None:
+                raise ValueError("'shard' needs an extraction backend (worker-extension or vllm-native)")
         else:
             if self.command:
                 raise ValueError(f"'command' is only allowed with backend 'command', not {self.backend!r}")

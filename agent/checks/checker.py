@@ -33,6 +33,7 @@ from agent.checks.dirs import (
     is_locked,
     length_problem,
     read_sample_lengths,
+    shard_ranges,
     walk,
 )
 from agent.checks.formats import EAGLE, SAFETENSORS, SPECFORGE, SPECULATORS_PT, check_sample, classify
@@ -316,7 +317,8 @@ def check_path(path: str | Path, expect: Expectation = Expectation(), deep: bool
     notes: list[str] = [lengths_note] if lengths_note else []
     if is_dir:
         entries = walk(p)
-        gaps = index_gaps(str(p), [str(f) for f, _ in entries], listed=lengths.keys())
+        ranges = shard_ranges(p)
+        gaps = index_gaps(str(p), [str(f) for f, _ in entries], listed=lengths.keys(), ranges=ranges)
     else:
         entries = [(p, is_locked(p))]
         gaps = []

@@ -18,6 +18,9 @@ CAPTURE = re.compile(
     r"|[^/]+\.safetensors(?:\.zst)?)$"
 )
 SAMPLE_LENGTHS = "sample_lengths.json"  # speculators: {"<idx>": tokens} beside data_<idx>.pt
+MERGED_MANIFEST = "manifest.json"
+#: What one shard of a sharded extraction writes beside its files (agent/extract/shards.py merges them).
+SHARD_MANIFEST = re.compile(r"^manifest\.shard-(?P<index>\d+)-of-(?P<count>\d+)\.json$")
 _MAX_LENGTHS_BYTES = 64 << 20
 
 
@@ -88,11 +91,29 @@ def _ranges(spans: list[tuple[int, int]], family: str) -> str:
     return ", ".join(words) + (f", … ({len(spans) - 10} more ranges)" if len(spans) > 10 else "")
 
 
-def index_gaps(root: str, names: list[str], listed: Collection[int] = ()) -> list[Problem]:
+def _groups(
+    ids: set[int], listed: Collection[int], ranges: Collection[tuple[int, int]]
+) -> list[tuple[set[int], list[int]]]:
+    # (ids, listed) per shard range holding files, plus those outside every range (checked as before shards)
+    groups: list[tuple[set[int], list[int]]] = []
+    rest, rest_listed = set(ids), list(listed)
+    for start, end in ranges:
+        inside = {i for i in ids if start <= i < end}
+        rest -= inside
+        rest_listed = [i for i in rest_listed if not start <= i < end]
+        if inside:
+            groups.append((inside, [i for i in listed if start <= i < end]))
+    return [*groups, (rest, rest_listed)]
+
+
+def index_gaps(
+    root: str, names: list[str], listed: Collection[int] = (), ranges: Collection[tuple[int, int]] = ()
+) -> list[Problem]:
     """index_gap problems: holes between the lowest and highest hs_N / data_N index (pure).
 
     listed: indices a manifest (sample_lengths.json) says exist; those missing count too, so a crash that
-    lost the last files shows up as well.
+    lost the last files shows up as well. ranges: [start, end) of each shard whose files the directory
+    holds; holes are looked for inside each range only, so the other shards' ranges are not missing.
     """
     families: dict[str, set[int]] = {}
     for name in names:
@@ -101,7 +122,8 @@ def index_gaps(root: str, names: list[str], listed: Collection[int] = ()) -> lis
             families.setdefault(fam[0], set()).add(fam[1])
     problems = []
     for fam_name, ids in sorted(families.items()):
-        spans = _spans(ids, listed)
+        groups = _groups(ids, listed, ranges)
+        spans = sorted(span for group, wanted in groups for span in _spans(group, wanted))
         if spans:
             n = sum(b - a + 1 for a, b in spans)
             everything = ids | set(listed)
@@ -117,6 +139,38 @@ def index_gaps(root: str, names: list[str], listed: Collection[int] = ()) -> lis
                 )
             )
     return problems
+
+
+def _manifest_range(folder: Path, name: str) -> tuple[int, int] | None:
+    # [start, end) a shard manifest records; None when it is missing, unreadable or not plausible
+    path = folder / name
+    try:
+        if escapes(path, folder) or path.stat().st_size > _MAX_LENGTHS_BYTES:
+            return None
+        shard = json.loads(path.read_text(encoding="utf-8"))["shard"]
+        start, end = shard["start"], shard["end"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if isinstance(start, int) and isinstance(end, int) and 0 <= start <= end:
+        return start, end
+    return None
+
+
+def shard_range(folder: Path, index: int, count: int) -> tuple[int, int] | None:
+    """[start, end) of shard index of count, from its manifest in folder (None until the job wrote it)."""
+    return _manifest_range(folder, f"manifest.shard-{index}-of-{count}.json")
+
+
+def shard_ranges(folder: Path) -> list[tuple[int, int]]:
+    """[start, end) of each shard manifest in folder; none once a merged manifest.json checks it whole."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    if MERGED_MANIFEST in names:
+        return []
+    found = (_manifest_range(folder, n) for n in names if SHARD_MANIFEST.match(n) is not None)
+    return sorted(r for r in found if r is not None)
 
 
 def escapes(path: Path, root: Path) -> bool:

@@ -217,8 +217,11 @@ class Daemon:
             raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
         if view.output_dir is not None:
             # Only active runs claim their directory: a later run may resume into an ended run's output.
+            # Other shards of the same sharded run share it: their jobs write disjoint files and manifests.
             active = [
-                (r, w.spec.output_dir or "") for r, w in self.runs.items() if w.summary.terminal is None
+                (r, w.spec.output_dir or "")
+                for r, w in self.runs.items()
+                if w.summary.terminal is None and not view.sibling_shard(w.spec)
             ]
             err = await asyncio.to_thread(
                 launch_output_dir_error, view.output_dir, str(self.state_dir), active

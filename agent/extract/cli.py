@@ -34,15 +34,18 @@ def run_extract(argv: list[str]) -> int:
         print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
         signals.emit("failed", reason=str(e))
         return 2
-    from agent.extract.dataset import DatasetError, load
+    from agent.extract.dataset import DatasetError, count, load
 
     try:
-        samples = load(plan.spec.dataset or "", plan.model_dir, spec.seq_len, spec.max_samples)
+        window = None
+        if spec.shard is not None:
+            window = spec.shard.bounds(count(plan.spec.dataset or "", spec.max_samples))
+        samples = load(plan.spec.dataset or "", plan.model_dir, spec.seq_len, spec.max_samples, window)
     except DatasetError as e:
         print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
         signals.emit("failed", reason=str(e))
         return 2
-    return _run(plan, samples)
+    return _run(plan, samples, window)
 
 
 def _print_forecast(path: str) -> int:
@@ -62,12 +65,13 @@ def _print_forecast(path: str) -> int:
     return 0
 
 
-def _run(plan: object, samples: list[Any]) -> int:
+def _run(plan: object, samples: list[Any], window: tuple[int, int] | None = None) -> int:
     from agent.extract import engine, signals
     from agent.extract.forecast import FIT_MARGIN_PCT, engine_dtype, forecast_lengths
     from agent.extract.preflight import Plan
     from agent.extract.stats import RunStats
     from agent.extract.writer import (
+        MANIFEST,
         Manifest,
         card_spec,
         config_sha256,
@@ -81,7 +85,11 @@ def _run(plan: object, samples: list[Any]) -> int:
     out = spec.output_dir or "."
     engine.apply_env(spec.env)
     t0 = time.monotonic()
-    dtype_hint = previous_dtype(out)
+    name = spec.shard.manifest_name() if spec.shard is not None else MANIFEST
+    dtype_hint = previous_dtype(out, name)
+    shard = None
+    if spec.shard is not None and window is not None:
+        shard = {"index": spec.shard.index, "count": spec.shard.count, "start": window[0], "end": window[1]}
     manifest = Manifest(
         model=str(plan.model_dir),
         layer_ids=plan.layer_ids,
@@ -94,6 +102,8 @@ def _run(plan: object, samples: list[Any]) -> int:
         versions=versions(),
         model_config_sha256=config_sha256(plan.model_dir),
         spec=card_spec(spec.model_dump(mode="json")),
+        name=name,
+        shard=shard,
     )
     todo = []
     for s in samples:
@@ -147,6 +157,9 @@ def _run(plan: object, samples: list[Any]) -> int:
         return 1
     secs = round(time.monotonic() - t0, 2)
     tokens = sum(manifest.sample_tokens.values())
+    extra: dict[str, Any] = {}
+    if shard is not None:
+        extra = {"shard": shard, "merged": _merge_if_last(out)}
     signals.emit(
         "completed",
         samples=len(manifest.sample_tokens),
@@ -156,9 +169,24 @@ def _run(plan: object, samples: list[Any]) -> int:
         sp_gathers=prog.sp_gathers,
         engine_seconds=round(prog.engine_s, 3),
         drain_seconds=round(prog.drain_s, 3),
+        **extra,
     )
     signals.say(f"completed: {len(manifest.sample_tokens)} samples, {tokens} tokens in {secs} s -> {out}")
     return 0
+
+
+def _merge_if_last(out: str) -> bool:
+    """Write the merged manifest.json when every shard's manifest in out is complete (this shard was last)."""
+    from agent.extract import signals
+    from agent.extract.shards import MergeError, merge_dir
+
+    try:
+        merged = merge_dir(out)
+    except MergeError as e:
+        signals.say(f"manifest.json not merged yet: {e}")
+        return False
+    signals.say(f"all {len(merged['shards'])} shards complete: merged manifest.json written in {out}")
+    return True
 
 
 def run_tiny_model(argv: list[str]) -> int:

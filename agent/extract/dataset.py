@@ -19,18 +19,49 @@ class Sample:
     token_ids: tuple[int, ...]
 
 
-def load(path: str | Path, model_dir: str | Path, seq_len: int, max_samples: int | None) -> list[Sample]:
-    """Read up to max_samples non-empty lines; truncate each to seq_len tokens."""
+def count(path: str | Path, max_samples: int | None) -> int:
+    """M, the samples in the run: non-empty lines, at most max_samples (lines are not parsed here)."""
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"dataset {p} does not exist")
+    n = 0
+    with p.open(encoding="utf-8") as fh:  # read as load() reads it, so both see the same lines
+        for raw in fh:
+            if max_samples is not None and n >= max_samples:
+                break
+            n += bool(raw.strip())
+    return n
+
+
+def load(
+    path: str | Path,
+    model_dir: str | Path,
+    seq_len: int,
+    max_samples: int | None,
+    window: tuple[int, int] | None = None,
+) -> list[Sample]:
+    """Read up to max_samples non-empty lines; truncate each to seq_len tokens.
+
+    window [start, end) keeps only those sample indices (a shard's slice); the others are not parsed,
+    so a shard tokenises its own samples only. An empty window gives an empty list.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DatasetError(f"dataset {p} does not exist")
+    start, end = window if window is not None else (0, max_samples)
+    if max_samples is not None:
+        end = min(end, max_samples) if end is not None else max_samples
     tokenizer = None
     samples: list[Sample] = []
+    idx = -1
     with p.open(encoding="utf-8") as fh:
         for lineno, raw in enumerate(fh, 1):
-            if max_samples is not None and len(samples) >= max_samples:
+            if end is not None and idx + 1 >= end:
                 break
             if not raw.strip():
+                continue
+            idx += 1
+            if idx < start:
                 continue
             try:
                 row = json.loads(raw)
@@ -53,7 +84,7 @@ def load(path: str | Path, model_dir: str | Path, seq_len: int, max_samples: int
             ids = ids[:seq_len]
             if not ids:
                 raise DatasetError(f"{p}:{lineno}: sample has no tokens")
-            samples.append(Sample(len(samples), tuple(ids)))
-    if not samples:
+            samples.append(Sample(idx, tuple(ids)))
+    if not samples and window is None:
         raise DatasetError(f"dataset {p} has no samples")
     return samples

@@ -1,4 +1,8 @@
-"""Capture files `hs_{idx}.safetensors` (written atomically), resume validation and `manifest.json`."""
+"""Capture files `hs_{idx}.safetensors` (written atomically), resume validation and `manifest.json`.
+
+A shard of a sharded run writes `manifest.shard-{i}-of-{N}.json` instead (agent/extract/shards.py merges
+them into `manifest.json`).
+"""
 
 from __future__ import annotations
 
@@ -118,6 +122,10 @@ class Manifest:
     bytes_written: int = 0  # by this attempt (a resumed run's earlier files are not counted)
     model_config_sha256: str = ""  # of the model's config.json: which model exactly
     spec: dict[str, Any] = field(default_factory=dict)  # the run spec, env values left out (card_spec)
+    #: the file this manifest is saved as; a shard's own name keeps shards in one directory apart
+    name: str = MANIFEST
+    #: {"index", "count", "start", "end"} for a shard's manifest, None for a whole run
+    shard: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document written to manifest.json."""
@@ -146,12 +154,12 @@ class Manifest:
             "layer_stats_per_file": "layer_stats.jsonl",
             "started_at": self.started_at,
             "updated_at": time.time(),
-        }
+        } | ({"shard": self.shard} if self.shard is not None else {})
 
     def save(self, out_dir: str | Path) -> None:
-        """Atomic write of manifest.json."""
-        path = Path(out_dir) / MANIFEST
-        tmp = path.with_name(f".{MANIFEST}.tmp")
+        """Atomic write of manifest.json (or this shard's manifest)."""
+        path = Path(out_dir) / self.name
+        tmp = path.with_name(f".{self.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         os.replace(tmp, path)
 
@@ -172,10 +180,10 @@ def config_sha256(model_dir: str | Path) -> str:
         return ""
 
 
-def previous_dtype(out_dir: str | Path) -> str | None:
-    """The safetensors dtype recorded by an earlier run's manifest (None when there is none)."""
+def previous_dtype(out_dir: str | Path, name: str = MANIFEST) -> str | None:
+    """The safetensors dtype recorded by an earlier run's manifest `name` (None when there is none)."""
     try:
-        doc = json.loads((Path(out_dir) / MANIFEST).read_text())
+        doc = json.loads((Path(out_dir) / name).read_text())
     except (OSError, ValueError):
         return None
     return {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}.get(str(doc.get("dtype")))

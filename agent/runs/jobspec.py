@@ -10,6 +10,7 @@ it cannot be read.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from agent.runs.outdir import output_dir_error
 
 BACKENDS = ("worker-extension", "vllm-native", "command")
 #: The fields a launch refuses when they are wrong; the rest only inform watching and checking.
-LAUNCH_FIELDS = frozenset({"backend", "env", "command", "rules", "on_shape_failure", "output_dir"})
+LAUNCH_FIELDS = frozenset({"backend", "env", "command", "rules", "on_shape_failure", "output_dir", "shard"})
 SHAPE_FAILURE_POLICIES = ("alert", "stop")
 
 
@@ -49,6 +50,17 @@ def _env(value: Any) -> dict[str, str]:
                 f"values at most {limits.MAX_ENV_VALUE_CHARS}"
             )
     return dict(value)
+
+
+def _shard(value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    index, count = (value.get("index"), value.get("count")) if isinstance(value, dict) else (None, None)
+    if not (type(index) is int and type(count) is int and 0 <= index < count <= limits.MAX_SHARDS):
+        raise SpecError(
+            f"spec.shard must be {{'index': I, 'count': N}} with 0 <= I < N <= {limits.MAX_SHARDS}"
+        )
+    return index, count
 
 
 def _policy(value: Any) -> str:
@@ -144,6 +156,8 @@ class JobSpec:
     on_shape_failure: str = "alert"
     expect_layers: int | None = None
     expect_hidden_size: int | None = None
+    #: (index, count) of a sharded run's job: it writes its own slice of hs_N files into output_dir
+    shard: tuple[int, int] | None = None
 
     @classmethod
     def parse(cls, spec: Any) -> JobSpec:
@@ -198,6 +212,19 @@ class JobSpec:
             expect_hidden_size=get(
                 "expect_hidden_size", _positive("expect.hidden_size"), expect.get("hidden_size")
             ),
+            shard=get("shard", _shard, spec.get("shard")),
+        )
+
+    def sibling_shard(self, other: JobSpec) -> bool:
+        """True when both are different shards of one sharded run's output_dir (their files never collide)."""
+        return (
+            self.shard is not None
+            and other.shard is not None
+            and self.shard[1] == other.shard[1]
+            and self.shard[0] != other.shard[0]
+            and self.output_dir is not None
+            and other.output_dir is not None
+            and os.path.normpath(self.output_dir) == os.path.normpath(other.output_dir)
         )
 
     @property

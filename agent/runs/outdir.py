@@ -18,6 +18,7 @@ OWN_FILE = re.compile(
     r"|data_\d+\.(?:pt|ckpt|ckpt\.gz)(?:\.lock)?"
     r"|manifest[^/]*\.json"
     r"|sample_lengths\.json"
+    r"|layer_stats\.jsonl"
     r"|\.staging-[^/]*"
     r"|\.(?:hs_\d+\.safetensors|manifest[^/]*\.json)[^/]*\.tmp)$"
 )

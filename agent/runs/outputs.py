@@ -15,12 +15,13 @@ def complete_files(
     pending: dict[str, tuple[int, int]],
     recovered: set[str],
     final: bool,
+    window: tuple[int, int] | None = None,
 ) -> list[tuple[str, tuple[int, int]]]:
     """Capture files in ``out`` ready to check: no lock beside them and the same (size, mtime) on two looks.
 
     ``checked`` (name → [size, mtime_ns] already checked), ``pending`` (first look) and ``recovered`` (checked
     before a daemon crash, per the journal) are updated in place; ``final`` (the job has ended) skips the
-    second look.
+    second look. ``window`` [start, end): a shard's own files only (other shards may share the directory).
     """
     from agent.checks.checker import is_capture_file
     from agent.checks.dirs import lock_names
@@ -33,6 +34,8 @@ def complete_files(
     ready = []
     for name in names:
         if not is_capture_file(name) or any(lk in present for lk in lock_names(name)):
+            continue
+        if window is not None and not in_window(name, window):
             continue
         try:
             st = os.stat(os.path.join(out, name))
@@ -50,6 +53,39 @@ def complete_files(
         else:
             pending[name] = sig
     return ready
+
+
+def in_window(name: str, window: tuple[int, int]) -> bool:
+    """True for an indexed capture file (hs_N, data_N) whose N lies in [start, end)."""
+    from agent.checks.dirs import family
+
+    fam = family(name)
+    return fam is not None and window[0] <= fam[1] < window[1]
+
+
+def shard_window(out: str, shard: tuple[int, int] | None) -> tuple[int, int] | None:
+    """A shard run's [start, end), from the manifest its job writes before any file; None otherwise."""
+    if shard is None:
+        return None
+    from pathlib import Path
+
+    from agent.checks.dirs import shard_range
+
+    return shard_range(Path(out), *shard)
+
+
+def shard_gaps(out: str, shard: tuple[int, int]) -> list[dict[str, Any]]:
+    """index_gap problems among one shard's files only (names alone: no capture file is read)."""
+    from agent.checks.dirs import index_gaps
+
+    window = shard_window(out, shard)
+    if window is None:
+        return []
+    try:
+        names = [n for n in os.listdir(out) if in_window(n, window)]
+    except OSError:
+        return []
+    return [p.to_dict() for p in index_gaps(out, names, ranges=[window])]
 
 
 def check_events(name: str, report: dict[str, Any], line: int) -> list[dict[str, Any]]:

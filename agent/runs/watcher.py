@@ -27,7 +27,7 @@ from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, load_
 from agent.paths import RunPaths, atomic_write_json, read_json
 from agent.runs.jobspec import JobSpec
 from agent.runs.journal import Journal, scan
-from agent.runs.outputs import check_events, check_file, complete_files
+from agent.runs.outputs import check_events, check_file, complete_files, shard_gaps, shard_window
 from agent.runs.summary import RunSummary, final_state, milestone_event
 
 log = logging.getLogger("eaglewatch.agent")
@@ -332,7 +332,10 @@ class RunWatcher:
         out = self.spec.output_dir
         if not out or self._checking or not os.path.isdir(out):
             return
-        ready = complete_files(out, self.checked, self._pending_files, self._recovered_checks, final)
+        window = shard_window(out, self.spec.shard)
+        if self.spec.shard is not None and window is None:
+            return  # a shard's job writes its manifest (its range) before any file: none of its files yet
+        ready = complete_files(out, self.checked, self._pending_files, self._recovered_checks, final, window)
         if not ready:
             return
         self._checking = True
@@ -378,6 +381,11 @@ class RunWatcher:
             return
         self.checked["."] = [0, 0]
         if "." in self._recovered_checks:
+            return
+        if self.spec.shard is not None:  # its own range only: other shards may still be writing theirs
+            found = await asyncio.to_thread(shard_gaps, out, self.spec.shard)
+            if found:
+                self._record_check(".", {"ok": False, "format": None, "problems": found})
             return
         report = await self._check(out, deep=False)
         gaps = [p for p in report.get("problems") or [] if p.get("code") == "index_gap"]

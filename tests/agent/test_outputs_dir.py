@@ -238,3 +238,35 @@ def test_unusable_sample_lengths_json_is_a_note_not_a_problem(tmp_path: Path, co
     report = check_path(tmp_path, EXPECT)
     assert report.ok, report.problems
     assert len(report.notes) == 1 and "sample_lengths.json: ignored" in report.notes[0]
+
+
+def _shard_manifest(folder: Path, index: int, count: int, start: int, end: int) -> None:
+    shard = {"index": index, "count": count, "start": start, "end": end}
+    (folder / f"manifest.shard-{index}-of-{count}.json").write_text(json.dumps({"shard": shard}))
+
+
+def test_index_gaps_inside_shard_ranges_only() -> None:
+    names = [f"hs_{i}.safetensors" for i in (0, 1, 2, 3, 7, 8, 9, 11)]
+    assert index_gaps("/out", names, ranges=[(0, 4), (7, 10)]) == []
+    (p,) = index_gaps("/out", names, ranges=[(0, 4), (7, 12)])
+    assert p.message.endswith(": hs_10")  # a hole inside one shard's range still counts
+    (p,) = index_gaps("/out", names, listed=[4, 8], ranges=[(0, 4), (7, 10)])
+    assert ": hs_4 (" in p.message  # listed outside every range is checked as before
+
+
+def test_directory_of_two_of_three_shards_is_not_missing_the_third(tmp_path: Path) -> None:
+    for i in (0, 1, 2, 6, 7, 8):
+        hs_file(tmp_path / f"hs_{i}.safetensors")
+    assert [p.code for p in check_path(tmp_path, EXPECT).problems] == ["index_gap"]  # no manifests yet
+    _shard_manifest(tmp_path, 0, 3, 0, 3)
+    _shard_manifest(tmp_path, 2, 3, 6, 9)
+    report = check_path(tmp_path, EXPECT)
+    assert report.ok and report.problems == [] and report.files == 6
+    (tmp_path / "hs_7.safetensors").unlink()
+    (gap,) = check_path(tmp_path, EXPECT).problems
+    assert gap.message.endswith(": hs_7")
+    # once merged, the directory is one dataset: the middle shard's files are missing
+    hs_file(tmp_path / "hs_7.safetensors")
+    (tmp_path / "manifest.json").write_text("{}")
+    (gap,) = check_path(tmp_path, EXPECT).problems
+    assert gap.message.endswith(": hs_3–hs_5")

@@ -1,0 +1,106 @@
+"""Pure: a sharded run's placement over hosts and GPU groups, its shard specs, and its one state and progress.
+
+Not wired into RunOps yet (issue 11, controller level): these are the decisions the fan-out will make, kept
+apart from I/O so they are tested on their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from controller.lifecycle import RunState, is_terminal
+
+S = RunState
+#: While shards run, the run shows the state of its least advanced shard that still matters.
+_ACTIVE_ORDER = (S.RUNNING, S.UNKNOWN, S.STARTING, S.PENDING)
+
+
+class PlacementError(ValueError):
+    """The shards do not fit on the hosts' GPUs; the message names the host."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one shard runs: its host and, on a GPU host, the GPU indices it may see."""
+
+    index: int
+    host: str
+    gpus: tuple[int, ...] | None  # None: a CPU host or GPUs unknown (nothing is set)
+
+
+def gpu_indices(gpus: list[dict[str, Any]], env: dict[str, str]) -> list[int]:
+    """The GPU indices shards may use on a host: the spec's CUDA_VISIBLE_DEVICES if it lists indices, else
+    the host's discovered GPUs (empty when none are known)."""
+    given = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if given:
+        parts = [p.strip() for p in given.split(",")]
+        if all(p.isdigit() for p in parts):
+            return [int(p) for p in parts]
+    return sorted(int(g["index"]) for g in gpus if isinstance(g.get("index"), int))
+
+
+def place(count: int, hosts: list[tuple[str, list[int]]], tp: int) -> list[Placement]:
+    """Shard i on hosts[i % H] (round-robin); on a host with GPUs its k-th shard gets GPU group k of tp GPUs.
+
+    hosts: (name, GPU indices) in the order given; an empty list means a CPU host or unknown GPUs.
+    PlacementError when a host gets more shards than it has disjoint GPU groups (two engines on one GPU
+    would fight over its memory).
+    """
+    if not hosts:
+        raise PlacementError("a sharded run needs at least one host")
+    out = []
+    for i in range(count):
+        name, gpus = hosts[i % len(hosts)]
+        k = i // len(hosts)
+        if not gpus:
+            out.append(Placement(i, name, None))
+            continue
+        groups = len(gpus) // tp
+        if k >= groups:
+            per_host = len(range(i % len(hosts), count, len(hosts)))
+            raise PlacementError(
+                f"host {name} has {len(gpus)} GPUs ({groups} groups of tensor_parallel_size {tp}) "
+                f"but {per_host} shards are placed on it"
+            )
+        out.append(Placement(i, name, tuple(gpus[k * tp : (k + 1) * tp])))
+    return out
+
+
+def shard_spec(spec: dict[str, Any], at: Placement, count: int) -> dict[str, Any]:
+    """The job spec of one shard: one host, its shard, its GPUs in CUDA_VISIBLE_DEVICES; no `shards`."""
+    child = {k: v for k, v in spec.items() if k != "shards"}
+    child["host"] = at.host
+    child["shard"] = {"index": at.index, "count": count}
+    if at.gpus is not None:
+        child["env"] = {**spec.get("env", {}), "CUDA_VISIBLE_DEVICES": ",".join(map(str, at.gpus))}
+    return child
+
+
+def run_state(shard_states: list[str]) -> str:
+    """The one state of a sharded run: active while any shard is; then failed, lost, stopped or completed.
+
+    A failed shard fails the run only once the others have ended (they go on meanwhile).
+    """
+    if not shard_states:
+        return S.PENDING.value
+    states = [RunState(s) for s in shard_states]
+    active = [s for s in states if not is_terminal(s)]
+    if active:
+        return next(s for s in _ACTIVE_ORDER if s in active).value
+    for outcome in (S.FAILED, S.LOST, S.STOPPED):
+        if outcome in states:
+            return outcome.value
+    return S.COMPLETED.value
+
+
+def run_progress(shard_progress: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Sum of the shards' last progress: samples done and total, tokens/s, files and bytes written."""
+    seen = [p for p in shard_progress if p]
+    if not seen:
+        return None
+    keys = ("samples_done", "samples_total", "files_written", "bytes_written")
+    out: dict[str, Any] = {k: sum(int(p.get(k) or 0) for p in seen) for k in keys}
+    out["tokens_per_s"] = round(sum(float(p.get("tokens_per_s") or 0.0) for p in seen), 1)
+    out["shards_reporting"] = len(seen)
+    return out

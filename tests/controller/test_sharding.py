@@ -1,0 +1,89 @@
+"""Pure sharding decisions: placement over hosts and GPU groups, shard specs, one state and progress."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.spec import parse_spec
+from controller.sharding import (
+    Placement,
+    PlacementError,
+    gpu_indices,
+    place,
+    run_progress,
+    run_state,
+    shard_spec,
+)
+
+
+def test_round_robin_over_hosts_with_gpu_groups() -> None:
+    assert place(3, [("a", [0, 1, 2, 3]), ("b", [0, 1])], tp=2) == [
+        Placement(0, "a", (0, 1)),
+        Placement(1, "b", (0, 1)),
+        Placement(2, "a", (2, 3)),
+    ]
+
+
+def test_eight_tp1_engines_on_one_eight_gpu_host() -> None:
+    got = place(8, [("h", list(range(8)))], tp=1)
+    assert [p.gpus for p in got] == [(i,) for i in range(8)]
+
+
+def test_too_many_shards_for_a_hosts_gpus_is_refused() -> None:
+    with pytest.raises(
+        PlacementError, match=r"host b has 2 GPUs \(1 groups of tensor_parallel_size 2\) but 2"
+    ):
+        place(4, [("a", [0, 1, 2, 3]), ("b", [0, 1])], tp=2)
+    with pytest.raises(PlacementError, match="at least one host"):
+        place(2, [], tp=1)
+
+
+def test_cpu_hosts_get_no_gpus_and_any_number_of_shards() -> None:
+    assert place(3, [("cpu", [])], tp=2) == [Placement(i, "cpu", None) for i in range(3)]
+
+
+def test_gpu_indices_from_the_spec_env_or_the_host() -> None:
+    gpus = [{"index": 1, "name": "H200"}, {"index": 0, "name": "H200"}]
+    assert gpu_indices(gpus, {}) == [0, 1]
+    assert gpu_indices(gpus, {"CUDA_VISIBLE_DEVICES": "4, 5,6"}) == [4, 5, 6]
+    assert gpu_indices([], {}) == []
+
+
+def test_shard_spec_is_a_valid_job_spec() -> None:
+    spec = {"host": "a", "model": "/m", "dataset": "/d.jsonl", "output_dir": "/o", "env": {"X": "1"}}
+    child = shard_spec({**spec, "shards": 2}, Placement(1, "b", (2, 3)), 2)
+    assert child["host"] == "b" and child["shard"] == {"index": 1, "count": 2} and "shards" not in child
+    assert child["env"] == {"X": "1", "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert parse_spec(child).shard is not None
+    assert "CUDA_VISIBLE_DEVICES" not in shard_spec(spec, Placement(0, "cpu", None), 2).get("env", {})
+
+
+@pytest.mark.parametrize(
+    ("states", "expected"),
+    [
+        (["running", "failed"], "running"),  # the others go on
+        (["completed", "starting"], "starting"),
+        (["pending", "running", "unknown"], "running"),
+        (["failed", "completed"], "failed"),
+        (["stopped", "completed"], "stopped"),
+        (["lost", "stopped"], "lost"),
+        (["completed", "completed"], "completed"),
+        ([], "pending"),
+    ],
+)
+def test_one_state_for_the_run(states: list[str], expected: str) -> None:
+    assert run_state(states) == expected
+
+
+def test_progress_is_summed_over_reporting_shards() -> None:
+    a = {"samples_done": 3, "samples_total": 5, "tokens_per_s": 10.3, "files_written": 3, "bytes_written": 9}
+    b = {"samples_done": 1, "samples_total": 5, "tokens_per_s": 20.0, "files_written": 1, "bytes_written": 3}
+    assert run_progress([a, None, b]) == {
+        "samples_done": 4,
+        "samples_total": 10,
+        "files_written": 4,
+        "bytes_written": 12,
+        "tokens_per_s": 30.3,
+        "shards_reporting": 2,
+    }
+    assert run_progress([None, None]) is None

@@ -1,0 +1,138 @@
+"""Sharded capture on the real vLLM CPU engine, tiny Llama fp32: two shards equal one run, file by file.
+
+One module-scoped scenario (engine starts are expensive): the whole run into one directory; shard 1 of 2
+into another, killed after its first batch; shard 0 into that same directory; shard 1 resumed, which
+merges manifest.json as the last shard to finish; and shard 0 of 8 of the same seven samples, whose
+slice is empty. Every assertion below reads that scenario's results.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.extract.jobrun import JobResult, run_job, write_spec
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+LENGTHS = [5, 37, 12, 30, 1, 23, 9]  # shard 0 of 2: samples 0-2, shard 1: samples 3-6
+LAYERS = [2, 4, 5, 8]
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from agent.extract.tinymodel import build
+
+    tmp = tmp_path_factory.mktemp("shards")
+    model = build(tmp / "model", "llama", seed=5)
+    rng = random.Random(11)
+    data = tmp / "data.jsonl"
+    data.write_text(
+        "".join(json.dumps({"token_ids": [rng.randrange(4, 500) for _ in range(n)]}) + "\n" for n in LENGTHS)
+    )
+    common = {
+        "model": str(model),
+        "dataset": str(data),
+        "layers": LAYERS,
+        "batch_size": 2,
+        "vllm_args": ["--dtype", "float32", "--max-num-seqs", "2"],
+    }
+
+    def spec(name: str, out: Path, **more: Any) -> Path:
+        return write_spec(tmp / f"{name}.json", output_dir=str(out), **common, **more)
+
+    whole, sharded = tmp / "whole", tmp / "sharded"
+    res: dict[str, Any] = {"whole": whole, "sharded": sharded}
+    res["one"] = run_job(spec("one", whole))
+    s1 = spec("s1", sharded, shard={"index": 1, "count": 2})
+    res["killed"] = run_job(s1, stop_when=lambda e: e["kind"] == "batch_captured")
+    res["after_kill"] = sorted(p.name for p in sharded.glob("hs_*.safetensors"))
+    res["s0"] = run_job(spec("s0", sharded, shard={"index": 0, "count": 2}))
+    res["resumed"] = run_job(s1)
+    res["empty_out"] = tmp / "empty"
+    res["empty"] = run_job(spec("e", tmp / "empty", shard={"index": 0, "count": 8}))
+    return res
+
+
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("hs_*.safetensors"))
+
+
+def test_every_job_ends_as_expected(scenario: dict[str, Any]) -> None:
+    for key in ("one", "s0", "resumed", "empty"):
+        job: JobResult = scenario[key]
+        assert job.rc == 0 and job.kinds()[-1] == "completed", (key, job.output[-3000:])
+    killed: JobResult = scenario["killed"]
+    assert killed.rc != 0 and "completed" not in killed.kinds()
+    # the killed shard wrote only inside its own slice, with global indices
+    assert 0 < len(scenario["after_kill"]) < 4
+    assert set(scenario["after_kill"]) <= {f"hs_{i}.safetensors" for i in range(3, 7)}
+
+
+def test_two_shards_equal_one_run_file_by_file(scenario: dict[str, Any]) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    whole, sharded = scenario["whole"], scenario["sharded"]
+    assert _names(sharded) == _names(whole) == sorted(f"hs_{i}.safetensors" for i in range(len(LENGTHS)))
+    for name in _names(whole):
+        a, b = load_file(str(whole / name)), load_file(str(sharded / name))
+        assert torch.equal(a["token_ids"], b["token_ids"]), name
+        assert torch.equal(a["hidden_states"], b["hidden_states"]), name
+    assert not list(sharded.glob(".*tmp")) and not (whole / "manifest.shard-0-of-1.json").exists()
+
+
+def test_each_shard_counts_and_resumes_its_own_slice(scenario: dict[str, Any]) -> None:
+    s0, resumed = scenario["s0"], scenario["resumed"]
+    done0 = s0.of("completed")[0]
+    assert done0["samples"] == 3 and done0["tokens"] == sum(LENGTHS[:3])
+    assert done0["shard"] == {"index": 0, "count": 2, "start": 0, "end": 3} and done0["merged"] is False
+    assert s0.of("progress")[-1]["samples_total"] == 3
+    done1 = resumed.of("completed")[0]
+    assert done1["shard"] == {"index": 1, "count": 2, "start": 3, "end": 7} and done1["merged"] is True
+    assert f"resuming: {len(scenario['after_kill'])} of 4 samples already valid" in resumed.output
+    rewritten = {e["file"] for e in resumed.of("shape_check_passed")}
+    assert rewritten == {f"hs_{i}.safetensors" for i in range(3, 7)} - set(scenario["after_kill"])
+    for i, (start, end) in enumerate([(0, 3), (3, 7)]):
+        doc = json.loads((scenario["sharded"] / f"manifest.shard-{i}-of-2.json").read_text())
+        assert doc["shard"] == {"index": i, "count": 2, "start": start, "end": end}
+        assert doc["samples"] == {str(k): LENGTHS[k] for k in range(start, end)}
+
+
+def test_merged_manifest_equals_the_whole_runs(scenario: dict[str, Any]) -> None:
+    from agent.checks.checker import Expectation, check_path
+    from agent.extract.shards import merge_layer_stats
+
+    one = json.loads((scenario["whole"] / "manifest.json").read_text())
+    merged = json.loads((scenario["sharded"] / "manifest.json").read_text())
+    for key in (
+        "samples",
+        "samples_total",
+        "samples_written",
+        "tokens_total",
+        "layer_ids",
+        "hidden_size",
+        "dtype",
+    ):
+        assert merged[key] == one[key], key
+    assert [(s["start"], s["end"], s["samples_written"]) for s in merged["shards"]] == [(0, 3, 3), (3, 7, 4)]
+    # statistics and bytes cover each shard's last attempt (shard 1 was resumed): summed over the shards
+    shards = [json.loads((scenario["sharded"] / f"manifest.shard-{i}-of-2.json").read_text()) for i in (0, 1)]
+    assert merged["layer_stats"] == merge_layer_stats([d["layer_stats"] for d in shards])
+    assert set(merged["layer_stats"]) == set(one["layer_stats"])
+    assert merged["bytes_written"] == sum(d["bytes_written"] for d in shards) > 0
+    assert "shard" not in merged["spec"] and merged["model_config_sha256"] == one["model_config_sha256"]
+    report = check_path(scenario["sharded"], Expectation(layers=len(LAYERS), hidden_size=128))
+    assert report.ok and report.files == len(LENGTHS), report.to_dict()
+
+
+def test_an_empty_slice_completes_without_an_engine(scenario: dict[str, Any]) -> None:
+    empty: JobResult = scenario["empty"]
+    assert "engine_config" not in empty.kinds() and empty.of("completed")[0]["samples"] == 0
+    doc = json.loads((scenario["empty_out"] / "manifest.shard-0-of-8.json").read_text())
+    assert doc["shard"] == {"index": 0, "count": 8, "start": 0, "end": 0} and doc["samples_total"] == 0
+    assert _names(scenario["empty_out"]) == []
