@@ -315,6 +315,11 @@ def canary_round(llm: Any, plan: Plan, batch: list[Sample], dtype: str, when: st
                 raise CaptureFailed(f"capture writer failed: {r['error']}")
             if r.get("canary"):
                 diffs.append(r["rel_diff"])
+    report_canary(plan, diffs, dtype, when)
+
+
+def report_canary(plan: Plan, diffs: list[float | None], dtype: str, when: str) -> None:
+    """The canary_checked milestone of one round; raises CaptureFailed on a mismatch under stop."""
     result = canary.verdict(diffs, dtype)
     signals.emit("canary_checked", when=when, **result)
     if result["ok"]:

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agent.extract import canary
 from agent.extract.dataset import Sample
 from agent.extract.engine import (
     CaptureFailed,
@@ -17,6 +18,7 @@ from agent.extract.engine import (
     engine_kwargs,
     handle_results,
     prepare_engine,
+    report_canary,
 )
 from agent.extract.preflight import Plan
 from agent.extract.stats import file_stats, maybe_token_stats
@@ -144,4 +146,31 @@ def run_native(plan: Plan, todo: list[Sample], manifest: Manifest, prog: Progres
             results.append(_finish(plan, sample, path))
         handle_results(results, plan, manifest, prog)
         batch_done(batch, prog)
+        if start == 0:
+            native_canary(llm, plan, batch, dtype, "first batch")
+    if len(todo) > spec.batch_size:  # and at the end; a last batch of one was captured alone already
+        last = todo[(len(todo) - 1) // spec.batch_size * spec.batch_size :]
+        native_canary(llm, plan, last if len(last) > 1 else todo[-spec.batch_size - 1 : -1], dtype, "end")
     os.rmdir(staging)
+
+
+def native_canary(llm: Any, plan: Plan, batch: list[Sample], dtype: str, when: str) -> None:
+    """Capture a few samples of a batch again, alone, through vLLM's connector; compare with their files."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    chosen = canary.pick(batch, plan.spec.canary_samples)
+    if len(batch) < 2 or not chosen:
+        return
+    diffs: list[float | None] = []
+    for s in chosen:  # one generate call each: nothing else is scheduled beside it
+        prompt = TokensPrompt(prompt_token_ids=list(s.token_ids))
+        (output,) = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+        path = (output.kv_transfer_params or {}).get("hidden_states_path")
+        if not path:
+            raise CaptureFailed(f"vLLM returned no hidden_states_path for the canary of sample {s.idx}")
+        alone = _wait_and_load(path)["hidden_states"]
+        os.remove(path)
+        final = sample_path(plan.spec.output_dir or ".", s.idx)
+        diffs.append(canary.compare_with_file(final, alone) if final.exists() else None)
+    report_canary(plan, diffs, dtype, when)

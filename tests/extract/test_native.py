@@ -49,6 +49,10 @@ def test_native_backend_equals_hf_reference(tmp_path: Path) -> None:
     assert conf["convention"] == "output" and conf["layers"] == LAYERS
     assert conf["backend"] == "vllm-native" and conf["layer_class"] == "EagleWatchHiddenStatesConnector"
     assert len(job.of("shape_check_passed")) == len(LENGTHS)
+    # the canary for this backend: two samples captured alone through vLLM's connector, compared with files
+    (canary_ms,) = job.of("canary_checked")
+    assert canary_ms["when"] == "first batch" and canary_ms["samples"] == 2 and canary_ms["ok"] is True
+    assert canary_ms["max_rel_diff"] is not None and canary_ms["max_rel_diff"] <= 1e-3
     # only hs_N, the manifest and the per-file statistics remain: staging dir and .lock files are cleaned up
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [f"hs_{i}.safetensors" for i in range(len(LENGTHS))] + ["manifest.json", "layer_stats.jsonl"]
