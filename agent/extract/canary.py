@@ -28,6 +28,16 @@ def tolerance(dtype: str) -> float:
     return TOLERANCE.get(dtype.removeprefix("torch."), TOLERANCE["bfloat16"])
 
 
+def end_batch(items: Sequence[T], batch_size: int) -> list[T] | None:
+    """The batch the end-of-run canary checks: the last one, or the one before a last batch of one (which
+    was captured alone already); None for a run of one batch (the first-batch canary covered it)."""
+    if len(items) <= batch_size:
+        return None
+    start = (len(items) - 1) // batch_size * batch_size
+    last = list(items[start:])
+    return last if len(last) > 1 else list(items[start - batch_size : start])
+
+
 def pick(items: Sequence[T], k: int) -> list[T]:
     """k items spread over a batch (first, last, then evenly between); all of them when k ≥ len."""
     if k >= len(items):

@@ -286,11 +286,9 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         if first:
             canary_round(llm, plan, batch, manifest.dtype, "first batch")
     collect(llm, plan, manifest, prog, outstanding, seen, wait=True)
-    if len(starts) > 1:  # and at the end; a last batch of one was captured alone: check the one before it
-        last = todo[starts[-1] :]
-        canary_round(
-            llm, plan, last if len(last) > 1 else todo[starts[-2] : starts[-1]], manifest.dtype, "end"
-        )
+    end = canary.end_batch(todo, spec.batch_size)
+    if end is not None:
+        canary_round(llm, plan, end, manifest.dtype, "end")
 
 
 def canary_round(llm: Any, plan: Plan, batch: list[Sample], dtype: str, when: str) -> None:

@@ -148,9 +148,9 @@ def run_native(plan: Plan, todo: list[Sample], manifest: Manifest, prog: Progres
         batch_done(batch, prog)
         if start == 0:
             native_canary(llm, plan, batch, dtype, "first batch")
-    if len(todo) > spec.batch_size:  # and at the end; a last batch of one was captured alone already
-        last = todo[(len(todo) - 1) // spec.batch_size * spec.batch_size :]
-        native_canary(llm, plan, last if len(last) > 1 else todo[-spec.batch_size - 1 : -1], dtype, "end")
+    end = canary.end_batch(todo, spec.batch_size)
+    if end is not None:
+        native_canary(llm, plan, end, dtype, "end")
     os.rmdir(staging)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from agent.extract import canary
 from agent.extract.canary import TOLERANCE, pick, rel_diff, tolerance, verdict
 from agent.extract.capture import CaptureSink, SinkConfig, Span
 from agent.extract.checks import BATCH_SKEW
@@ -99,3 +100,13 @@ def test_writer_process_carries_stats_and_canaries(tmp_path: Path) -> None:
     (res,) = sink.drain()
     sink.close()
     assert res["canary"] is True and res["rel_diff"] == pytest.approx(BATCH_SKEW - 1, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("n", "size", "want"),
+    [(4, 4, None), (3, 4, None), (10, 4, [8, 9]), (9, 4, [4, 5, 6, 7]), (8, 4, [4, 5, 6, 7]), (5, 1, [3])],
+)
+def test_end_batch_is_the_last_batch_unless_it_was_captured_alone(
+    n: int, size: int, want: list[int] | None
+) -> None:
+    assert canary.end_batch(list(range(n)), size) == want
