@@ -57,8 +57,11 @@ def _mem_available() -> int:
     return 4 << 30
 
 
-def prepare_engine(plan: Plan) -> list[str]:
-    """Apply the runner choice and platform defaults to os.environ; emit engine_config; extra engine args."""
+def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
+    """Apply the capture, runner and platform defaults to os.environ; emit engine_config.
+
+    Returns the extra engine arguments and the capture choice (its `graphs` says whether to run eager).
+    """
     from vllm.platforms import current_platform
 
     spec = plan.spec
@@ -84,6 +87,10 @@ def prepare_engine(plan: Plan) -> list[str]:
         defaults["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         reasons["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn: forked workers can hang on CUDA"
     version = runtime.parse_version(plan.vllm_version) or (0, 0, 0)
+    try:
+        capture = runtime.choose_capture(spec.backend, platform, spec.vllm_args, user_env)
+    except runtime.CaptureConflict as e:
+        raise CaptureFailed(str(e)) from None
     choice = runtime.choose_runner(
         spec.backend,
         version,
@@ -91,10 +98,18 @@ def prepare_engine(plan: Plan) -> list[str]:
         plan.architectures,
         plan.moe,
         runtime.flag(user_env.get(runtime.RUNNER_ENV)),
+        capture,
     )
     defaults.update(choice.set_env)
     if choice.set_env:
         reasons[runtime.RUNNER_ENV] = choice.reason
+    if capture.path == "aux":
+        from agent.extract import aux_capture
+
+        # read by the wrapped Worker.load_model in each worker, which inherits this environment
+        defaults[aux_capture.ENV] = aux_capture.env_value(
+            plan.layer_ids, spec.layer_convention, plan.num_hidden_layers
+        )
     os.environ.update(defaults)
     signals.emit(
         "engine_config",
@@ -103,29 +118,21 @@ def prepare_engine(plan: Plan) -> list[str]:
         vllm=plan.vllm_version,
         model_runner=choice.runner,
         runner_reason=choice.reason,
-        cuda_graphs=eager_reason(spec.backend, platform, spec.vllm_args) is None,
+        cuda_graphs=capture.graphs,
+        capture=capture.path,
+        capture_reason=capture.reason,
         defaults={**defaults, **({"vllm_args": args} if args else {})},
         reasons=reasons,
     )
     for key, why in reasons.items():
         signals.say(f"default {key}: {why}")
     signals.say(f"model runner {choice.runner}: {choice.reason}")
+    signals.say(f"capture {capture.path}, CUDA graphs {'on' if capture.graphs else 'off'}: {capture.reason}")
     if plan.version_note:
         signals.emit("warning", source="eaglewatch", message=plan.version_note)
     for message in plan.bug_warnings:
         signals.emit("warning", source="eaglewatch", message=message)
-    return args
-
-
-def eager_reason(backend: str, platform: str, vllm_args: list[str]) -> str | None:
-    """Why the engine runs eager (no torch.compile, no CUDA graphs), or None when graphs stay on."""
-    if backend == "worker-extension":
-        return "the worker extension's Python hooks run only in eager mode"
-    if platform != "cuda":
-        return f"no CUDA graphs on {platform}"
-    if runtime.has_arg(vllm_args, "--enforce-eager"):
-        return "--enforce-eager (your setting)"
-    return None
+    return args, capture
 
 
 def one_result(results: Any) -> Any:
@@ -240,11 +247,12 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     writer = os.environ.get(WRITER_ENV) or None
     if writer is not None and writer not in WRITERS:
         raise CaptureFailed(f"{WRITER_ENV}={writer!r}: expected one of {', '.join(WRITERS)}")
-    extra = prepare_engine(plan)
+    extra, capture = prepare_engine(plan)
     kwargs = engine_kwargs(str(plan.model_dir), [*spec.vllm_args, *extra])
     longest = max(len(s.token_ids) for s in todo)
     kwargs.setdefault("max_model_len", longest + 1)
-    kwargs.update(enforce_eager=True, enable_prefix_caching=False)  # both needed for a complete capture
+    # prefix caching would skip the cached tokens' forward; hooks run only eager, aux outputs compiled too
+    kwargs.update(enforce_eager=not capture.graphs, enable_prefix_caching=False)
     llm = LLM(
         model=str(plan.model_dir),
         worker_extension_cls=os.environ.get("EAGLEWATCH_WORKER_EXTENSION", WORKER_EXTENSION),
@@ -258,10 +266,15 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         "fault": spec.inject_fault,
         "stop_on_failure": spec.on_shape_failure == "stop",
         "writer": writer,
+        "capture": capture.path,
     }
     info = one_result(llm.collective_rpc("eaglewatch_setup", args=(cfg,)))
     manifest.dtype = info["dtype"]
-    found = {"model_runner": info.get("model_runner"), "writer": info.get("writer")}
+    found = {
+        "model_runner": info.get("model_runner"),
+        "writer": info.get("writer"),
+        "capture": info.get("capture"),
+    }
     configured(plan, info["dtype"], info["layer_class"], **found)
     prog.restart_clock()
     # a writer process overlaps a batch's last writes with the next batch's steps; writer threads would
@@ -355,9 +368,14 @@ def collect(
 
 
 def configured(
-    plan: Plan, dtype: str, layer_class: str, model_runner: str | None = None, writer: str | None = None
+    plan: Plan,
+    dtype: str,
+    layer_class: str,
+    model_runner: str | None = None,
+    writer: str | None = None,
+    capture: str | None = None,
 ) -> None:
-    """The capture_configured milestone (model_runner, writer: what the worker chose, where it tells)."""
+    """The capture_configured milestone: the runner, writer and capture path the worker chose."""
     spec = plan.spec
     signals.emit(
         "capture_configured",
@@ -370,6 +388,7 @@ def configured(
         model_runner=model_runner,
         tensor_parallel_size=spec.tensor_parallel_size,
         writer=writer,
+        capture=capture,
     )
     runner = f", model runner {model_runner}" if model_runner else ""
     signals.say(

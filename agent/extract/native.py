@@ -101,7 +101,7 @@ def run_native(plan: Plan, todo: list[Sample], manifest: Manifest, prog: Progres
     spec = plan.spec
     out = Path(spec.output_dir or ".")
     staging = tempfile.mkdtemp(prefix=".staging-", dir=out)
-    extra = prepare_engine(plan)
+    extra, _capture = prepare_engine(plan)
     kwargs = engine_kwargs(str(plan.model_dir), [*spec.vllm_args, *extra])
     kwargs.setdefault("max_model_len", max(len(s.token_ids) for s in todo) + 1)
     kwargs["enable_prefix_caching"] = False  # cached tokens would never reach the aux layers

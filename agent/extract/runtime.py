@@ -17,6 +17,9 @@ TESTED_VERSIONS = {"0.26.0": "GPU: H200, CUDA 13, torch 2.11", "0.32.0": "CPU: v
 SUPPORTED_RANGE = ((0, 20), (0, 34))
 ALLOW_UNTESTED_ENV = "EAGLEWATCH_ALLOW_UNTESTED_VLLM"
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+#: the user's choice of capture path for the worker extension: "aux" (compiled, CUDA graphs) or "hooks"
+CAPTURE_ENV = "EAGLEWATCH_CAPTURE"
+CAPTURES = ("aux", "hooks")
 #: vLLM 0.25–0.26 `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`: MoE models that still default to V2.
 V2_DEFAULT_MOE_ARCHS = frozenset(
     {
@@ -86,6 +89,66 @@ class RunnerChoice:
     set_env: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class CaptureChoice:
+    """How the worker extension captures: through vLLM's aux hidden-state outputs or Python layer hooks.
+
+    "aux" turns on the model's own EAGLE-3 aux outputs before vLLM compiles it, so torch.compile and CUDA
+    graphs stay on and the states come out of the graph; "hooks" runs eager with forward hooks on the decoder
+    layers (any decoder, either model runner). `graphs`: whether the engine keeps compilation and graphs.
+    """
+
+    path: str  # "aux" | "hooks" (vllm-native and command: "native" / "none")
+    graphs: bool
+    reason: str
+    needs_v1: bool = False
+
+
+class CaptureConflict(ValueError):
+    """The user's capture and runner settings cannot both hold."""
+
+
+def choose_capture(
+    backend: str, platform: str, vllm_args: list[str], env: Mapping[str, str]
+) -> CaptureChoice:
+    """The capture path and whether CUDA graphs stay on; the user's own settings win over the default."""
+    eager = has_arg(vllm_args, "--enforce-eager")
+    if backend != "worker-extension":
+        if platform != "cuda":
+            return CaptureChoice("native", False, f"no CUDA graphs on {platform}")
+        if eager:
+            return CaptureChoice("native", False, "--enforce-eager (your setting)")
+        return CaptureChoice("native", True, "vLLM's own capture runs inside the compiled model")
+    user = (env.get(CAPTURE_ENV) or "").strip().lower() or None
+    if user is not None and user not in CAPTURES:
+        raise CaptureConflict(f"{CAPTURE_ENV}={user!r}: expected one of {', '.join(CAPTURES)}")
+    runner = flag(env.get(RUNNER_ENV))
+    if user == "hooks":
+        return CaptureChoice("hooks", False, f"{CAPTURE_ENV}=hooks (your setting): eager, Python layer hooks")
+    if user == "aux":
+        if runner is True:
+            raise CaptureConflict(
+                f"{CAPTURE_ENV}=aux reads vLLM's aux hidden-state outputs through the V1 model runner, but "
+                f"{RUNNER_ENV}=1 asks for V2: drop one of the two settings"
+            )
+        graphs = platform == "cuda" and not eager
+        return CaptureChoice("aux", graphs, f"{CAPTURE_ENV}=aux (your setting)", needs_v1=True)
+    if platform != "cuda":
+        return CaptureChoice("hooks", False, f"no CUDA graphs on {platform}: eager, Python layer hooks")
+    if eager:
+        return CaptureChoice("hooks", False, "--enforce-eager (your setting): Python layer hooks")
+    if runner is True:
+        return CaptureChoice(
+            "hooks", False, f"{RUNNER_ENV}=1 (your setting): the V2 runner is captured eager, through hooks"
+        )
+    return CaptureChoice(
+        "aux",
+        True,
+        "CUDA graphs stay on: the states come out of the compiled model (aux outputs)",
+        needs_v1=True,
+    )
+
+
 def choose_runner(
     backend: str,
     version: tuple[int, int, int],
@@ -93,10 +156,17 @@ def choose_runner(
     archs: list[str],
     is_moe: bool,
     user: bool | None,
+    capture: CaptureChoice | None = None,
 ) -> RunnerChoice:
     """Which model runner vLLM will run for this job; forces V1 only where V2 cannot do the job."""
     if user is not None:
         return RunnerChoice("v2" if user else "v1", f"{RUNNER_ENV}={int(user)} (your setting)")
+    if capture is not None and capture.needs_v1 and platform != "cpu":
+        return RunnerChoice(
+            "v1",
+            "V1 selected: the worker extension reads aux hidden-state outputs (CUDA graphs on) through V1",
+            {RUNNER_ENV: "0"},
+        )
     if platform == "cpu":
         return RunnerChoice("v1", "the CPU engine's V2 runner needs Triton on a GPU")
     if version[:2] < (0, 25):

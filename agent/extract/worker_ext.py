@@ -6,6 +6,9 @@ Tensors never cross the RPC boundary: the worker writes hs_{idx}.safetensors its
 dicts. Token attribution is per scheduler step, by request id, from the runner's batch order: the V1
 runner keeps a persistent `input_batch` whose `req_ids` give it; the V2 runner (default from vLLM 0.25)
 builds a fresh `InputBatch` per step in `prepare_inputs`, sorted its own way, so its order is read there.
+
+Two capture paths: forward hooks on the decoder layers (eager only, either runner), or vLLM's own aux
+hidden-state outputs read after each forward (`aux_capture`: compiled model and CUDA graphs stay on, V1).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from agent.extract import aux_capture
 from agent.extract.canary import CANARY_KEY
 from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
 from agent.extract.checks import token_flags
@@ -93,6 +97,7 @@ class EagleWatchCapture:
         self._ew_gathers = 0  # steps whose states came sequence-parallel sharded and were all-gathered
         self._ew_active: _Step | None = None  # the step being run; None outside real steps
         self._ew_copier: PinnedCopier | None = None
+        self._ew_aux_slots: list[int] = []  # aux path: per slot, its position in the model's aux list
 
     def eaglewatch_setup(self, cfg: dict[str, Any]) -> dict[str, Any] | None:
         """Install the hooks; cfg: layer_ids, convention, output_dir, fault, stop_on_failure."""
@@ -130,11 +135,21 @@ class EagleWatchCapture:
             # per token: the states, token_flags (2 bools) and token_stats ([L, 4] float32); 3 × 64 alignment
             step_bytes = int(sched.max_num_batched_tokens) * (nl * hidden * elt + 2 + 16 * nl) + 192
             self._ew_copier.reserve(step_bytes)
-        for li, where, slot in plan_hooks(cfg["layer_ids"], cfg["convention"], n):
-            if where == "pre":
-                layers[li].register_forward_pre_hook(functools.partial(self._ew_pre, slot), with_kwargs=True)
-            else:
-                layers[li].register_forward_hook(functools.partial(self._ew_post, slot))
+        capture = cfg.get("capture") or "hooks"
+        if capture == "aux":
+            if kind != "v1":
+                raise RuntimeError("the aux capture path reads the V1 model runner; this engine runs V2")
+            aux_capture.check_enabled(runner)
+            self._ew_aux_slots = aux_capture.aux_plan(cfg["layer_ids"], cfg["convention"], n)[1]
+            self._ew_wrap_forward(runner)
+        else:
+            for li, where, slot in plan_hooks(cfg["layer_ids"], cfg["convention"], n):
+                if where == "pre":
+                    layers[li].register_forward_pre_hook(
+                        functools.partial(self._ew_pre, slot), with_kwargs=True
+                    )
+                else:
+                    layers[li].register_forward_hook(functools.partial(self._ew_post, slot))
         self._ew_wrap_runner(runner, kind)
         if not self._ew_rank0:
             return None
@@ -147,6 +162,7 @@ class EagleWatchCapture:
             "dtype": str(self.vllm_config.model_config.dtype).removeprefix("torch."),  # type: ignore[attr-defined]
             "device": str(device),
             "writer": writer,
+            "capture": capture,
             "model_runner": kind,
             "runner_class": f"{type(runner).__module__}.{type(runner).__name__}",
         }
@@ -183,6 +199,23 @@ class EagleWatchCapture:
 
         runner.prepare_inputs = prepare_inputs
 
+    def _ew_wrap_forward(self, runner: Any) -> None:
+        """Aux path: read the states from each forward's (hidden, aux) output, outside the compiled graph."""
+        orig = runner._model_forward
+        count = len(set(self._ew_aux_slots))
+
+        @functools.wraps(orig)
+        def _model_forward(*args: Any, **kwargs: Any) -> Any:
+            out = orig(*args, **kwargs)
+            if self._ew_active is not None:
+                aux = aux_capture.split_output(out, count)
+                for slot, pos in enumerate(self._ew_aux_slots):
+                    # graph outputs live in static buffers: _ew_end copies them before the next replay
+                    self._ew_record(slot, aux[pos], None, copy=False)
+            return out
+
+        runner._model_forward = _model_forward
+
     def eaglewatch_drain(self, wait: bool = True) -> dict[str, Any] | None:
         """Finished samples (small dicts) and the pending count; wait: for all submitted. Rank 0 only."""
         if self._ew_sink is None:
@@ -212,14 +245,17 @@ class EagleWatchCapture:
             starts[rid] = done
         self._ew_active = _Step(so, starts, self._ew_nslots)
 
-    def _ew_record(self, slot: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
+    def _ew_record(
+        self, slot: int, hidden: torch.Tensor, residual: torch.Tensor | None, copy: bool = True
+    ) -> None:
         step = self._ew_active
         if step is None:
             return  # dummy / profile runs
         total = step.so.total_num_scheduled_tokens
         if step.order is None and self._ew_runner == "v1":  # the batch order is final once the forward runs
             step.order = [r for r in self.model_runner.input_batch.req_ids if r is not None]  # type: ignore[attr-defined]
-        state = hidden.clone() if residual is None else hidden + residual  # copy: later norms work in place
+        # hooks: a copy, later norms work in place; aux: stacked (so copied) at the step's end
+        state = hidden + residual if residual is not None else hidden.clone() if copy else hidden
         if state.shape[0] < total:  # sequence-parallel shard: every rank must join the gather
             from vllm.distributed import tensor_model_parallel_all_gather
 
@@ -253,3 +289,6 @@ class EagleWatchCapture:
             self._ew_sink.submit(host, spans, event, release, host_flags, host_stats)
         else:
             self._ew_sink.submit(rows, spans, flags=flags, stats=stats)
+
+
+aux_capture.install()  # imported in every vLLM worker before it loads the model: see aux_capture

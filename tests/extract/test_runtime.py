@@ -1,13 +1,16 @@
-"""The job's engine decisions as case tables: version gate, model runner, CPU-engine defaults."""
+"""The job's engine decisions as case tables: version gate, runner, capture path, CPU-engine defaults."""
 
 from __future__ import annotations
 
 import pytest
 
+from agent.extract.aux_capture import aux_plan, env_value, parse_env
 from agent.extract.runtime import (
     ALLOW_UNTESTED_ENV,
+    CaptureConflict,
     UnsupportedVersion,
     check_version,
+    choose_capture,
     choose_runner,
     cpu_defaults,
     flag,
@@ -129,3 +132,79 @@ def test_cpu_defaults_user_settings_win() -> None:
 def test_cpu_defaults_keep_bf16_where_the_cpu_has_it_and_tp1_needs_no_binding() -> None:
     got = cpu_defaults({}, [], 1, [0, 1], {"avx512_bf16"}, 2 * GIB, "bfloat16")
     assert got.env == {"VLLM_CPU_KVCACHE_SPACE": "1"} and got.args == []
+
+
+@pytest.mark.parametrize(
+    ("backend", "platform", "args", "env", "path", "graphs", "v1"),
+    [
+        # the default on a GPU: CUDA graphs stay on, the states come from the compiled model's aux outputs
+        ("worker-extension", "cuda", [], {}, "aux", True, True),
+        # off the GPU, or eager by the user's own flag: layer hooks, either runner
+        ("worker-extension", "cpu", [], {}, "hooks", False, False),
+        ("worker-extension", "cuda", ["--enforce-eager"], {}, "hooks", False, False),
+        # the user's V2 runner wins over graphs: hooks, eager
+        ("worker-extension", "cuda", [], {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "hooks", False, False),
+        # the user's own capture setting wins
+        ("worker-extension", "cuda", [], {"EAGLEWATCH_CAPTURE": "hooks"}, "hooks", False, False),
+        ("worker-extension", "cpu", [], {"EAGLEWATCH_CAPTURE": "aux"}, "aux", False, True),
+        ("worker-extension", "cuda", ["--enforce-eager"], {"EAGLEWATCH_CAPTURE": "AUX"}, "aux", False, True),
+        ("vllm-native", "cuda", [], {}, "native", True, False),
+        ("vllm-native", "cuda", ["--enforce-eager"], {}, "native", False, False),
+        ("vllm-native", "cpu", [], {}, "native", False, False),
+    ],
+)
+def test_choose_capture(
+    backend: str, platform: str, args: list[str], env: dict[str, str], path: str, graphs: bool, v1: bool
+) -> None:
+    got = choose_capture(backend, platform, args, env)
+    assert (got.path, got.graphs, got.needs_v1) == (path, graphs, v1)
+    assert ("your setting" in got.reason) == bool(
+        env.get("EAGLEWATCH_CAPTURE") or env.get("VLLM_USE_V2_MODEL_RUNNER") or args
+    )
+
+
+def test_capture_settings_that_cannot_both_hold() -> None:
+    with pytest.raises(
+        CaptureConflict, match=r"EAGLEWATCH_CAPTURE=aux reads .* V1 .* VLLM_USE_V2_MODEL_RUNNER=1"
+    ):
+        choose_capture(
+            "worker-extension", "cuda", [], {"EAGLEWATCH_CAPTURE": "aux", "VLLM_USE_V2_MODEL_RUNNER": "1"}
+        )
+    with pytest.raises(CaptureConflict, match="EAGLEWATCH_CAPTURE='graphs': expected one of aux, hooks"):
+        choose_capture("worker-extension", "cuda", [], {"EAGLEWATCH_CAPTURE": "graphs"})
+
+
+def test_aux_capture_selects_v1_on_gpu_and_says_why() -> None:
+    aux = choose_capture("worker-extension", "cuda", [], {})
+    choice = choose_runner("worker-extension", (0, 26, 0), "cuda", LLAMA, False, None, aux)
+    assert (choice.runner, choice.set_env) == ("v1", {"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    assert "aux hidden-state outputs" in choice.reason
+    # the user's runner setting still wins (choose_capture then picks hooks, or refuses an explicit aux)
+    assert choose_runner("worker-extension", (0, 26, 0), "cuda", LLAMA, False, False, aux).set_env == {}
+
+
+@pytest.mark.parametrize(
+    ("layers", "convention", "want_aux", "want_slots"),
+    [
+        ([2, 4, 5, 8], "input", (2, 4, 5, 8), [0, 1, 2, 3]),  # input k is aux k, N the last layer's output
+        ([1, 3, 7], "output", (2, 4, 8), [0, 1, 2]),  # output k is the input of k + 1
+        ([8, 2, 2], "input", (2, 8), [1, 0, 0]),  # any order, repeats: one aux output each, slots kept
+        ([0], "input", (0,), [0]),  # the embeddings
+    ],
+)
+def test_aux_plan(
+    layers: list[int], convention: str, want_aux: tuple[int, ...], want_slots: list[int]
+) -> None:
+    assert aux_plan(layers, convention, 8) == (want_aux, want_slots)
+    assert env_value(layers, convention, 8) == ",".join(map(str, want_aux))
+    assert parse_env(env_value(layers, convention, 8)) == want_aux
+
+
+def test_aux_plan_and_env_errors() -> None:
+    with pytest.raises(ValueError, match=r"layer id 9 out of range 0..8 \(convention input\)"):
+        aux_plan([9], "input", 8)
+    with pytest.raises(ValueError, match=r"layer id 8 out of range 0..7 \(convention output\)"):
+        aux_plan([8], "output", 8)
+    assert parse_env(None) is None and parse_env(" ") is None
+    with pytest.raises(ValueError, match="EAGLEWATCH_AUX_LAYERS='2,x': expected comma-separated"):
+        parse_env("2,x")
