@@ -60,7 +60,7 @@ def _mem_available() -> int:
 def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
     """Apply the capture, runner and platform defaults to os.environ; emit engine_config.
 
-    Returns the extra engine arguments and the capture choice (its `graphs` says whether to run eager).
+    Returns the extra engine arguments and the capture choice (`compiled`: whether to run eager).
     """
     from vllm.platforms import current_platform
 
@@ -118,7 +118,8 @@ def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
         vllm=plan.vllm_version,
         model_runner=choice.runner,
         runner_reason=choice.reason,
-        cuda_graphs=capture.graphs,
+        cuda_graphs=capture.compiled and platform == "cuda",
+        compiled=capture.compiled,
         capture=capture.path,
         capture_reason=capture.reason,
         defaults={**defaults, **({"vllm_args": args} if args else {})},
@@ -127,7 +128,7 @@ def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
     for key, why in reasons.items():
         signals.say(f"default {key}: {why}")
     signals.say(f"model runner {choice.runner}: {choice.reason}")
-    signals.say(f"capture {capture.path}, CUDA graphs {'on' if capture.graphs else 'off'}: {capture.reason}")
+    signals.say(f"capture {capture.path}, {'compiled' if capture.compiled else 'eager'}: {capture.reason}")
     if plan.version_note:
         signals.emit("warning", source="eaglewatch", message=plan.version_note)
     for message in plan.bug_warnings:
@@ -252,7 +253,7 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     longest = max(len(s.token_ids) for s in todo)
     kwargs.setdefault("max_model_len", longest + 1)
     # prefix caching would skip the cached tokens' forward; hooks run only eager, aux outputs compiled too
-    kwargs.update(enforce_eager=not capture.graphs, enable_prefix_caching=False)
+    kwargs.update(enforce_eager=not capture.compiled, enable_prefix_caching=False)
     llm = LLM(
         model=str(plan.model_dir),
         worker_extension_cls=os.environ.get("EAGLEWATCH_WORKER_EXTENSION", WORKER_EXTENSION),

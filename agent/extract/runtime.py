@@ -95,11 +95,12 @@ class CaptureChoice:
 
     "aux" turns on the model's own EAGLE-3 aux outputs before vLLM compiles it, so torch.compile and CUDA
     graphs stay on and the states come out of the graph; "hooks" runs eager with forward hooks on the decoder
-    layers (any decoder, either model runner). `graphs`: whether the engine keeps compilation and graphs.
+    layers (any decoder, either model runner). `compiled`: whether the engine keeps torch.compile (and, on a
+    GPU, CUDA graphs) rather than running eager.
     """
 
-    path: str  # "aux" | "hooks" (vllm-native and command: "native" / "none")
-    graphs: bool
+    path: str  # "aux" | "hooks" | "native" (vllm-native)
+    compiled: bool
     reason: str
     needs_v1: bool = False
 
@@ -111,11 +112,11 @@ class CaptureConflict(ValueError):
 def choose_capture(
     backend: str, platform: str, vllm_args: list[str], env: Mapping[str, str]
 ) -> CaptureChoice:
-    """The capture path and whether CUDA graphs stay on; the user's own settings win over the default."""
+    """The capture path and whether the model stays compiled; the user's own settings win over the default."""
     eager = has_arg(vllm_args, "--enforce-eager")
     if backend != "worker-extension":
         if platform != "cuda":
-            return CaptureChoice("native", False, f"no CUDA graphs on {platform}")
+            return CaptureChoice("native", False, f"no CUDA graphs on {platform}: eager")
         if eager:
             return CaptureChoice("native", False, "--enforce-eager (your setting)")
         return CaptureChoice("native", True, "vLLM's own capture runs inside the compiled model")
@@ -131,8 +132,8 @@ def choose_capture(
                 f"{CAPTURE_ENV}=aux reads vLLM's aux hidden-state outputs through the V1 model runner, but "
                 f"{RUNNER_ENV}=1 asks for V2: drop one of the two settings"
             )
-        graphs = platform == "cuda" and not eager
-        return CaptureChoice("aux", graphs, f"{CAPTURE_ENV}=aux (your setting)", needs_v1=True)
+        # off the GPU too: vLLM's CPU engine compiles the model unless told to run eager
+        return CaptureChoice("aux", not eager, f"{CAPTURE_ENV}=aux (your setting)", needs_v1=True)
     if platform != "cuda":
         return CaptureChoice("hooks", False, f"no CUDA graphs on {platform}: eager, Python layer hooks")
     if eager:

@@ -135,7 +135,7 @@ def test_cpu_defaults_keep_bf16_where_the_cpu_has_it_and_tp1_needs_no_binding() 
 
 
 @pytest.mark.parametrize(
-    ("backend", "platform", "args", "env", "path", "graphs", "v1"),
+    ("backend", "platform", "args", "env", "path", "compiled", "v1"),
     [
         # the default on a GPU: CUDA graphs stay on, the states come from the compiled model's aux outputs
         ("worker-extension", "cuda", [], {}, "aux", True, True),
@@ -146,7 +146,7 @@ def test_cpu_defaults_keep_bf16_where_the_cpu_has_it_and_tp1_needs_no_binding() 
         ("worker-extension", "cuda", [], {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "hooks", False, False),
         # the user's own capture setting wins
         ("worker-extension", "cuda", [], {"EAGLEWATCH_CAPTURE": "hooks"}, "hooks", False, False),
-        ("worker-extension", "cpu", [], {"EAGLEWATCH_CAPTURE": "aux"}, "aux", False, True),
+        ("worker-extension", "cpu", [], {"EAGLEWATCH_CAPTURE": "aux"}, "aux", True, True),  # CPU compiles
         ("worker-extension", "cuda", ["--enforce-eager"], {"EAGLEWATCH_CAPTURE": "AUX"}, "aux", False, True),
         ("vllm-native", "cuda", [], {}, "native", True, False),
         ("vllm-native", "cuda", ["--enforce-eager"], {}, "native", False, False),
@@ -154,10 +154,10 @@ def test_cpu_defaults_keep_bf16_where_the_cpu_has_it_and_tp1_needs_no_binding() 
     ],
 )
 def test_choose_capture(
-    backend: str, platform: str, args: list[str], env: dict[str, str], path: str, graphs: bool, v1: bool
+    backend: str, platform: str, args: list[str], env: dict[str, str], path: str, compiled: bool, v1: bool
 ) -> None:
     got = choose_capture(backend, platform, args, env)
-    assert (got.path, got.graphs, got.needs_v1) == (path, graphs, v1)
+    assert (got.path, got.compiled, got.needs_v1) == (path, compiled, v1)
     assert ("your setting" in got.reason) == bool(
         env.get("EAGLEWATCH_CAPTURE") or env.get("VLLM_USE_V2_MODEL_RUNNER") or args
     )

@@ -98,6 +98,13 @@ FULL = [
     ("worker-extension", "worker-extension", False, {}, False),
     ("vllm-native", "vllm-native", True, {}, False),
 ]
+#: CUDA graphs on: the capture reads vLLM's aux outputs (V1); writer threads twice, with the plain run
+#: measured again between them, and the writer process once
+GRAPHS = [
+    ("worker-extension-graphs", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
+    ("worker-extension-graphs-process", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
+    ("worker-extension-graphs-again", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
+]
 WRITER = [
     ("worker-extension", "worker-extension", False, {}, False),
     ("worker-extension-threads", "worker-extension", False, {"EAGLEWATCH_WRITER": "thread"}, False),
@@ -112,22 +119,27 @@ def overhead(
 
     mode full: plain eager and graphs, worker-extension, vllm-native, then the agent stop run; quick: plain
     eager and the worker extension; writer: plain eager and the worker extension with writer threads, with
-    the writer process (the default on CUDA) and with the writer process into /dev/shm (no disk).
+    the writer process (the default on CUDA) and with the writer process into /dev/shm (no disk); graphs:
+    plain with CUDA graphs against the capture with CUDA graphs (aux path), plain measured again mid-way.
     """
     from tests.gpu.run_gpu import make_data, milestones, run_job
 
     data = work / "8b.jsonl"
     make_data(data, [TOKENS] * PROMPTS, 128000, 5)
     env = env_for({"CUDA_VISIBLE_DEVICES": "0"})
-    base = {"eager": plain(work, data, True, env, logs)}
-    base["graphs"] = plain(work, data, False, env, logs) if mode == "full" else base["eager"]
+    if mode == "graphs":
+        base = {"graphs": plain(work, data, False, env, logs)}
+        base["eager"] = base["graphs"]
+    else:
+        base = {"eager": plain(work, data, True, env, logs)}
+        base["graphs"] = plain(work, data, False, env, logs) if mode == "full" else base["eager"]
     print(f"plain prefill: {base}", flush=True)
     # quick: two rounds (plain, capture, plain, capture), so the record shows the run-to-run spread too
-    variants = {"full": FULL, "quick": FULL[:1] * 2, "writer": WRITER}[mode]
+    variants = {"full": FULL, "quick": FULL[:1] * 2, "writer": WRITER, "graphs": GRAPHS}[mode]
     records = []
     for n, (tag, backend, graphs, extra, tmpfs) in enumerate(variants):
-        if mode == "quick" and n:
-            base["eager"] = base["graphs"] = plain(work, data, True, env, logs, round_=n + 1)
+        if (mode == "quick" and n) or (mode == "graphs" and n == 2):
+            base["eager"] = base["graphs"] = plain(work, data, mode == "quick", env, logs, round_=n + 1)
             print(f"plain prefill again: {base['eager']}", flush=True)
         name = f"llama-8b-{tag}" + (f"-{n + 1}" if mode == "quick" and n else "")
         root = Path("/dev/shm/ew-out") if tmpfs else work / "out"
@@ -150,6 +162,7 @@ def overhead(
         prog = [e for e in res["events"] if e["kind"] == "progress"]
         done = next((e for e in res["events"] if e["kind"] == "completed"), {})
         conf = next((e for e in res["events"] if e["kind"] == "capture_configured"), {})
+        engine = next((e for e in res["events"] if e["kind"] == "engine_config"), {})
         tps = float(prog[-1]["tokens_per_s"]) if prog and res["rc"] == 0 else None
         files = len(list(out.glob("hs_*.safetensors")))
         size = sum(p.stat().st_size for p in out.glob("hs_*.safetensors"))
@@ -166,14 +179,15 @@ def overhead(
                 "model": "llama-8b",
                 "backend": backend,
                 "vllm": version,
-                "cuda_graphs": graphs,
+                "cuda_graphs": bool(engine.get("cuda_graphs")),
                 "files": files,
                 "max_rel_err": None,
                 "tp1_max_abs_diff": None,
                 "overhead_ratio": round(tps / same["tokens_per_s"], 4) if tps else None,
                 "ok": res["rc"] == 0 and files == PROMPTS,
                 "note": (
-                    f"{tag}: writer {conf.get('writer')}; capture {tps} tok/s vs plain "
+                    f"{tag}: writer {conf.get('writer')}, capture path {conf.get('capture')}; "
+                    f"capture {tps} tok/s vs plain "
                     f"{'graphs' if graphs else 'eager'} {same['tokens_per_s']:.0f} tok/s; time in generate "
                     f"{engine_s} s vs plain {same['seconds']:.2f} s (per-step ratio {step_ratio}), waiting "
                     f"for writes after batches {done.get('drain_seconds')} s; "

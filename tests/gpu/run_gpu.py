@@ -192,6 +192,19 @@ WRITER_TP1 = [
     case("deepseek-v3-tiny-dense", "vllm-native", 1, True),
 ]
 WRITER_TP2 = [c for c in CASES_TP2 if c["backend"] == "worker-extension"]
+#: phase `graphs`: the worker extension with CUDA graphs on (the aux capture path, V1 selected), beside
+#: the eager hooks path on the same prompts
+GRAPHS_TP1 = [
+    case("llama-tiny", "worker-extension", 1, True),
+    case("deepseek-v3-tiny", "worker-extension", 1, True),
+    case("deepseek-v3-tiny-dense", "worker-extension", 1, True),
+    case("llama-tiny", "worker-extension", 1, False),
+    case("deepseek-v3-tiny-dense", "worker-extension", 1, False),
+]
+GRAPHS_TP2 = [
+    case("llama-tiny", "worker-extension", 2, True),
+    case("deepseek-v3-tiny", "worker-extension", 2, True),
+]
 RUNNER_ENV = {"1": "0", "2": "1"}  # case runner_env (V1/V2 forced) -> VLLM_USE_V2_MODEL_RUNNER
 
 
@@ -259,10 +272,10 @@ def correctness(
         err = compare(files, refs[c["model"]], samples) if res["rc"] == 0 else None
         diff = None
         if c["tp"] == 2 and res["rc"] == 0:
+            same = [x for x in tp1 if x["model"] == c["model"] and x["backend"] == c["backend"]]
             base = next(
-                x
-                for x in tp1
-                if x["model"] == c["model"] and x["backend"] == c["backend"] and not x["runner_env"]
+                (x for x in same if x["graphs"] == c["graphs"] and not x["runner_env"]),
+                next(x for x in same if not x["runner_env"]),
             )
             diff = tp_diff(files, load_files(results[base["tag"]]["out"]))
         ms = milestones(res["log"], c["tp"])
@@ -311,6 +324,7 @@ def describe(
     gathers = next((e.get("sp_gathers") for e in res["events"] if e["kind"] == "completed"), None)
     parts = [
         f"runner {runner} ({conf.get('runner_reason')})",
+        f"capture {cap.get('capture') or conf.get('capture')} ({conf.get('capture_reason')})",
         f"asked graphs={'on' if c['graphs'] else 'off'}",
         f"milestones {ms['kinds']}",
         f"injected ranks {ms['injected']}" if ms["injected"] else "",
@@ -326,7 +340,17 @@ def main() -> int:
     """Run a phase; write DIR/validation.json and DIR/logs.tar.gz."""
     p = argparse.ArgumentParser()
     p.add_argument(
-        "phase", choices=["smoke", "correctness", "writer", "overhead", "overhead-quick", "overhead-writer"]
+        "phase",
+        choices=[
+            "smoke",
+            "correctness",
+            "writer",
+            "graphs",
+            "overhead",
+            "overhead-quick",
+            "overhead-writer",
+            "overhead-graphs",
+        ],
     )
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     args = p.parse_args()
@@ -341,6 +365,8 @@ def main() -> int:
         records = correctness(logs, version, CASES_TP1, CASES_TP2)
     elif args.phase == "writer":
         records = correctness(logs, version, WRITER_TP1, WRITER_TP2)
+    elif args.phase == "graphs":
+        records = correctness(logs, version, GRAPHS_TP1, GRAPHS_TP2)
     else:
         from tests.gpu.overhead import overhead
 
