@@ -43,6 +43,15 @@ def token_stats(hidden: torch.Tensor) -> torch.Tensor:
     )
 
 
+def flags_from_stats(stats: torch.Tensor, hidden_size: int) -> torch.Tensor:
+    """token_flags ([T, 2] bool: all finite, any non-zero) from token_stats rows: no pass over the states."""
+    import torch
+
+    finite = stats[..., 3].sum(dim=-1) == 0
+    nonzero = (stats[..., 2] < hidden_size).any(dim=-1)
+    return torch.stack([finite, nonzero], dim=1)
+
+
 def maybe_token_stats(hidden: torch.Tensor) -> torch.Tensor | None:
     """token_stats of a capture that may not be [T, L, H] (a fault): None then (its shape check says why)."""
     return token_stats(hidden) if hidden.dim() == 3 and hidden.is_floating_point() else None

@@ -14,6 +14,7 @@ hidden-state outputs read after each forward (`aux_capture`: compiled model and 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import torch
@@ -22,9 +23,8 @@ from torch import nn
 from agent.extract import aux_capture
 from agent.extract.canary import CANARY_KEY
 from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
-from agent.extract.checks import token_flags
 from agent.extract.gpu_copy import PinnedCopier
-from agent.extract.stats import token_stats
+from agent.extract.stats import flags_from_stats, token_stats
 from agent.extract.writer_proc import ProcessSink, choose_writer
 
 IDX_KEY = "eaglewatch_idx"
@@ -281,8 +281,8 @@ class EagleWatchCapture:
             return  # no forward ran in this step (e.g. an empty or failed step)
         spans = spans_for_step(step.order, dict(step.so.num_scheduled_tokens), step.starts)
         rows = torch.stack(step.caps, dim=1)  # type: ignore[arg-type]  # [tokens, L, H] on the model's device
-        flags = token_flags(rows)  # finite / non-zero per token, computed where the data is
-        stats = token_stats(rows)  # per-token layer sums for layer_stats, also where the data is
+        stats = token_stats(rows)  # per-token layer sums for layer_stats, computed where the data is
+        flags = flags_from_stats(stats, rows.shape[-1])  # finite / non-zero per token: no second pass
         self._ew_tokens += rows.shape[0]
         if self._ew_copier is not None:
             (host, host_flags, host_stats), event, release = self._ew_copier.copy_async(rows, flags, stats)
@@ -291,4 +291,5 @@ class EagleWatchCapture:
             self._ew_sink.submit(rows, spans, flags=flags, stats=stats)
 
 
-aux_capture.install()  # imported in every vLLM worker before it loads the model: see aux_capture
+if os.environ.get(aux_capture.ENV):  # the job asked for aux outputs: workers import this before loading
+    aux_capture.install()

@@ -141,3 +141,28 @@ def test_run_stats_totals_baseline_and_findings_once(tmp_path: Path) -> None:
     (line,) = (tmp_path / "layer_stats.jsonl").read_text().splitlines()
     doc = json.loads(line)
     assert doc["idx"] == 7 and doc["layers"]["4"]["rms"] == pytest.approx(0.5)
+
+
+def test_flags_from_stats_equal_token_flags() -> None:
+    import torch
+
+    from agent.extract.checks import token_flags
+    from agent.extract.stats import flags_from_stats, token_stats
+
+    x = torch.randn(6, 3, 8)
+    x[1] = 0.0  # all zero: flagged zero
+    x[2, 1, 3] = float("nan")  # one NaN: not finite, yet non-zero
+    x[3, 2, 0] = float("inf")
+    x[4, 0] = 0.0  # one layer zero: the token is still non-zero
+    x[5, :, :7] = 0.0  # one value left per layer
+    for dtype in (torch.float32, torch.bfloat16):
+        h = x.to(dtype)
+        assert torch.equal(flags_from_stats(token_stats(h), 8), token_flags(h))
+    assert flags_from_stats(token_stats(x), 8).tolist() == [
+        [True, True],
+        [True, False],
+        [False, True],
+        [False, True],
+        [True, True],
+        [True, True],
+    ]

@@ -73,10 +73,10 @@ def model_dir(work: Path) -> Path:
 
 
 def plain(
-    work: Path, data: Path, eager: bool, env: dict[str, str], logs: Path, round_: int = 1
+    work: Path, data: Path, eager: bool, env: dict[str, str], logs: Path, round_: int = 1, tag: str = ""
 ) -> dict[str, float]:
     """Plain vLLM prefill (max_tokens=1) of the dataset, in batches like the job's: tokens_per_s, seconds."""
-    log = logs / f"plain-8b-{'eager' if eager else 'graphs'}{f'-{round_}' if round_ > 1 else ''}.log"
+    log = logs / f"plain-8b-{'eager' if eager else 'graphs'}{tag}{f'-{round_}' if round_ > 1 else ''}.log"
     with log.open("w") as fh:
         subprocess.run(
             [sys.executable, "-c", PLAIN, str(model_dir(work)), str(data), "1" if eager else "0", str(BATCH)],
@@ -120,7 +120,8 @@ def overhead(
     mode full: plain eager and graphs, worker-extension, vllm-native, then the agent stop run; quick: plain
     eager and the worker extension; writer: plain eager and the worker extension with writer threads, with
     the writer process (the default on CUDA) and with the writer process into /dev/shm (no disk); graphs:
-    plain with CUDA graphs against the capture with CUDA graphs (aux path), plain measured again mid-way.
+    plain with CUDA graphs against the capture with CUDA graphs (aux path), plain measured again mid-way;
+    runners: plain with graphs under the V2 and V1 runners, then the graphs capture (V1) against plain V1.
     """
     from tests.gpu.run_gpu import make_data, milestones, run_job
 
@@ -130,12 +131,25 @@ def overhead(
     if mode == "graphs":
         base = {"graphs": plain(work, data, False, env, logs)}
         base["eager"] = base["graphs"]
+    elif (
+        mode == "runners"
+    ):  # the capture runs V1 with graphs: plain V2 (vLLM's default) and plain V1 beside it
+        base = {"graphs": plain(work, data, False, env, logs)}
+        v1 = plain(work, data, False, {**env, "VLLM_USE_V2_MODEL_RUNNER": "0"}, logs, tag="-v1")
+        print(f"plain prefill, V2 runner: {base['graphs']}; V1 runner: {v1}", flush=True)
+        base["eager"] = base["graphs"] = v1
     else:
         base = {"eager": plain(work, data, True, env, logs)}
         base["graphs"] = plain(work, data, False, env, logs) if mode == "full" else base["eager"]
     print(f"plain prefill: {base}", flush=True)
     # quick: two rounds (plain, capture, plain, capture), so the record shows the run-to-run spread too
-    variants = {"full": FULL, "quick": FULL[:1] * 2, "writer": WRITER, "graphs": GRAPHS}[mode]
+    variants = {
+        "full": FULL,
+        "quick": FULL[:1] * 2,
+        "writer": WRITER,
+        "graphs": GRAPHS,
+        "runners": GRAPHS[:2],
+    }[mode]
     records = []
     for n, (tag, backend, graphs, extra, tmpfs) in enumerate(variants):
         if (mode == "quick" and n) or (mode == "graphs" and n == 2):

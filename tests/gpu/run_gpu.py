@@ -350,6 +350,7 @@ def main() -> int:
             "overhead-quick",
             "overhead-writer",
             "overhead-graphs",
+            "overhead-runners",
         ],
     )
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
