@@ -103,6 +103,14 @@ def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
     defaults.update(choice.set_env)
     if choice.set_env:
         reasons[runtime.RUNNER_ENV] = choice.reason
+    if capture.set_env:
+        defaults.update(capture.set_env)
+        reasons.update(
+            {
+                k: "compile cache off: it would load a model compiled without aux outputs"
+                for k in capture.set_env
+            }
+        )
     if capture.path == "aux":
         from agent.extract import aux_capture
 

@@ -68,7 +68,7 @@ def check_version(version: str, env: Mapping[str, str]) -> str | None:
     return f"vLLM {version} is inside the checked range {span} but untested (tested: {tested})"
 
 
-def flag(value: str | None) -> bool | None:
+def flag(value: str | None, name: str = RUNNER_ENV) -> bool | None:
     """A boolean environment value as vLLM reads it; None when unset or empty."""
     if value is None or value.strip() == "":
         return None
@@ -77,7 +77,7 @@ def flag(value: str | None) -> bool | None:
         return True
     if v in _FALSE:
         return False
-    raise ValueError(f"{RUNNER_ENV}={value!r} is neither true nor false")
+    raise ValueError(f"{name}={value!r} is neither true nor false")
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,23 @@ class CaptureChoice:
     compiled: bool
     reason: str
     needs_v1: bool = False
+    set_env: dict[str, str] = field(default_factory=dict)
+
+
+#: vLLM keys its compile cache by config, not by the aux layers set at load: a model compiled earlier (by a
+#: plain run, or a capture of other layers) would load without the aux outputs the capture asked for
+COMPILE_CACHE_ENV = "VLLM_DISABLE_COMPILE_CACHE"
+
+
+def _aux(compiled: bool, reason: str, env: Mapping[str, str]) -> CaptureChoice:
+    if not compiled:
+        return CaptureChoice("aux", False, reason, needs_v1=True)
+    if flag(env.get(COMPILE_CACHE_ENV), COMPILE_CACHE_ENV) is False:
+        raise CaptureConflict(
+            f"{COMPILE_CACHE_ENV}=0 would let vLLM load a model compiled without the aux outputs the capture "
+            "reads (its cache key does not include them): unset it, or capture eager (--enforce-eager)"
+        )
+    return CaptureChoice("aux", True, reason, needs_v1=True, set_env={COMPILE_CACHE_ENV: "1"})
 
 
 class CaptureConflict(ValueError):
@@ -133,7 +150,7 @@ def choose_capture(
                 f"{RUNNER_ENV}=1 asks for V2: drop one of the two settings"
             )
         # off the GPU too: vLLM's CPU engine compiles the model unless told to run eager
-        return CaptureChoice("aux", not eager, f"{CAPTURE_ENV}=aux (your setting)", needs_v1=True)
+        return _aux(not eager, f"{CAPTURE_ENV}=aux (your setting)", env)
     if platform != "cuda":
         return CaptureChoice("hooks", False, f"no CUDA graphs on {platform}: eager, Python layer hooks")
     if eager:

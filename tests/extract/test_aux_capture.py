@@ -57,6 +57,9 @@ def test_the_job_ran_compiled_through_aux_outputs(compiled: dict[str, Any]) -> N
     assert (conf["capture"], conf["compiled"], conf["cuda_graphs"]) == ("aux", True, False)
     assert "EAGLEWATCH_CAPTURE=aux (your setting)" in conf["capture_reason"]
     assert conf["defaults"]["EAGLEWATCH_AUX_LAYERS"] == "2,4,5,8"
+    assert (
+        conf["defaults"]["VLLM_DISABLE_COMPILE_CACHE"] == "1"
+    )  # a cached plain compile lacks the aux outputs
     assert job.of("capture_configured")[0]["capture"] == "aux"
     assert job.of("completed")[0]["samples"] == len(LENGTHS)
 

@@ -158,6 +158,9 @@ def test_choose_capture(
 ) -> None:
     got = choose_capture(backend, platform, args, env)
     assert (got.path, got.compiled, got.needs_v1) == (path, compiled, v1)
+    # a compiled aux capture must never load a model compiled without its aux outputs from vLLM's cache
+    want_env = {"VLLM_DISABLE_COMPILE_CACHE": "1"} if path == "aux" and compiled else {}
+    assert got.set_env == want_env
     assert ("your setting" in got.reason) == bool(
         env.get("EAGLEWATCH_CAPTURE") or env.get("VLLM_USE_V2_MODEL_RUNNER") or args
     )
@@ -170,6 +173,14 @@ def test_capture_settings_that_cannot_both_hold() -> None:
         choose_capture(
             "worker-extension", "cuda", [], {"EAGLEWATCH_CAPTURE": "aux", "VLLM_USE_V2_MODEL_RUNNER": "1"}
         )
+    with pytest.raises(
+        CaptureConflict, match="VLLM_DISABLE_COMPILE_CACHE=0 would let vLLM load a model compiled"
+    ):
+        choose_capture("worker-extension", "cuda", [], {"VLLM_DISABLE_COMPILE_CACHE": "0"})
+    # eager aux compiles nothing: the cache setting does not matter
+    eager = ["--enforce-eager"]
+    env = {"EAGLEWATCH_CAPTURE": "aux", "VLLM_DISABLE_COMPILE_CACHE": "0"}
+    assert choose_capture("worker-extension", "cuda", eager, env).set_env == {}
     with pytest.raises(CaptureConflict, match="EAGLEWATCH_CAPTURE='graphs': expected one of aux, hooks"):
         choose_capture("worker-extension", "cuda", [], {"EAGLEWATCH_CAPTURE": "graphs"})
 

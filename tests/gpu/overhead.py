@@ -121,7 +121,7 @@ def overhead(
     eager and the worker extension; writer: plain eager and the worker extension with writer threads, with
     the writer process (the default on CUDA) and with the writer process into /dev/shm (no disk); graphs:
     plain with CUDA graphs against the capture with CUDA graphs (aux path), plain measured again mid-way;
-    runners: plain with graphs under the V2 and V1 runners, then the graphs capture (V1) against plain V1.
+    runners: plain with graphs under the V1 runner, then the graphs capture (V1) against it.
     """
     from tests.gpu.run_gpu import make_data, milestones, run_job
 
