@@ -159,12 +159,7 @@ def choose_capture(
         return CaptureChoice(
             "hooks", False, f"{RUNNER_ENV}=1 (your setting): the V2 runner is captured eager, through hooks"
         )
-    return CaptureChoice(
-        "aux",
-        True,
-        "CUDA graphs stay on: the states come out of the compiled model (aux outputs)",
-        needs_v1=True,
-    )
+    return _aux(True, "CUDA graphs stay on: the states come out of the compiled model (aux outputs)", env)
 
 
 def choose_runner(
