@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agent.milestones.logline import Gate, ParsedLine, Prefilter, parse_line
+from agent.milestones.logline import Gate, ParsedLine, Prefilter, parse_line, process_tag
 from agent.milestones.records import decode_marker, json_record_lines, record_exception
 from agent.milestones.rootcause import RootCauses
 from agent.milestones.rulefile import (
@@ -125,6 +125,15 @@ class _Trace:
     excs: list[list[str]] = field(default_factory=list)  # [type, message, full line text]
     n_lines: int = 1
     state: str = "body"  # body | after_exc | chain
+
+
+def _tagged(out: list[Milestone]) -> list[Milestone]:
+    """A two-process job's lines carry their process: ``fields.process`` says which."""
+    for ms in out:
+        tag = process_tag(ms.text)
+        if tag is not None:
+            ms.fields.setdefault("process", tag)
+    return out
 
 
 class MilestoneEngine:
@@ -240,7 +249,7 @@ class MilestoneEngine:
             self._close_trace(proc)
         out = sorted(self._held, key=lambda m: m.line)
         self._held = []
-        return self._roots.annotate(out)
+        return self._roots.annotate(_tagged(out))
 
     @property
     def open_groups(self) -> int:
@@ -453,6 +462,9 @@ class MilestoneEngine:
             self._close_trace(proc)
 
     def _release(self) -> list[Milestone]:
+        return _tagged(self._release_held())
+
+    def _release_held(self) -> list[Milestone]:
         if not self._held:
             return []
         opens = [g.first.line for g in self._groups.values()] + [t.line for t in self._traces.values()]
