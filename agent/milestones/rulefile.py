@@ -67,7 +67,7 @@ ERROR_CLASSES = frozenset(
 )  # fmt: skip
 SEVERITIES = ("info", "warning", "error", "critical")
 BUILTIN_DIR = Path(__file__).with_name("rules")
-BUILTIN_FILES = ("vllm.toml", "errors.toml", "eaglewatch.toml")
+BUILTIN_FILES = ("vllm.toml", "errors.toml", "eaglewatch.toml", "speculators.toml", "specforge.toml")
 
 
 class RuleError(ValueError):
