@@ -118,6 +118,12 @@ class SpeculatorsOptions(BaseModel):
         "default: the installed package (`python -m speculators generate-offline-data`)",
     )
     python: _Path | None = Field(default=None, description="the Python that runs both; default the agent's")
+    server_command: list[_Arg] = Field(
+        default_factory=list,
+        max_length=limits.MAX_ARGS,
+        description="argv starting the server, before its options, in place of "
+        "[python, -m, vllm.entrypoints.cli.main, serve, MODEL] (without scripts_dir)",
+    )
     port: StrictInt = Field(default=8000, ge=1, le=65535, description="the server's port on 127.0.0.1")
     ready_timeout_s: StrictInt = Field(
         default=1800, ge=1, le=86400, description="wait this long for the server"
@@ -137,6 +143,16 @@ class SpeculatorsOptions(BaseModel):
     @classmethod
     def _client_args(cls, v: list[str]) -> list[str]:
         return _pass_through(v, "speculators.client_args")
+
+    @field_validator("server_command")
+    @classmethod
+    def _server_command(cls, v: list[str]) -> list[str]:
+        if any("\x00" in a for a in v):
+            raise ValueError("speculators.server_command items must not contain NUL bytes")
+        problem = limits.program_problem(v)
+        if problem:
+            raise ValueError(problem.replace("command[0]", "speculators.server_command[0]", 1))
+        return v
 
 
 class SpecForgeOptions(BaseModel):

@@ -80,7 +80,7 @@ def speculators_plan(spec: RunSpec, python: str, num_hidden_layers: int, staging
             "kv_connector_extra_config": {"shared_storage_path": staging},
         }
         server_argv = [
-            python, "-m", "vllm.entrypoints.cli.main", "serve", model,
+            *(opts.server_command or [python, "-m", "vllm.entrypoints.cli.main", "serve", model]),
             "--speculative_config", json.dumps(speculative),
             "--kv_transfer_config", json.dumps(transfer),
             *serve, *spec.vllm_args,

@@ -101,14 +101,15 @@ class PairRunner:
         while chunk := stream.read1(65536):  # type: ignore[attr-defined]
             pending += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
             *lines, pending = pending.split(b"\n")
-            lines = [ln for ln in lines if ln.strip()]
+            # rich pads each record to the console width: the padding only fills the log
+            lines = [ln.rstrip() for ln in lines if ln.strip()]
             if lines:
                 with self.lock:
                     self.out.write(b"".join(prefix + ln + b"\n" for ln in lines))
                     self.out.flush()
         if pending.strip():
             with self.lock:
-                self.out.write(prefix + pending + b"\n")
+                self.out.write(prefix + pending.rstrip() + b"\n")
                 self.out.flush()
 
     def _ready(self, server: subprocess.Popen[bytes]) -> str | None:
