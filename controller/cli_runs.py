@@ -55,7 +55,8 @@ def runs_start(
     as_json: Annotated[bool, typer.Option("--json")] = False,
     name: Annotated[str | None, typer.Option("--name")] = None,
     backend: Annotated[
-        str | None, typer.Option("--backend", help="worker-extension | vllm-native | command")
+        str | None,
+        typer.Option("--backend", help="worker-extension | vllm-native | command | speculators | specforge"),
     ] = None,
     model: Annotated[str | None, typer.Option("--model")] = None,
     dataset: Annotated[str | None, typer.Option("--dataset")] = None,
