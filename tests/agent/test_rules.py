@@ -86,7 +86,14 @@ PIPELINE_TABLE: list[tuple[str, str, str, dict[str, Any]]] = [
         "[client]  40%|####      | 2/5 [00:01<00:02,  1.50it/s, ok=2, err=0, rps=1.5, vllm=100ms, write=2ms]",
         "speculators_bar",
         "progress",
-        {"samples_done": 2, "samples_total": 5, "errors": 0, "samples_per_s": 1.5},
+        {
+            "samples_done": 2,
+            "samples_total": 5,
+            "errors": 0,
+            "samples_per_s": 1.5,
+            "elapsed_s": 1,
+            "eta_s": 2,
+        },
     ),
     (
         rich("Fatal: sample 7 aborted with --fail-on-error: Request timed out.", "ERROR"),
@@ -209,7 +216,7 @@ PIPELINE_TABLE: list[tuple[str, str, str, dict[str, Any]]] = [
         "pending_io=2]",
         "specforge_bar",
         "progress",
-        {"batches_done": 1, "batches_total": 3, "samples_done": 2},
+        {"batches_done": 1, "batches_total": 3, "samples_done": 2, "elapsed_s": 2, "eta_s": 4},
     ),
     (
         "Warning: NaN found in hidden_state for /hs/rows_0-2000/data_3.ckpt. Skipping save.",
