@@ -154,25 +154,29 @@ class PairRunner:
         """The whole job; the client's exit status, or 1 when the server failed it."""
         signal.signal(signal.SIGTERM, self._on_signal)
         try:
-            server = self.start(self.plan.server)
-            problem = self._ready(server)
-            if problem is not None:
-                self.emit("failed", reason=problem, process="server")
-                return 1
-            self.emit(
-                "engine_config", rule="pipeline_server_ready", process="server", url=self.plan.health_url
-            )
-            client = self.start(self.plan.client)
-            while (code := client.poll()) is None:
-                if server.poll() is not None and not self.stopping:
-                    self.emit(
-                        "failed",
-                        reason=f"the server exited with status {server.returncode}",
-                        process="server",
-                    )
-                    return 1
-                time.sleep(0.2)
-            self.say(f"client exited with status {code}; stopping the server")
-            return 143 if self.stopping else code
+            return self._run()
+        except OSError as e:  # a program that cannot be started: python or a script path is wrong
+            self.emit("failed", reason=f"cannot start {e.filename or 'a process'}: {e.strerror or e}")
+            return 127
         finally:
             self._terminate()
+
+    def _run(self) -> int:
+        server = self.start(self.plan.server)
+        problem = self._ready(server)
+        if problem is not None:
+            self.emit("failed", reason=problem, process="server")
+            return 1
+        self.emit("engine_config", rule="pipeline_server_ready", process="server", url=self.plan.health_url)
+        client = self.start(self.plan.client)
+        while (code := client.poll()) is None:
+            if server.poll() is not None and not self.stopping:
+                self.emit(
+                    "failed",
+                    reason=f"the server exited with status {server.returncode}",
+                    process="server",
+                )
+                return 1
+            time.sleep(0.2)
+        self.say(f"client exited with status {code}; stopping the server")
+        return 143 if self.stopping else code

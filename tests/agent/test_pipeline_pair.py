@@ -229,3 +229,15 @@ def test_installed_package_route_builds_vllm_serve_and_the_speculators_cli() -> 
     assert plan.client.argv[:4] == ["/py", "-m", "speculators", "generate-offline-data"]
     assert plan.client.argv[-2:] == ["--rank", "1"] and plan.client.env == {"COLUMNS": "400"}
     assert plan.health_url == "http://127.0.0.1:9000/health"
+
+
+def test_a_program_that_cannot_start_fails_the_job_naming_it(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    spec = _spec(tmp_path, {})
+    spec["speculators"]["python"] = str(tmp_path / "no-such-python")
+    with AgentClient(agent_daemon.socket) as c:
+        events = _run(c, "p4", spec)
+    assert events[-1]["state"] == "failed"
+    (failed,) = _ms(events, "failed")
+    assert (
+        failed["fields"]["reason"] == f"cannot start {tmp_path / 'no-such-python'}: No such file or directory"
+    )
