@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import httpx
+
+from controller.service import Controller
+from tests.web.conftest import csrf_of
 from web import forms
 
 BASE = {"name": "r1", "host": "h1", "model": "/m", "dataset": "/d", "output_dir": "/out"}
@@ -48,3 +52,30 @@ def test_specforge_needs_its_scripts_dir_and_errors_land_on_the_field() -> None:
 def test_pipeline_fields_are_ignored_for_other_backends() -> None:
     spec, errors = forms.check_form({**BASE, "backend": "vllm-native", "pipeline_scripts_dir": "/x"})
     assert errors == {} and "speculators" not in spec and "specforge" not in spec
+
+
+async def test_new_run_page_offers_the_backends_and_shows_their_errors(
+    client: httpx.AsyncClient, ctl: Controller
+) -> None:
+    tok = await csrf_of(client)
+    assert (
+        await client.post("/api/hosts", json={"name": "h1", "ssh": "h1"}, headers={"x-csrf-token": tok})
+    ).is_success
+    page = (await client.get("/runs/new")).text
+    assert '<option value="speculators"' in page and '<option value="specforge"' in page
+    for field in (
+        "pipeline_scripts_dir",
+        "pipeline_python",
+        "pipeline_args",
+        "server_port",
+        "nproc_per_node",
+    ):
+        assert f'name="{field}"' in page
+    payload = "<b>x</b>"
+    form = {**BASE, "csrf_token": tok, "action": "launch", "backend": "specforge",
+            "pipeline_scripts_dir": "rel/" + payload}  # fmt: skip
+    r = await client.post("/runs/new", data=form)
+    assert r.status_code == 422
+    assert 'id="err-pipeline_scripts_dir"' in r.text and "absolute path" in r.text
+    assert payload not in r.text and "&lt;b&gt;x&lt;/b&gt;" in r.text
+    assert await ctl.list_runs() == []
