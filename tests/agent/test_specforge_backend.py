@@ -136,3 +136,14 @@ def test_bad_specforge_specs_are_refused_naming_the_field(change: dict[str, Any]
     with pytest.raises(ValidationError) as err:
         parse_spec({k: v for k, v in spec.items() if v is not None})
     assert message in str(err.value)
+
+
+def test_a_specforge_output_dir_can_be_resumed_into(tmp_path: Path) -> None:
+    from agent.runs.outdir import foreign_files
+
+    (tmp_path / "rows_0-2000").mkdir()
+    (tmp_path / "vocab_mapping").mkdir()
+    (tmp_path / "rows_0-2000" / "data_0.ckpt").write_bytes(b"x")
+    assert foreign_files(str(tmp_path)) == []
+    (tmp_path / "notes.txt").write_text("mine")
+    assert foreign_files(str(tmp_path)) == ["notes.txt"]
