@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agent.extract.pipeline_plan import speculators_plan
 from agent.spec import parse_spec
 from tests.helpers.agentproc import AgentClient, AgentProc, agent_daemon, terminal_event
@@ -241,3 +243,29 @@ def test_a_program_that_cannot_start_fails_the_job_naming_it(agent_daemon: Agent
     assert (
         failed["fields"]["reason"] == f"cannot start {tmp_path / 'no-such-python'}: No such file or directory"
     )
+
+
+def test_real_speculators_client_failure_is_reported_from_its_own_log(
+    agent_daemon: AgentProc, tmp_path: Path
+) -> None:
+    """speculators 0.9.0's real client against the stand-in server, which answers /health but has no /v1."""
+    pytest.importorskip("speculators")
+    from datasets import Dataset
+
+    Dataset.from_dict({"input_ids": [[1, 2, 3]]}).with_format("torch").save_to_disk(str(tmp_path / "data"))
+    spec = _spec(tmp_path, {})
+    server = str(tmp_path / "scripts" / "launch_vllm.py")
+    spec["speculators"] = {
+        **spec["speculators"],
+        "scripts_dir": None,
+        "server_command": [sys.executable, server],
+    }
+    with AgentClient(agent_daemon.socket) as c:
+        events = _run(c, "p5", spec, timeout=120)
+    assert events[-1]["state"] == "failed" and events[-1]["exit"]["code"] == 1
+    client = [m for m in events if m.get("type") == "milestone" and m["fields"].get("process") == "client"]
+    rules = [(m["kind"], m["fields"].get("rule")) for m in client]
+    assert rules[0] == ("engine_config", "speculators_client_start")
+    assert ("failed", "speculators_failed") in rules
+    (error,) = [m for m in client if m["kind"] == "error"]
+    assert error["fields"]["exc_type"].endswith("NotFoundError")  # openai's 404 for /v1/models

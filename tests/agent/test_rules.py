@@ -1358,3 +1358,26 @@ def test_release_ready_keeps_rank_groups_open_and_releases_the_rest() -> None:
     assert [m.line for m in eng.release_ready()] == [2] and eng.open_groups == 1
     (m,) = eng.feed(rank_lines[1], 3)
     assert (m.line, m.fields["ranks"], eng.open_groups) == (1, [0, 1], 0)
+
+
+def test_indented_traceback_of_a_tagged_process() -> None:
+    """rich's log handler prints a traceback indented under its record (speculators' client): one error."""
+    pad = " " * 20
+    lines = [
+        "[client]            ERROR    Data generation failed   generate_offline_data.py:512",
+        f"[client] {pad}Traceback (most recent call last):",
+        f'[client] {pad}  File "/x/generate_offline_data.py", line 313, in _generate',
+        '[server] INFO:     127.0.0.1:5 - "GET /v1/models HTTP/1.1" 404 Not Found',
+        f"[client] {pad}    list_models = await client.models.list()",
+        f"[client] {pad}openai.NotFoundError: Error code: 404",
+        "[client] [15:00:03] INFO     next record",
+    ]
+    errors = [m for m in run_lines(lines) if m.kind == "error"]
+    assert len(errors) == 1
+    f = errors[0].fields
+    assert (f["exc_type"], f["message"], f["process"]) == (
+        "openai.NotFoundError",
+        "Error code: 404",
+        "client",
+    )
+    assert f["frames"] == ["generate_offline_data.py:313 in _generate"] and f["lines"] == 4
