@@ -245,6 +245,7 @@ def test_a_program_that_cannot_start_fails_the_job_naming_it(agent_daemon: Agent
     )
 
 
+@pytest.mark.slow
 def test_real_speculators_client_failure_is_reported_from_its_own_log(
     agent_daemon: AgentProc, tmp_path: Path
 ) -> None:

@@ -52,6 +52,7 @@ def _ms(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e.get("type") == "milestone" and e.get("kind") == kind]
 
 
+@pytest.mark.slow
 def test_specforge_run_is_launched_watched_and_its_files_checked(
     agent_daemon: AgentProc, tmp_path: Path
 ) -> None:
