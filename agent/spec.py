@@ -27,7 +27,7 @@ from agent.milestones.rulefile import RuleError, validate_rules
 from agent.runs.outdir import output_dir_error
 
 Backend = Literal["worker-extension", "vllm-native", "command", "speculators", "specforge"]
-#: Backends that run a user's own extraction pipeline (agent/pipelines), not eaglewatch's extractor.
+#: Backends that run a user's own extraction pipeline (agent/extract/pipeline_run.py), not eaglewatch's.
 PIPELINE_BACKENDS = ("speculators", "specforge")
 LayerConvention = Literal["input", "output"]
 ShapeFailurePolicy = Literal["alert", "stop"]
@@ -273,11 +273,7 @@ class RunSpecBase(BaseModel):
     @field_validator("model", "dataset")
     @classmethod
     def _absolute(cls, v: str | None) -> str | None:
-        if v is None or v == "":
-            return None
-        if "\x00" in v or not PurePosixPath(v).is_absolute():
-            raise ValueError(f"must be an absolute path on the host, got {v!r}")
-        return v
+        return _absolute_path(v)
 
     @field_validator("layers")
     @classmethod
