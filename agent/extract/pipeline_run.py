@@ -29,6 +29,7 @@ from agent.spec import RunSpec
 STAGING = ".staging-speculators"  # inside output_dir: one filesystem, so speculators' move is a rename
 POLL_S = 1.0
 STOP_GRACE_S = 30.0
+MAX_LINE_BYTES = 1 << 20
 
 
 def run_pipeline(spec: RunSpec) -> int:
@@ -101,6 +102,8 @@ class PairRunner:
         while chunk := stream.read1(65536):  # type: ignore[attr-defined]
             pending += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
             *lines, pending = pending.split(b"\n")
+            if len(pending) > MAX_LINE_BYTES:  # no newline for this long: pass it on rather than hold it
+                lines, pending = [*lines, pending], b""
             # rich pads each record to the console width: the padding only fills the log
             lines = [ln.rstrip() for ln in lines if ln.strip()]
             if lines:
