@@ -84,7 +84,8 @@ def test_speculators_client_and_vllm_server_run_and_are_watched(
         c.result("follow", run="sp", after_seq=0)
         got = c.wait_for(lambda m: terminal_event(m) and m["run"] == "sp", timeout=800)
     events = [m["event"] for m in got if m.get("type") == "event" and m.get("run") == "sp"]
-    assert events[-1]["state"] == "completed", [e for e in events if e.get("kind") in ("error", "failed")]
+    problems = [(e["kind"], e["fields"], e["text"]) for e in events if e.get("kind") in ("error", "failed")]
+    assert events[-1]["state"] == "completed", problems
     # both logs feed milestones, each tagged with its process
     ready = _milestones(events, "server_ready")
     assert ready and all(m["fields"]["process"] == "server" for m in ready)
