@@ -5,7 +5,8 @@ signals the job's group and every process carrying the run id, ends both). Each 
 to the job log line by line behind its tag, ``[server] `` or ``[client] `` (a tqdm bar's ``\\r`` updates
 become lines of their own), so the milestone rules see both logs and tell them apart. The client starts
 once the server's ``/health`` answers 200; the job ends with the client's exit status, the server is then
-terminated. A server that exits first, or is not ready in time, fails the job with a ``failed`` line.
+terminated (what it prints from then on goes to ``server-teardown.log``: the outcome is already known). A
+server that exits first, or is not ready in time, fails the job with a ``failed`` line.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ STAGING = ".staging-speculators"  # inside output_dir: one filesystem, so specul
 POLL_S = 1.0
 STOP_GRACE_S = 30.0
 MAX_LINE_BYTES = 1 << 20
+TEARDOWN_LOG = "server-teardown.log"  # in the job's directory (the run's directory under the agent)
 
 
 def run_pipeline(spec: RunSpec) -> int:
@@ -65,6 +67,9 @@ class PairRunner:
         self.children: list[subprocess.Popen[bytes]] = []
         self.relays: list[threading.Thread] = []
         self.stopping = False
+        # Once the client is done the run's outcome is known: what the server prints while it is torn down
+        # (vLLM aborts its engine, which may log EngineDeadError) goes to this file, not into the watched log.
+        self.teardown: IO[bytes] | None = None
 
     def say(self, message: str) -> None:
         """One line of our own, written between the children's lines."""
@@ -105,15 +110,17 @@ class PairRunner:
             if len(pending) > MAX_LINE_BYTES:  # no newline for this long: pass it on rather than hold it
                 lines, pending = [*lines, pending], b""
             # rich pads each record to the console width: the padding only fills the log
-            lines = [ln.rstrip() for ln in lines if ln.strip()]
-            if lines:
-                with self.lock:
-                    self.out.write(b"".join(prefix + ln + b"\n" for ln in lines))
-                    self.out.flush()
+            self._write(tag, [prefix + ln.rstrip() for ln in lines if ln.strip()])
         if pending.strip():
-            with self.lock:
-                self.out.write(prefix + pending.rstrip() + b"\n")
-                self.out.flush()
+            self._write(tag, [prefix + pending.rstrip()])
+
+    def _write(self, tag: str, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        with self.lock:
+            out = self.teardown if self.teardown is not None and tag == self.plan.server.tag else self.out
+            out.write(b"".join(ln + b"\n" for ln in lines))
+            out.flush()
 
     def _ready(self, server: subprocess.Popen[bytes]) -> str | None:
         """None once the server answers its health check; else why it never will."""
@@ -163,6 +170,8 @@ class PairRunner:
             return 127
         finally:
             self._terminate()
+            if self.teardown is not None:
+                self.teardown.close()
 
     def _run(self) -> int:
         server = self.start(self.plan.server)
@@ -181,5 +190,9 @@ class PairRunner:
                 )
                 return 1
             time.sleep(0.2)
-        self.say(f"client exited with status {code}; stopping the server")
+        if not self.stopping:
+            name = os.path.abspath(TEARDOWN_LOG)
+            self.say(f"client exited with status {code}; stopping the server (its last lines: {name})")
+            with self.lock:
+                self.teardown = open(name, "ab")  # noqa: SIM115 - closed in run() after the relays end
         return 143 if self.stopping else code
