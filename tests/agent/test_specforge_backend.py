@@ -148,3 +148,40 @@ def test_a_specforge_output_dir_can_be_resumed_into(tmp_path: Path) -> None:
     assert foreign_files(str(tmp_path)) == []
     (tmp_path / "notes.txt").write_text("mine")
     assert foreign_files(str(tmp_path)) == ["notes.txt"]
+
+
+def test_check_of_a_specforge_dir_expects_eagle3_aux_width_without_being_told(tmp_path: Path) -> None:
+    """`eaglewatch-agent check DIR` with no --layers: aux_hidden_state must be 3 × hidden (EAGLE-3)."""
+    import gzip
+    import io
+    import subprocess
+
+    import torch
+
+    group = tmp_path / "rows_0-2000"
+    group.mkdir()
+
+    def sample(t: int, aux: int) -> dict[str, Any]:
+        return {
+            "input_ids": torch.arange(t),
+            "loss_mask": torch.ones(t, dtype=torch.long),
+            "hidden_state": torch.randn(1, t, HIDDEN),
+            "aux_hidden_state": torch.randn(1, t, aux * HIDDEN),
+        }
+
+    torch.save(sample(5, 3), group / "data_0.ckpt")
+    torch.save(sample(5, 2), group / "data_1.ckpt")
+    buf = io.BytesIO()
+    torch.save(sample(4, 3), buf)
+    (group / "data_2.ckpt.gz").write_bytes(gzip.compress(buf.getvalue()))
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent", "check", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and report["files"] == 3 and report["format"] == "specforge-ckpt"
+    (problem,) = report["problems"]
+    assert problem["code"] == "layer_count_mismatch" and problem["file"].endswith("rows_0-2000/data_1.ckpt")
+    assert "expected 3 (+ hidden_state as layer 4)" in problem["message"]
