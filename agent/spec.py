@@ -26,7 +26,9 @@ from agent import limits
 from agent.milestones.rulefile import RuleError, validate_rules
 from agent.runs.outdir import output_dir_error
 
-Backend = Literal["worker-extension", "vllm-native", "command"]
+Backend = Literal["worker-extension", "vllm-native", "command", "speculators", "specforge"]
+#: Backends that run a user's own extraction pipeline (agent/extract/pipeline_run.py), not eaglewatch's.
+PIPELINE_BACKENDS = ("speculators", "specforge")
 LayerConvention = Literal["input", "output"]
 ShapeFailurePolicy = Literal["alert", "stop"]
 #: Deliberate faults for the demo and the tests: make the capture go wrong the way real runs do.
@@ -85,6 +87,103 @@ class Shard(BaseModel):
         return f"manifest.shard-{self.index}-of-{self.count}.json"
 
 
+def _absolute_path(v: str | None) -> str | None:
+    """An absolute host path (None for empty); the error names the value."""
+    if v is None or v == "":
+        return None
+    if "\x00" in v or not PurePosixPath(v).is_absolute():
+        raise ValueError(f"must be an absolute path on the host, got {v!r}")
+    return v
+
+
+def _pass_through(v: list[str], field: str) -> list[str]:
+    """Another program's own flags: argv items, never a shell string (same rule as vllm_args)."""
+    for arg in v:
+        if "\x00" in arg:
+            raise ValueError(f"{field} items must not contain NUL bytes")
+        problem = limits.option_problem(arg)
+        if problem:
+            raise ValueError(problem.replace("vllm_args", field, 1))
+    return v
+
+
+class SpeculatorsOptions(BaseModel):
+    """Backend ``speculators``: a vLLM server started for extraction, then speculators' offline client."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    scripts_dir: _Path | None = Field(
+        default=None,
+        description="a speculators checkout's scripts/ (launch_vllm.py, data_generation_offline.py); "
+        "default: the installed package (`python -m speculators generate-offline-data`)",
+    )
+    python: _Path | None = Field(default=None, description="the Python that runs both; default the agent's")
+    server_command: list[_Arg] = Field(
+        default_factory=list,
+        max_length=limits.MAX_ARGS,
+        description="argv starting the server, before its options, in place of "
+        "[python, -m, vllm.entrypoints.cli.main, serve, MODEL] (without scripts_dir)",
+    )
+    port: StrictInt = Field(default=8000, ge=1, le=65535, description="the server's port on 127.0.0.1")
+    ready_timeout_s: StrictInt = Field(
+        default=1800, ge=1, le=86400, description="wait this long for the server"
+    )
+    client_args: list[_Arg] = Field(
+        default_factory=list,
+        max_length=limits.MAX_ARGS,
+        description="more client flags, one per item: --validate-outputs, --world-size, --rank…",
+    )
+
+    @field_validator("scripts_dir", "python")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return _absolute_path(v)
+
+    @field_validator("client_args")
+    @classmethod
+    def _client_args(cls, v: list[str]) -> list[str]:
+        return _pass_through(v, "speculators.client_args")
+
+    @field_validator("server_command")
+    @classmethod
+    def _server_command(cls, v: list[str]) -> list[str]:
+        if any("\x00" in a for a in v):
+            raise ValueError("speculators.server_command items must not contain NUL bytes")
+        problem = limits.program_problem(v)
+        if problem:
+            raise ValueError(problem.replace("command[0]", "speculators.server_command[0]", 1))
+        return v
+
+
+class SpecForgeOptions(BaseModel):
+    """Backend ``specforge``: ``torchrun … scripts/prepare_hidden_states.py`` from a SpecForge checkout."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    scripts_dir: _Path = Field(description="the SpecForge checkout's scripts/ (prepare_hidden_states.py)")
+    python: _Path | None = Field(
+        default=None, description="the Python that runs torchrun; default the agent's"
+    )
+    nproc_per_node: StrictInt | None = Field(
+        default=None, ge=1, le=limits.MAX_TENSOR_PARALLEL, description="torchrun processes; default tp size"
+    )
+    args: list[_Arg] = Field(
+        default_factory=list,
+        max_length=limits.MAX_ARGS,
+        description="more prepare_hidden_states.py flags, one per item: --chat-template, --compress…",
+    )
+
+    @field_validator("scripts_dir", "python")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return _absolute_path(v)
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        return _pass_through(v, "specforge.args")
+
+
 class RunSpecBase(BaseModel):
     """Fields a user sets to describe an extraction run (or any watched command)."""
 
@@ -139,6 +238,8 @@ class RunSpecBase(BaseModel):
     )
     inject_fault: Fault | None = Field(default=None, description="demo/testing: corrupt the capture")
     shard: Shard | None = Field(default=None, description="capture only this contiguous slice of the samples")
+    speculators: SpeculatorsOptions | None = Field(default=None, description="backend 'speculators' only")
+    specforge: SpecForgeOptions | None = Field(default=None, description="backend 'specforge' only")
 
     @field_validator("rules")
     @classmethod
@@ -172,11 +273,7 @@ class RunSpecBase(BaseModel):
     @field_validator("model", "dataset")
     @classmethod
     def _absolute(cls, v: str | None) -> str | None:
-        if v is None or v == "":
-            return None
-        if "\x00" in v or not PurePosixPath(v).is_absolute():
-            raise ValueError(f"must be an absolute path on the host, got {v!r}")
-        return v
+        return _absolute_path(v)
 
     @field_validator("layers")
     @classmethod
@@ -238,8 +335,23 @@ class RunSpecBase(BaseModel):
             if self.command:
                 raise ValueError(f"'command' is only allowed with backend 'command', not {self.backend!r}")
             missing = [f for f in ("model", "dataset", "output_dir") if getattr(self, f) is None]
+            if self.backend == "specforge" and self.specforge is None:
+                missing.append("specforge (its scripts_dir at least)")
             if missing:
                 raise ValueError(f"backend {self.backend!r} needs {', '.join(missing)}")
+        for name in PIPELINE_BACKENDS:
+            if getattr(self, name) is not None and self.backend != name:
+                raise ValueError(f"'{name}' is only allowed with backend '{name}', not {self.backend!r}")
+        if self.backend == "specforge" and self.layers is not None:
+            raise ValueError(
+                "backend 'specforge' takes its layers from its draft model config: leave 'layers' out "
+                "(pass --draft-model-config in specforge.args)"
+            )
+        if self.backend in PIPELINE_BACKENDS and self.shard is not None:
+            raise ValueError(
+                f"'shard' is eaglewatch's slicing; backend {self.backend!r} splits work with its own flags "
+                "(speculators: client_args --world-size/--rank)"
+            )
         return self
 
     @model_validator(mode="after")

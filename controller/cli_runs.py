@@ -55,7 +55,8 @@ def runs_start(
     as_json: Annotated[bool, typer.Option("--json")] = False,
     name: Annotated[str | None, typer.Option("--name")] = None,
     backend: Annotated[
-        str | None, typer.Option("--backend", help="worker-extension | vllm-native | command")
+        str | None,
+        typer.Option("--backend", help="worker-extension | vllm-native | command | speculators | specforge"),
     ] = None,
     model: Annotated[str | None, typer.Option("--model")] = None,
     dataset: Annotated[str | None, typer.Option("--dataset")] = None,
@@ -192,7 +193,9 @@ def runs_ls(
     table.columns.insert(0, Column("id", no_wrap=True, min_width=22))
     for r in runs:
         prog = r.progress or {}
-        progress = f"{prog.get('samples_done')}/{prog.get('samples_total')}" if "samples_done" in prog else ""
+        progress = str(prog["samples_done"]) if "samples_done" in prog else ""
+        if progress and prog.get("samples_total") is not None:  # SpecForge's bar knows no total
+            progress += f"/{prog['samples_total']}"
         table.add_row(
             Text(r.id),
             Text(r.name),

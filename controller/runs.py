@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent.spec import RunSpec
+from agent.spec import PIPELINE_BACKENDS, RunSpec
 from controller import crud, queries
 from controller.alerts import AlertPolicy
 from controller.errors import AgentError, Conflict, NotFound, SpecInvalid, Unreachable
@@ -173,6 +173,15 @@ class RunOps:
         parsed = await self._validated(spec)
         if parsed.backend == "command":
             raise SpecInvalid([{"field": "backend", "message": "a watched command has no forecast"}])
+        if parsed.backend in PIPELINE_BACKENDS:
+            raise SpecInvalid(
+                [
+                    {
+                        "field": "backend",
+                        "message": f"backend {parsed.backend!r} writes through its own tool: no forecast",
+                    }
+                ]
+            )
         try:
             async with self.supervisors.link_for(parsed.host) as link:
                 spec_dict = parsed.model_dump(mode="json")
@@ -188,6 +197,8 @@ class RunOps:
         run = await self.store.read(queries.run_row, run_id)
         if run["backend"] == "command":
             raise Conflict(f"run {run_id} is a watched command: eaglewatch keeps no manifest for it")
+        if run["backend"] in PIPELINE_BACKENDS:
+            raise Conflict(f"run {run_id} ran {run['backend']}, which writes no eaglewatch manifest")
         async with self.supervisors.link_for(run["host"]) as link:
             return await link.request("manifest", run=run_id, timeout=60)
 

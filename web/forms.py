@@ -16,8 +16,17 @@ FIELDS = (
     "name", "host", "backend", "model", "layers", "layer_convention", "tensor_parallel_size", "dataset",
     "max_samples", "seq_len", "batch_size", "output_dir", "env", "vllm_args", "command",
     "expect_layers", "expect_hidden_size", "on_shape_failure", "inject_fault", "disk_low_gib",
-    "allow_disk_overrun",
+    "allow_disk_overrun", "pipeline_scripts_dir", "pipeline_python", "pipeline_args", "server_port",
+    "nproc_per_node",
 )  # fmt: skip
+#: Form field → (backend's options key, option) for the speculators / SpecForge options.
+_PIPELINE_FIELDS = {
+    "pipeline_scripts_dir": {"speculators": "scripts_dir", "specforge": "scripts_dir"},
+    "pipeline_python": {"speculators": "python", "specforge": "python"},
+    "pipeline_args": {"speculators": "client_args", "specforge": "args"},
+    "server_port": {"speculators": "port"},
+    "nproc_per_node": {"specforge": "nproc_per_node"},
+}
 _INT_FIELDS = ("tensor_parallel_size", "max_samples", "seq_len", "batch_size", "disk_low_gib")
 _GENERAL = "_form"
 #: A whole number as typed: ASCII digits only (int() would also take "1_000" and other scripts' digits).
@@ -95,7 +104,31 @@ def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
     for key in ("vllm_args", "command"):
         if _lines(form.get(key) or ""):
             spec[key] = _lines(form.get(key) or "")
+    _pipeline_options(form, spec, errors)
     return spec, errors
+
+
+def _pipeline_options(form: Mapping[str, str], spec: dict[str, Any], errors: dict[str, str]) -> None:
+    """The speculators / SpecForge options of the form, under the backend's key (fields of others ignored)."""
+    backend = spec.get("backend")
+    if backend not in ("speculators", "specforge"):
+        return
+    options: dict[str, Any] = {}
+    for key, names in _PIPELINE_FIELDS.items():
+        option, text = names.get(backend), (form.get(key) or "").strip()
+        if option is None or not text:
+            continue
+        if key == "pipeline_args":
+            options[option] = _lines(text)
+        elif key in ("server_port", "nproc_per_node"):
+            try:
+                options[option] = _whole(text)
+            except ValueError:
+                errors[key] = f"{key.replace('_', ' ')} must be a whole number, got {text!r}"
+        else:
+            options[option] = text
+    if options or backend == "specforge":
+        spec[backend] = options
 
 
 def without_secret_values(values: Mapping[str, str]) -> dict[str, str]:
@@ -128,6 +161,15 @@ def spec_to_form(spec: Mapping[str, Any]) -> dict[str, str]:
             out[key] = "" if inner is None else str(inner)
         elif key == "allow_disk_overrun":
             out[key] = "true" if value is True else ""
+        elif key in _PIPELINE_FIELDS:
+            backend = spec.get("backend")
+            options = spec.get(backend) if isinstance(backend, str) else None
+            option = _PIPELINE_FIELDS[key].get(str(backend))
+            inner = options.get(option) if isinstance(options, dict) and option else None
+            if isinstance(inner, list):
+                out[key] = "\n".join(str(a) for a in inner)
+            elif inner is not None:
+                out[key] = str(inner)
         elif value is not None and not isinstance(value, (dict, list)):
             out[key] = str(value)
     return out
@@ -139,6 +181,9 @@ def _field_of(loc: tuple[Any, ...], message: str) -> list[str]:
         head = str(loc[0])
         if head == "expect" and len(loc) > 1:
             return [f"expect_{loc[1]}"]
+        if head in ("speculators", "specforge") and len(loc) > 1:
+            named = [k for k, names in _PIPELINE_FIELDS.items() if names.get(head) == str(loc[1])]
+            return named or [_GENERAL]
         return [head] if head in FIELDS else [_GENERAL]
     named = [f for f in FIELDS if re.search(rf"\b{re.escape(f)}\b", message)]
     named = [f for f in named if f != "backend"] or named

@@ -20,6 +20,8 @@ from agent.checks.shapes import (
 
 SPECULATORS_PT = "speculators-pt"
 SPECFORGE = "specforge-ckpt"
+#: aux_hidden_state of SpecForge's EAGLE-3 capture fuses three layers (scripts/prepare_hidden_states.py)
+SPECFORGE_AUX_LAYERS = 3
 EAGLE = "eagle-ckpt"
 SAFETENSORS = "safetensors"
 
@@ -142,7 +144,8 @@ def _check_single_and_aux(
         return problems + p
     problems += float_check(file, "aux_hidden_state", aux.dtype)
     shape = squeeze_batch(aux.shape)
-    want_aux = None if expect.layers is None else expect.layers - 1
+    # no layer count given: SpecForge's offline capture is EAGLE-3's, aux_hidden_state = 3 × hidden
+    want_aux = SPECFORGE_AUX_LAYERS if expect.layers is None else expect.layers - 1
     want = f"[{t if t is not None else 'T'}, {want_aux or 'k'} × {hidden or 'hidden'}]"
     if len(shape) < 2:
         problems.append(

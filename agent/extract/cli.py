@@ -23,12 +23,17 @@ def run_extract(argv: list[str]) -> int:
 
     from agent.extract import signals
     from agent.extract.preflight import SpecError, load_spec, preflight
+    from agent.spec import PIPELINE_BACKENDS
 
     if args.forecast:
         return _print_forecast(args.spec)
 
     try:
         spec = load_spec(args.spec)
+        if spec.backend in PIPELINE_BACKENDS:
+            from agent.extract.pipeline_run import run_pipeline
+
+            return run_pipeline(spec)
         plan = preflight(spec)
     except SpecError as e:
         print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
@@ -52,11 +57,12 @@ def _print_forecast(path: str) -> int:
     """`extract --spec S --forecast`: one JSON object on stdout, exit 0; 2 with a message on a bad spec."""
     from agent.extract.forecast import forecast_spec
     from agent.extract.preflight import SpecError, load_spec
+    from agent.spec import PIPELINE_BACKENDS
 
     try:
         spec = load_spec(path)
-        if spec.backend == "command":
-            raise SpecError("backend 'command' writes nothing the job knows of: no forecast")
+        if spec.backend in ("command", *PIPELINE_BACKENDS):
+            raise SpecError(f"backend {spec.backend!r} writes through its own tool: no forecast")
         result = forecast_spec(spec)
     except (SpecError, OSError) as e:
         print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)

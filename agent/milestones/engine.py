@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agent.milestones.logline import Gate, ParsedLine, Prefilter, parse_line
+from agent.milestones.logline import Gate, ParsedLine, Prefilter, parse_line, process_tag
 from agent.milestones.records import decode_marker, json_record_lines, record_exception
 from agent.milestones.rootcause import RootCauses
 from agent.milestones.rulefile import (
@@ -125,6 +125,17 @@ class _Trace:
     excs: list[list[str]] = field(default_factory=list)  # [type, message, full line text]
     n_lines: int = 1
     state: str = "body"  # body | after_exc | chain
+    #: the Traceback line's indentation: rich's log handler indents a whole traceback under its record
+    indent: int = 0
+
+
+def _tagged(out: list[Milestone]) -> list[Milestone]:
+    """A two-process job's lines carry their process: ``fields.process`` says which."""
+    for ms in out:
+        tag = process_tag(ms.text)
+        if tag is not None:
+            ms.fields.setdefault("process", tag)
+    return out
 
 
 class MilestoneEngine:
@@ -240,7 +251,7 @@ class MilestoneEngine:
             self._close_trace(proc)
         out = sorted(self._held, key=lambda m: m.line)
         self._held = []
-        return self._roots.annotate(out)
+        return self._roots.annotate(_tagged(out))
 
     @property
     def open_groups(self) -> int:
@@ -296,7 +307,10 @@ class MilestoneEngine:
             parsed = parse_line(text)
         msg = parsed.message
         if msg.lstrip().startswith(TRACEBACK_START):
-            self._traces[parsed.proc] = _Trace(line=line, rank=parsed.rank, proc=parsed.proc, last_line=line)
+            indent = len(msg) - len(msg.lstrip())
+            self._traces[parsed.proc] = _Trace(
+                line=line, rank=parsed.rank, proc=parsed.proc, last_line=line, indent=indent
+            )
             return self._release()
         for rule in self._gate.candidates(text):
             m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
@@ -385,6 +399,8 @@ class MilestoneEngine:
     def _trace_line(self, tr: _Trace, parsed: ParsedLine, text: str, line: int) -> bool:
         """Feed a line of the traceback's process; False when the traceback ended before this line."""
         msg = parsed.message
+        if tr.indent and msg[: tr.indent].isspace():
+            msg = msg[tr.indent :]
         stripped = msg.strip()
         if tr.state == "after_exc":
             if not stripped:
@@ -418,6 +434,9 @@ class MilestoneEngine:
         tr = self._traces.pop(proc)
         extra = {"frames": tr.frames[-5:], "chain": [e[0] for e in tr.excs], "lines": tr.n_lines}
         text = tr.excs[-1][2] if tr.excs else "Traceback (most recent call last):"
+        tag = process_tag(tr.proc + " ")  # kept when no exception line ended it
+        if tag is not None and process_tag(text) is None:
+            text = f"[{tag}] {text}"
         self._exception(Milestone("error", tr.line, tr.rank, extra, text), tr.excs, tr.proc)
 
     def _exception(self, base: Milestone, excs: Sequence[Sequence[str]], proc: str) -> None:
@@ -453,6 +472,9 @@ class MilestoneEngine:
             self._close_trace(proc)
 
     def _release(self) -> list[Milestone]:
+        return _tagged(self._release_held())
+
+    def _release_held(self) -> list[Milestone]:
         if not self._held:
             return []
         opens = [g.first.line for g in self._groups.values()] + [t.line for t in self._traces.values()]

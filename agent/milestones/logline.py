@@ -18,13 +18,21 @@ _HEADER_RE = re.compile(
     r"\[?(?P<src>[^\s\]]+:\d+)\] ?"
 )
 _TP_RE = re.compile(r"_TP(\d+)|-(\d+)$")
+# The tag the speculators job (agent/extract/pipeline_run.py) writes before each line of its two processes.
+_TAG_RE = re.compile(r"\[(?P<tag>server|client)\] ")
+
+
+def process_tag(text: str) -> str | None:
+    """``server`` / ``client`` for a line of a two-process job, else None."""
+    m = _TAG_RE.match(text)
+    return m.group("tag") if m else None
 
 
 @dataclass(frozen=True)
 class ParsedLine:
     """A log line cut into process prefix, rank, level, source and message."""
 
-    proc: str  # "Worker_TP3 pid=7", "" without a prefix
+    proc: str  # "Worker_TP3 pid=7", "" without a prefix; "[server] Worker_TP3 pid=7" behind a process tag
     rank: int | None
     level: str | None
     source: str | None
@@ -34,7 +42,10 @@ class ParsedLine:
 def parse_line(text: str) -> ParsedLine:
     """Split a (stripped) vLLM log line into prefix, header and message."""
     proc, rank, pos = "", None, 0
-    m = _PREFIX_RE.match(text)
+    tag = _TAG_RE.match(text)
+    if tag:
+        pos = tag.end()
+    m = _PREFIX_RE.match(text, pos)
     if m:
         name = m.group("proc")
         proc = f"{name} pid={m.group('pid')}"
@@ -45,6 +56,8 @@ def parse_line(text: str) -> ParsedLine:
             if t:
                 rank = int(t.group(1) or t.group(2))
         pos = m.end()
+    if tag:  # the server's and the client's tracebacks and rank groups stay apart
+        proc = f"[{tag.group('tag')}] {proc}".rstrip()
     h = _HEADER_RE.match(text, pos)
     if h:
         return ParsedLine(proc, rank, h.group("level"), h.group("src"), text[h.end() :])

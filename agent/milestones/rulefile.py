@@ -14,7 +14,8 @@ A rule file holds ``[[rule]]`` tables (a run spec's ``rules`` is a list of dicts
                                       # prefix and the log header; the whole line when it has neither)
     fields = { tokens = "int" }       # conversions of named groups: str (default), int ("262,144" -> 262144),
                                       # float, gib ("7.5", "7.5 GiB", "512 MiB" -> GiB float), percent,
-                                      # seconds ("2 secs", "1.5s"), list (a Python/JSON literal list)
+                                      # seconds ("2 secs", "1.5s"), list (a Python/JSON literal list),
+                                      # clock (tqdm's "01:02:03" or "02:03" -> seconds)
     set = { device = "GPU" }          # constant fields added to the milestone
     per_rank = true                   # printed once per TP rank: one milestone with fields.ranks
     class = "oom"                     # error class (required with kind = "error", forbidden otherwise)
@@ -67,7 +68,7 @@ ERROR_CLASSES = frozenset(
 )  # fmt: skip
 SEVERITIES = ("info", "warning", "error", "critical")
 BUILTIN_DIR = Path(__file__).with_name("rules")
-BUILTIN_FILES = ("vllm.toml", "errors.toml", "eaglewatch.toml")
+BUILTIN_FILES = ("vllm.toml", "errors.toml", "eaglewatch.toml", "speculators.toml", "specforge.toml")
 
 
 class RuleError(ValueError):
@@ -145,8 +146,20 @@ def _to_list(raw: str) -> list[Any]:
     return list(value)
 
 
+def _to_clock(raw: str) -> int:
+    """tqdm's "[H:]MM:SS" → seconds."""
+    parts = raw.strip().split(":")
+    if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"not a clock time: {raw[:40]!r}")
+    seconds = 0
+    for p in parts:
+        seconds = seconds * 60 + int(p)
+    return seconds
+
+
 CONVERTERS: dict[str, Callable[[str], Any]] = {
     "str": str,
+    "clock": _to_clock,
     "int": _to_int,
     "float": _to_float,
     "gib": _to_gib,

@@ -18,7 +18,9 @@ from typing import Any
 from agent import limits
 from agent.runs.outdir import output_dir_error
 
-BACKENDS = ("worker-extension", "vllm-native", "command")
+BACKENDS = ("worker-extension", "vllm-native", "command", "speculators", "specforge")
+#: Backends running a user's own tool (agent/extract/pipeline_run.py): no eaglewatch manifest, no forecast.
+PIPELINE_BACKENDS = ("speculators", "specforge")
 #: The fields a launch refuses when they are wrong; the rest only inform watching and checking.
 LAUNCH_FIELDS = frozenset({"backend", "env", "command", "rules", "on_shape_failure", "output_dir", "shard"})
 SHAPE_FAILURE_POLICIES = ("alert", "stop")
@@ -230,4 +232,5 @@ class JobSpec:
     @property
     def world_size(self) -> int | None:
         """TP ranks the extraction job runs (closes per-rank groups at once); unknown for a command."""
-        return None if self.backend == "command" else self.tensor_parallel_size
+        # SpecForge's torchrun ranks print no vLLM rank prefixes: its lines never form rank groups
+        return None if self.backend in ("command", "specforge") else self.tensor_parallel_size

@@ -20,6 +20,7 @@ OWN_FILE = re.compile(
     r"|sample_lengths\.json"
     r"|layer_stats\.jsonl"
     r"|\.staging-[^/]*"
+    r"|rows_\d+-\d+|vocab_mapping"  # SpecForge's group folders and its vocabulary mapping
     r"|\.(?:hs_\d+\.safetensors|manifest[^/]*\.json)[^/]*\.tmp)$"
 )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -26,14 +27,12 @@ def complete_files(
     from agent.checks.checker import is_capture_file
     from agent.checks.dirs import lock_names
 
-    try:
-        names = sorted(os.listdir(out))
-    except OSError:
-        return []
+    names = _listing(out)
     present = set(names)
     ready = []
     for name in names:
-        if not is_capture_file(name) or any(lk in present for lk in lock_names(name)):
+        folder = os.path.dirname(name)
+        if not is_capture_file(name) or any(os.path.join(folder, lk) in present for lk in lock_names(name)):
             continue
         if window is not None and not in_window(name, window):
             continue
@@ -53,6 +52,26 @@ def complete_files(
         else:
             pending[name] = sig
     return ready
+
+
+#: SpecForge groups its files in folders of 2000: rows_0-2000/data_0.ckpt … (scripts/prepare_hidden_states.py)
+GROUP_DIR = re.compile(r"^rows_\d+-\d+$")
+
+
+def _listing(out: str) -> list[str]:
+    """Names in ``out`` plus "rows_A-B/name" inside SpecForge's group folders, sorted."""
+    try:
+        names = os.listdir(out)
+    except OSError:
+        return []
+    found = list(names)
+    for group in names:
+        if GROUP_DIR.match(group):
+            try:
+                found += [f"{group}/{name}" for name in os.listdir(os.path.join(out, group))]
+            except OSError:
+                continue
+    return sorted(found)
 
 
 def in_window(name: str, window: tuple[int, int]) -> bool:

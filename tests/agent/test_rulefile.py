@@ -190,6 +190,10 @@ def test_bad_utf8_rule_file(tmp_path: Path) -> None:
         ("float", "nan", "nan"),
         ("seconds", "inf s", "inf s"),
         ("int", " 42 ", 42),
+        ("clock", "00:02", 2),
+        ("clock", "01:02:03", 3723),
+        ("clock", "2", "2"),
+        ("clock", "?", "?"),
     ],
 )
 def test_conversions(conv: str, raw: str, value: Any) -> None:

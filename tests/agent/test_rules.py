@@ -47,6 +47,191 @@ def run_bytes(data: bytes, **kw: Any) -> list[Milestone]:
 
 
 # (line, rule, kind, fields that must be present with these values)
+def rich(msg: str, level: str = "INFO", src: str = "generate_offline_data.py:288") -> str:
+    """A speculators client line as rich prints it, behind the speculators job's process tag."""
+    return f"[client] [15:00:01] {level:<8} {msg}   {src}"
+
+
+#: speculators' client lines (speculators 0.9 sources) and SpecForge's (scripts/prepare_hidden_states.py).
+PIPELINE_TABLE: list[tuple[str, str, str, dict[str, Any]]] = [
+    (
+        rich("EAGLE Offline Data Generation"),
+        "speculators_client_start",
+        "engine_config",
+        {"process": "client"},
+    ),
+    (
+        rich("Verified 12 cached hidden-states file(s) are readable"),
+        "speculators_cached_readable",
+        "engine_config",
+        {"cached": 12},
+    ),
+    (
+        rich(
+            "2 cached hidden-states file(s) are unreadable and will be regenerated: hs_3.safetensors, "
+            "hs_9.safetensors (first reason: header too small)",
+            "WARNING",
+        ),
+        "speculators_cached_unreadable",
+        "warning",
+        {"unreadable": 2, "reason": "header too small"},
+    ),
+    (
+        rich("Processing 500 samples"),
+        "speculators_processing",
+        "progress",
+        {"samples_total": 500, "samples_done": 0, "process": "client"},
+    ),
+    (
+        "[client]  40%|####      | 2/5 [00:01<00:02,  1.50it/s, ok=2, err=0, rps=1.5, vllm=100ms, write=2ms]",
+        "speculators_bar",
+        "progress",
+        {
+            "samples_done": 2,
+            "samples_total": 5,
+            "errors": 0,
+            "samples_per_s": 1.5,
+            "elapsed_s": 1,
+            "eta_s": 2,
+        },
+    ),
+    (
+        rich("Fatal: sample 7 aborted with --fail-on-error: Request timed out.", "ERROR"),
+        "speculators_fail_on_error",
+        "failed",
+        {"sample": 7, "reason": "Request timed out."},
+    ),
+    (
+        rich("Skipping sample 3 due to error: Token ids don't match expected token ids [1, 2]", "WARNING"),
+        "speculators_validation_token_ids",
+        "shape_check_failed",
+        {
+            "sample": 3,
+            "code": "token_ids_mismatch",
+            "message": "Token ids don't match expected token ids [1, 2]",
+        },
+    ),
+    (
+        rich(
+            "Skipping sample 3 due to error: Sequence length of hidden states 7 doesn't match num tokens 8",
+            "WARNING",
+        ),
+        "speculators_validation_seq_len",
+        "shape_check_failed",
+        {"sample": 3, "code": "seq_len_mismatch", "hidden_tokens": 7, "tokens": 8},
+    ),
+    (
+        rich(
+            "Skipping sample 4 due to error: Hidden states contain non-finite values (min=nan, max=nan)",
+            "WARNING",
+        ),
+        "speculators_validation_non_finite",
+        "shape_check_failed",
+        {"sample": 4, "code": "non_finite"},
+    ),
+    (
+        rich(
+            "Skipping sample 5 due to error: Hidden-state payload is missing keys: {'hidden_states'}",
+            "WARNING",
+        ),
+        "speculators_validation_missing_key",
+        "shape_check_failed",
+        {"sample": 5, "code": "missing_key"},
+    ),
+    (
+        rich("Skipping sample 6 due to error: Connection error.", "WARNING"),
+        "speculators_sample_skipped",
+        "warning",
+        {"sample": 6, "reason": "Connection error."},
+    ),
+    (
+        rich(
+            "Request aborted (attempt 1/3): Request timed out.. Retrying in 2s...",
+            "WARNING",
+            "vllm_client.py:39",
+        ),
+        "speculators_retry",
+        "warning",
+        {"attempt": 1, "attempts": 3, "backoff_s": 2, "severity": "info"},
+    ),
+    (
+        rich("Request timed out after 3 attempts: Request timed out.", "ERROR", "vllm_client.py:47"),
+        "speculators_request_timed_out",
+        "warning",
+        {"attempts": 3, "severity": "error"},
+    ),
+    (
+        "[client] RuntimeError: Aborting: 32 consecutive samples errored out. "
+        "The vLLM server may be unreachable.",
+        "speculators_consecutive_errors",
+        "error",
+        {"consecutive": 32, "class": "engine_failed"},
+    ),
+    (
+        rich("Skipped 2 samples due to errors: [3, 4]", "WARNING"),
+        "speculators_skipped_summary",
+        "warning",
+        {"skipped": 2, "samples": [3, 4]},
+    ),
+    (
+        rich("Timing: 2.1s elapsed, 2.4 samples/s, avg vLLM request 120 ms, avg file write 3 ms"),
+        "speculators_timing",
+        "throughput",
+        {"samples_per_s": 2.4, "request_ms": 120, "write_ms": 3},
+    ),
+    (
+        rich("Saved 3 new data points to /data/hs"),
+        "speculators_saved",
+        "progress",
+        {"files_written": 3, "path": "/data/hs"},
+    ),
+    (rich("Data generation failed", "ERROR"), "speculators_failed", "failed", {"process": "client"}),
+    (rich("Data generation complete!"), "speculators_complete", "completed", {"process": "client"}),
+    (
+        "INFO:specforge.utils:rank 0: Resolved eagle3 offline capture method 'eagle3', layers: [1, 15, 28]",
+        "specforge_capture_plan",
+        "capture_configured",
+        {"global_rank": 0, "layers": [1, 15, 28]},
+    ),
+    (
+        "INFO:specforge.utils:rank 1: DP Rank 0, TP Rank 1, DP Size 1, TP Size 2",
+        "specforge_parallel",
+        "engine_config",
+        {"tp_rank": 1, "tp_size": 2},
+    ),
+    (
+        "INFO:specforge.utils:rank 0: Dataset prepared with 6 samples.",
+        "specforge_dataset",
+        "progress",
+        {"samples_total": 6, "samples_done": 0},
+    ),
+    (
+        "INFO:specforge.utils:rank 0: DataLoader created for DP Rank 0. Number of batches: 3",
+        "specforge_batches",
+        "engine_config",
+        {"batches": 3},
+    ),
+    (
+        "Generating Hidden States:  33%|###3      | 1/3 [00:02<00:04,  2.10s/it, processed=2, skipped=0, "
+        "pending_io=2]",
+        "specforge_bar",
+        "progress",
+        {"batches_done": 1, "batches_total": 3, "samples_done": 2, "elapsed_s": 2, "eta_s": 4},
+    ),
+    (
+        "Warning: NaN found in hidden_state for /hs/rows_0-2000/data_3.ckpt. Skipping save.",
+        "specforge_nan_skipped",
+        "warning",
+        {"feature": "hidden_state", "code": "non_finite", "severity": "error"},
+    ),
+    (
+        "Generation loop finished. Processed: 6, Skipped: 1",
+        "specforge_finished",
+        "completed",
+        {"samples": 6, "skipped": 1},
+    ),
+]
+
 TABLE: list[tuple[str, str, str, dict[str, Any]]] = [
     (
         new("vLLM server version 0.19.1, serving model /m/llama", "(APIServer pid=1) "),
@@ -596,6 +781,7 @@ TABLE: list[tuple[str, str, str, dict[str, Any]]] = [
         "progress",
         {"samples_done": 8, "samples_total": 64},
     ),
+    *PIPELINE_TABLE,
 ]
 
 
@@ -1178,3 +1364,26 @@ def test_release_ready_keeps_rank_groups_open_and_releases_the_rest() -> None:
     assert [m.line for m in eng.release_ready()] == [2] and eng.open_groups == 1
     (m,) = eng.feed(rank_lines[1], 3)
     assert (m.line, m.fields["ranks"], eng.open_groups) == (1, [0, 1], 0)
+
+
+def test_indented_traceback_of_a_tagged_process() -> None:
+    """rich's log handler prints a traceback indented under its record (speculators' client): one error."""
+    pad = " " * 20
+    lines = [
+        "[client]            ERROR    Data generation failed   generate_offline_data.py:512",
+        f"[client] {pad}Traceback (most recent call last):",
+        f'[client] {pad}  File "/x/generate_offline_data.py", line 313, in _generate',
+        '[server] INFO:     127.0.0.1:5 - "GET /v1/models HTTP/1.1" 404 Not Found',
+        f"[client] {pad}    list_models = await client.models.list()",
+        f"[client] {pad}openai.NotFoundError: Error code: 404",
+        "[client] [15:00:03] INFO     next record",
+    ]
+    errors = [m for m in run_lines(lines) if m.kind == "error"]
+    assert len(errors) == 1
+    f = errors[0].fields
+    assert (f["exc_type"], f["message"], f["process"]) == (
+        "openai.NotFoundError",
+        "Error code: 404",
+        "client",
+    )
+    assert f["frames"] == ["generate_offline_data.py:313 in _generate"] and f["lines"] == 4

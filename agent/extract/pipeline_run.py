@@ -1,0 +1,198 @@
+"""Run a user's own pipeline as the job: SpecForge's torchrun in place, speculators' server then client.
+
+The speculators job is this process plus two children in its process group (so the agent's stop, which
+signals the job's group and every process carrying the run id, ends both). Each child's output is copied
+to the job log line by line behind its tag, ``[server] `` or ``[client] `` (a tqdm bar's ``\\r`` updates
+become lines of their own), so the milestone rules see both logs and tell them apart. The client starts
+once the server's ``/health`` answers 200; the job ends with the client's exit status, the server is then
+terminated (what it prints from then on goes to ``server-teardown.log``: the outcome is already known). A
+server that exits first, or is not ready in time, fails the job with a ``failed`` line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import IO
+
+from agent.extract import signals
+from agent.extract.pipeline_plan import PairPlan, Process, specforge_argv, speculators_plan
+from agent.extract.preflight import SpecError, text_config
+from agent.spec import RunSpec
+
+STAGING = ".staging-speculators"  # inside output_dir: one filesystem, so speculators' move is a rename
+POLL_S = 1.0
+STOP_GRACE_S = 30.0
+MAX_LINE_BYTES = 1 << 20
+TEARDOWN_LOG = "server-teardown.log"  # in the job's directory (the run's directory under the agent)
+
+
+def run_pipeline(spec: RunSpec) -> int:
+    """Run backend ``speculators`` or ``specforge`` for a validated spec; the job's exit status."""
+    opts = spec.speculators if spec.backend == "speculators" else spec.specforge
+    python = (opts.python if opts is not None else None) or sys.executable
+    out = spec.output_dir or ""
+    os.makedirs(out, exist_ok=True)
+    if spec.backend == "specforge":
+        argv = specforge_argv(spec, python)
+        signals.say(f"starting SpecForge: {' '.join(argv)}")
+        try:
+            os.execv(argv[0], argv)  # same pid, same process group: the agent watches torchrun itself
+        except OSError as e:
+            signals.emit("failed", reason=f"cannot start {argv[0]}: {e.strerror or e}")
+            return 127
+    try:
+        layers = int(text_config(Path(spec.model or ""))["num_hidden_layers"])
+    except (SpecError, KeyError, TypeError, ValueError) as e:
+        signals.emit("failed", reason=f"cannot read num_hidden_layers of {spec.model}: {e}")
+        return 2
+    plan = speculators_plan(spec, python, layers, os.path.join(out, STAGING))
+    return PairRunner(plan).run()
+
+
+class PairRunner:
+    """Server, readiness, client, teardown; every child line relayed to stdout behind its tag."""
+
+    def __init__(self, plan: PairPlan, out: IO[bytes] | None = None) -> None:
+        self.plan = plan
+        self.out = out or sys.stdout.buffer
+        self.lock = threading.Lock()
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.relays: list[threading.Thread] = []
+        self.stopping = False
+        # Once the client is done the run's outcome is known: what the server prints while it is torn down
+        # (vLLM aborts its engine, which may log EngineDeadError) goes to this file, not into the watched log.
+        self.teardown: IO[bytes] | None = None
+
+    def say(self, message: str) -> None:
+        """One line of our own, written between the children's lines."""
+        with self.lock:
+            sys.stdout.flush()
+            self.out.write(f"[eaglewatch] {message}\n".encode())
+            self.out.flush()
+
+    def emit(self, kind: str, **fields: object) -> None:
+        """One milestone marker line."""
+        with self.lock:
+            self.out.write((signals.format_line(kind, **fields) + "\n").encode())
+            self.out.flush()
+
+    def start(self, proc: Process) -> subprocess.Popen[bytes]:
+        """Start one child in our process group, its stdout and stderr relayed behind its tag."""
+        self.say(f"starting {proc.tag}: {' '.join(proc.argv)}")
+        child = subprocess.Popen(
+            proc.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **proc.env},
+        )
+        self.children.append(child)
+        assert child.stdout is not None
+        relay = threading.Thread(target=self._relay, args=(proc.tag, child.stdout), daemon=True)
+        relay.start()
+        self.relays.append(relay)
+        return child
+
+    def _relay(self, tag: str, stream: IO[bytes]) -> None:
+        prefix = f"[{tag}] ".encode()
+        pending = b""
+        while chunk := stream.read1(65536):  # type: ignore[attr-defined]
+            pending += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            *lines, pending = pending.split(b"\n")
+            if len(pending) > MAX_LINE_BYTES:  # no newline for this long: pass it on rather than hold it
+                lines, pending = [*lines, pending], b""
+            # rich pads each record to the console width: the padding only fills the log
+            self._write(tag, [prefix + ln.rstrip() for ln in lines if ln.strip()])
+        if pending.strip():
+            self._write(tag, [prefix + pending.rstrip()])
+
+    def _write(self, tag: str, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        with self.lock:
+            out = self.teardown if self.teardown is not None and tag == self.plan.server.tag else self.out
+            out.write(b"".join(ln + b"\n" for ln in lines))
+            out.flush()
+
+    def _ready(self, server: subprocess.Popen[bytes]) -> str | None:
+        """None once the server answers its health check; else why it never will."""
+        deadline = time.monotonic() + self.plan.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.stopping:
+                return "stopped while waiting for the server"
+            code = server.poll()
+            if code is not None:
+                return f"the server exited with status {code} before it was ready"
+            try:
+                with urllib.request.urlopen(self.plan.health_url, timeout=POLL_S) as resp:
+                    if resp.status == 200:
+                        return None
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(POLL_S)
+        return f"the server did not answer {self.plan.health_url} within {self.plan.ready_timeout_s:g} s"
+
+    def _terminate(self) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for child in self.children:
+            try:
+                child.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        for relay in self.relays:
+            relay.join(5.0)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.stopping = True
+        for child in self.children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+
+    def run(self) -> int:
+        """The whole job; the client's exit status, or 1 when the server failed it."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        try:
+            return self._run()
+        except OSError as e:  # a program that cannot be started: python or a script path is wrong
+            self.emit("failed", reason=f"cannot start {e.filename or 'a process'}: {e.strerror or e}")
+            return 127
+        finally:
+            self._terminate()
+            if self.teardown is not None:
+                self.teardown.close()
+
+    def _run(self) -> int:
+        server = self.start(self.plan.server)
+        problem = self._ready(server)
+        if problem is not None:
+            self.emit("failed", reason=problem, process="server")
+            return 1
+        self.emit("engine_config", rule="pipeline_server_ready", process="server", url=self.plan.health_url)
+        client = self.start(self.plan.client)
+        while (code := client.poll()) is None:
+            if server.poll() is not None and not self.stopping:
+                self.emit(
+                    "failed",
+                    reason=f"the server exited with status {server.returncode}",
+                    process="server",
+                )
+                return 1
+            time.sleep(0.2)
+        if not self.stopping:
+            name = os.path.abspath(TEARDOWN_LOG)
+            self.say(f"client exited with status {code}; stopping the server (its last lines: {name})")
+            with self.lock:
+                self.teardown = open(name, "ab")  # noqa: SIM115 - closed in run() after the relays end
+        return 143 if self.stopping else code
