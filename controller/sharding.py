@@ -1,7 +1,7 @@
 """Pure: a sharded run's placement over hosts and GPU groups, its shard specs, and its one state and progress.
 
-Not wired into RunOps yet (issue 11, controller level): these are the decisions the fan-out will make, kept
-apart from I/O so they are tested on their own.
+The decisions controller/shardruns.py (the fan-out) and controller/shard_store.py (the aggregate row) make,
+kept apart from I/O so they are tested on their own.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def run_state(shard_states: list[str]) -> str:
 
 
 def run_progress(shard_progress: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """Sum of the shards' last progress: samples done and total, tokens/s, files and bytes written."""
+    """Sum of the shards' last progress: samples done and total, tokens/s, files and bytes written; the ETA
+    is the slowest shard's (they run side by side)."""
     seen = [p for p in shard_progress if p]
     if not seen:
         return None
@@ -103,4 +104,7 @@ def run_progress(shard_progress: list[dict[str, Any] | None]) -> dict[str, Any] 
     out: dict[str, Any] = {k: sum(int(p.get(k) or 0) for p in seen) for k in keys}
     out["tokens_per_s"] = round(sum(float(p.get("tokens_per_s") or 0.0) for p in seen), 1)
     out["shards_reporting"] = len(seen)
+    etas = [float(p["eta_s"]) for p in seen if isinstance(p.get("eta_s"), (int, float))]
+    if etas:
+        out["eta_s"] = max(etas)
     return out

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from agent.spec import parse_spec
+import pytest
+from pydantic import ValidationError
+
+from agent.spec import Shard, parse_spec
 from controller.sharding import (
     Placement,
     PlacementError,
@@ -14,6 +17,7 @@ from controller.sharding import (
     run_state,
     shard_spec,
 )
+from controller.shardruns import shard_jobs
 
 
 def test_round_robin_over_hosts_with_gpu_groups() -> None:
@@ -87,3 +91,39 @@ def test_progress_is_summed_over_reporting_shards() -> None:
         "shards_reporting": 2,
     }
     assert run_progress([None, None]) is None
+    assert run_progress([{**a, "eta_s": 4.0}, {**b, "eta_s": 9.5}])["eta_s"] == 9.5  # the slowest shard
+
+
+def test_spec_takes_shards_and_a_host_list() -> None:
+    base = {"model": "/m", "dataset": "/d.jsonl", "output_dir": "/o"}
+    spec = parse_spec({**base, "host": ["a", "b"], "shards": 4})
+    assert spec.hosts == ["a", "b"] and spec.shards == 4
+    assert parse_spec({**base, "host": ["a"]}).host == "a"  # one name in a list: an ordinary run
+    refusals = [
+        ({**base, "host": ["a", "b"]}, "shards is 1 but 2 hosts are given"),
+        ({**base, "host": ["a", "a"], "shards": 2}, "host 'a' is listed twice"),
+        ({**base, "host": [], "shards": 2}, "at least 1 item"),
+        ({**base, "host": "a", "shards": 2, "shard": {"index": 0, "count": 2}}, "'shards' .* or 'shard'"),
+        ({"host": "a", "backend": "command", "command": ["true"], "shards": 2}, "need an extraction backend"),
+        ({**base, "host": "a", "shards": 0}, "greater than or equal to 1"),
+    ]
+    for data, message in refusals:
+        with pytest.raises(ValidationError, match=message):
+            parse_spec(data)
+
+
+def test_shard_jobs_place_gpu_groups_from_the_hosts_gpus() -> None:
+    spec = parse_spec(
+        {"host": ["a", "b"], "shards": 3, "tensor_parallel_size": 2, "model": "/m", "dataset": "/d.jsonl",
+         "output_dir": "/o", "env": {"HF_HOME": "/h"}}
+    )  # fmt: skip
+    gpus = json.dumps([{"index": i} for i in range(4)])
+    jobs = shard_jobs(spec, {"a": {"gpus_json": gpus}, "b": {"gpus_json": "[]"}})
+    assert [(j.index, j.host, j.gpus) for j in jobs] == [(0, "a", (0, 1)), (1, "b", None), (2, "a", (2, 3))]
+    assert jobs[2].spec["env"] == {"HF_HOME": "/h", "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert jobs[1].spec["env"] == {"HF_HOME": "/h"} and jobs[1].spec["host"] == "b"
+    assert [parse_spec(j.spec).shard for j in jobs] == [Shard(index=i, count=3) for i in range(3)]
+    with pytest.raises(PlacementError, match="host a has 4 GPUs"):
+        shard_jobs(
+            spec.model_copy(update={"shards": 5}), {"a": {"gpus_json": gpus}, "b": {"gpus_json": gpus}}
+        )
