@@ -18,12 +18,12 @@ from controller.models import RunShard, ShardPublic
 
 
 def insert_shard(
-    tx_conn: sqlite3.Connection, run_id: str, idx: int, host: str, gpus: Any, job_id: str
+    tx_conn: sqlite3.Connection, run_id: str, idx: int, host: str, gpus: Any, job_id: str, attempts: int = 1
 ) -> None:
-    """The shard row of a new sharded run (first attempt, or a completed attempt carried over)."""
+    """The shard row of a new sharded run (its first attempt, or one carried over from the run it resumes)."""
     tx_conn.execute(
         "INSERT INTO run_shards(run_id, idx, host, gpus_json, job_id, attempts) VALUES (?,?,?,?,?,?)",
-        (run_id, idx, host, json.dumps(gpus), job_id, 1),
+        (run_id, idx, host, json.dumps(gpus), job_id, attempts),
     )
 
 

@@ -72,7 +72,9 @@ class ShardOps:
         keep: list[ShardPublic],
         resumed_from: str | None,
         previous: dict[int, str],
+        attempts: dict[int, int] | None = None,
     ) -> str:
+        attempts = attempts or {}
         run_id = self.ops.new_id()
         spec_dict = parsed.model_dump(mode="json")
         launch = [(f"{run_id}-s{j.index}", j) for j in jobs]
@@ -84,10 +86,12 @@ class ShardOps:
                 shards=parsed.shards,
             )  # fmt: skip
             for s in keep:  # completed shards of the run this one resumes: their jobs count here too
-                shard_store.insert_shard(tx.conn, run_id, s.index, s.host, s.gpus, s.job_id)
+                shard_store.insert_shard(tx.conn, run_id, s.index, s.host, s.gpus, s.job_id, s.attempts)
             for job_id, job in launch:
                 self._insert_job(tx, run_id, job_id, job, parsed.shards, previous.get(job.index))
-                shard_store.insert_shard(tx.conn, run_id, job.index, job.host, job.gpus, job_id)
+                shard_store.insert_shard(
+                    tx.conn, run_id, job.index, job.host, job.gpus, job_id, attempts.get(job.index, 0) + 1
+                )
                 crud.transition(tx=tx, run_id=job_id, event=RunEvent.LAUNCH, policy=self.ops.policy)
             if shard_store.aggregate(tx.conn, run_id, tx.now, None):
                 crud.publish_run(tx=tx, run_id=run_id)
@@ -131,14 +135,17 @@ class ShardOps:
                 ShardJob(r.index, r.host, tuple(r.gpus) if r.gpus else None, json.loads(old["spec_json"]))
             )
         previous = {r.index: r.job_id for r in targets}
+        attempts = {r.index: r.attempts for r in targets}
         if is_terminal(run["state"]):
             parsed = RunSpec.model_validate(json.loads(run["spec_json"]))
             keep = [r for r in rows if r.index not in previous]
-            return await self._start(parsed, jobs, keep, run_id, previous)
-        attempts = {r.index: r.attempts for r in targets}
+            return await self._start(parsed, jobs, keep, run_id, previous, attempts)
         launch = [(f"{run_id}-s{j.index}-a{attempts[j.index] + 1}", j) for j in jobs]
 
         def insert(tx: Tx) -> None:
+            now = tx.conn.execute("SELECT state FROM runs WHERE id=?", (run_id,)).fetchone()[0]
+            if is_terminal(now):  # its other shards ended since it was read: it cannot take new jobs now
+                raise Conflict(f"run {run_id} has just ended ({now}): resume it again to start a new run")
             for job_id, job in launch:
                 self._insert_job(tx, run_id, job_id, job, run["shards"], previous[job.index])
                 shard_store.replace_job(tx.conn, run_id, job.index, job_id)
