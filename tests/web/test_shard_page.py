@@ -52,6 +52,12 @@ def test_sharded_run_from_the_form_and_its_shard_table(
         (0, "local", "failed"),
         (1, "local2", "failed"),
     ]
+    # the rows reach both failures without a reload (live from run events when rendered earlier)
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('#shards [data-field="state"]')]
+                 .map(b => b.textContent).join() === 'failed,failed'""",
+        timeout=30000,
+    )
     page.reload()
     rows = page.locator("#shards tbody tr")
     assert rows.count() == 2
