@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from agent.limits import MAX_SHARDS
 from agent.spec import parse_spec
-from controller.capture_card import capture_card, layer_rms_series
+from controller.capture_card import capture_card, layer_rms_series, sharded_capture_card
 from controller.errors import ControllerError, SpecInvalid
 from controller.runs import RESUMABLE_STATES
 from controller.service import Controller
@@ -165,7 +165,12 @@ async def run_page(
         "layer_rms": layer_rms_series(run.milestones, [m.at for m in run.milestones]),
     }  # fmt: skip
     problem_groups = group_problems(((p.code, p.file, p.message) for p in run.problems), out_dir)
-    card = capture_card(run.spec, run.milestones)
+    # a sharded run's milestones come from several jobs: each shard's card first, then their totals
+    card = (
+        sharded_capture_card(run.spec, run.milestones)
+        if run.shards
+        else capture_card(run.spec, run.milestones)
+    )
     return render(
         request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
         data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE, timeline=timeline,
