@@ -343,6 +343,10 @@ def runs_logs(
 
     async def dump(ctl: Any) -> None:
         run = await ctl.get_run(run_id)
+        if run.shards:  # the log lines are each shard job's own
+            jobs = " ".join(s.job_id for s in run.shards)
+            err.print(Text(f"run {run_id} is sharded: each shard's job has its log (runs logs JOB): {jobs}"))
+            return
         if not is_terminal(run.state):
             await _refreshed(ctl, {run.host})
             run = await ctl.get_run(run_id)
@@ -360,7 +364,11 @@ def runs_logs(
     if not follow:
         run_ctl(dump)
         return
-    host = run_ctl(lambda ctl: ctl.get_run(run_id)).host
+    first = run_ctl(lambda ctl: ctl.get_run(run_id))
+    if first.shards:
+        run_ctl(dump)  # names the shard jobs to follow instead
+        return
+    host = first.host
 
     async def tail(ctl: Any) -> None:
         run = await ctl.get_run(run_id)

@@ -202,6 +202,8 @@ def test_cli_shows_the_shard_table_and_names_a_missing_shard(scenario: dict[str,
     assert "shard 1  h2" in shown.stdout and "attempt 2" in shown.stdout
     as_json = json.loads(cli(tmp, "runs", "show", run_id, "--json", "--no-refresh").stdout)
     assert [s["job_id"] for s in as_json["shards"]] == [f"{run_id}-s0", f"{run_id}-s1-a2"]
+    logs = cli(tmp, "runs", "logs", run_id)
+    assert logs.returncode == 0 and f"{run_id}-s1-a2" in logs.stderr
     missing = cli(tmp, "runs", "resume", run_id, "--shard", "7")
     assert missing.returncode == 1 and "has no shard 7" in missing.stderr
     done = cli(tmp, "runs", "resume", run_id, "--shard", "0")
