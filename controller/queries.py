@@ -95,7 +95,9 @@ def _run(conn: sqlite3.Connection, row: sqlite3.Row) -> RunPublic:
         f"SELECT count(*) FROM alerts WHERE run_id IN {_in(ids)} AND acked=0 AND muted=0", ids
     ).fetchone()[0]
     state = row["state"]
-    tally = check_tally(conn, row["id"], ids) if state in verdict.TERMINAL else verdict.CheckTally()
+    # the verdict judges each shard's latest attempt (a resumed run does not count the run it resumes)
+    judged = [row["id"], *shard_store.current_job_ids(conn, row["id"])] if row["shards"] else ids
+    tally = check_tally(conn, row["id"], judged) if state in verdict.TERMINAL else verdict.CheckTally()
     return RunPublic(
         id=row["id"],
         name=row["name"],

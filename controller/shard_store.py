@@ -14,7 +14,7 @@ from typing import Any
 
 from controller import sharding
 from controller.lifecycle import is_terminal
-from controller.models import RunShard, ShardPublic
+from controller.models import ShardPublic
 
 
 def insert_shard(
@@ -75,6 +75,13 @@ def job_ids(conn: sqlite3.Connection, run_id: str) -> list[str]:
     return sorted(r[0] for r in rows)
 
 
+def current_job_ids(conn: sqlite3.Connection, run_id: str) -> list[str]:
+    """The job of each shard's latest attempt (what the run's verdict judges)."""
+    return [
+        r[0] for r in conn.execute("SELECT job_id FROM run_shards WHERE run_id=? ORDER BY idx", (run_id,))
+    ]
+
+
 def aggregate(conn: sqlite3.Connection, run_id: str, now: float, changed_job: str | None) -> bool:
     """Derive the sharded run's state, progress and last milestone from its shards' latest attempts.
 
@@ -111,6 +118,3 @@ def aggregate(conn: sqlite3.Connection, run_id: str, now: float, changed_job: st
     sets = ", ".join(f"{k}=:{k}" for k in cols)  # names from the code above, never from data
     conn.execute(f"UPDATE runs SET {sets} WHERE id=:id", {**cols, "id": run_id})
     return True
-
-
-__all__ = ["RunShard", "aggregate", "insert_shard", "job_ids", "parents_of", "replace_job", "shards"]
