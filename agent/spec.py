@@ -43,6 +43,7 @@ _Path = Annotated[str, StringConstraints(max_length=limits.MAX_PATH_CHARS)]
 _EnvName = Annotated[str, StringConstraints(max_length=limits.MAX_ENV_NAME_CHARS)]
 _EnvValue = Annotated[str, StringConstraints(max_length=limits.MAX_ENV_VALUE_CHARS)]
 _Arg = Annotated[str, StringConstraints(max_length=limits.MAX_ARG_CHARS)]
+_HostName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 
 
 def eagle3_default_layers(num_hidden_layers: int) -> list[int]:
@@ -190,7 +191,10 @@ class RunSpecBase(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
     name: str = Field(default="run", description="a short label: letters, digits, '.', '_', '-'")
-    host: str = Field(min_length=1, max_length=128, description="name of a configured host")
+    host: _HostName | list[_HostName] = Field(
+        min_length=1,
+        description="name of a configured host, or a list of them for a sharded run (controller level)",
+    )
     backend: Backend = "worker-extension"
     model: _Path | None = Field(default=None, description="absolute path of the model directory on the host")
     layers: list[StrictInt] | None = Field(
@@ -240,6 +244,28 @@ class RunSpecBase(BaseModel):
     shard: Shard | None = Field(default=None, description="capture only this contiguous slice of the samples")
     speculators: SpeculatorsOptions | None = Field(default=None, description="backend 'speculators' only")
     specforge: SpecForgeOptions | None = Field(default=None, description="backend 'specforge' only")
+    shards: StrictInt = Field(
+        default=1,
+        ge=1,
+        le=limits.MAX_SHARDS,
+        description="controller level: split the run into this many shard jobs over the hosts' GPU groups",
+    )
+
+    @property
+    def hosts(self) -> list[str]:
+        """The host names, in order (one for an ordinary run)."""
+        return [self.host] if isinstance(self.host, str) else list(self.host)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list):
+            if len(v) > limits.MAX_SHARDS:
+                raise ValueError(f"at most {limits.MAX_SHARDS} hosts, got {len(v)}")
+            repeated = sorted({h for h in v if v.count(h) > 1})
+            if repeated:
+                raise ValueError(f"host {repeated[0]!r} is listed twice")
+        return v
 
     @field_validator("rules")
     @classmethod
@@ -329,8 +355,10 @@ class RunSpecBase(BaseModel):
         if self.backend == "command":
             if not self.command:
                 raise ValueError("backend 'command' needs 'command' (an argv list)")
-            if self.shard is not None:
-                raise ValueError("'shard' needs an extraction backend (worker-extension or vllm-native)")
+            if self.shard is not None or self.shards > 1:
+                raise ValueError(
+                    "'shard' and 'shards' need an extraction backend (worker-extension or vllm-native)"
+                )
         else:
             if self.command:
                 raise ValueError(f"'command' is only allowed with backend 'command', not {self.backend!r}")
@@ -347,11 +375,25 @@ class RunSpecBase(BaseModel):
                 "backend 'specforge' takes its layers from its draft model config: leave 'layers' out "
                 "(pass --draft-model-config in specforge.args)"
             )
-        if self.backend in PIPELINE_BACKENDS and self.shard is not None:
+        if self.backend in PIPELINE_BACKENDS and (self.shard is not None or self.shards > 1):
             raise ValueError(
-                f"'shard' is eaglewatch's slicing; backend {self.backend!r} splits work with its own flags "
-                "(speculators: client_args --world-size/--rank)"
+                f"'shard' and 'shards' are eaglewatch's slicing; backend {self.backend!r} splits work with "
+                "its own flags (speculators: client_args --world-size/--rank)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _shards(self) -> RunSpecBase:
+        if self.shards > 1 and self.shard is not None:
+            raise ValueError(
+                "a spec sets 'shards' (the controller splits the run) or 'shard' (one job), not both"
+            )
+        if len(self.hosts) > self.shards:
+            raise ValueError(
+                f"shards is {self.shards} but {len(self.hosts)} hosts are given: each needs a shard"
+            )
+        if isinstance(self.host, list) and len(self.host) == 1 and self.shards == 1:
+            self.host = self.host[0]  # an ordinary run: the agent and the run row see one name
         return self
 
     @model_validator(mode="after")

@@ -124,3 +124,41 @@ def layer_rms_series(milestones: Iterable[MilestoneLike], ats: Iterable[float]) 
             if clean:
                 out.append({"at": at, "rms": clean})
     return out
+
+
+def sharded_capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -> CaptureCard | None:
+    """The card of a sharded run: each shard's own card (from its milestones, attempts in order), then
+    totals summed, final once every shard is, the slowest shard's ETA and the least free space."""
+    by_shard: dict[Any, list[MilestoneLike]] = {}
+    for m in milestones:  # tagged with its shard (MilestonePublic.shard)
+        by_shard.setdefault(getattr(m, "shard", None), []).append(m)
+    cards = [c for ms in by_shard.values() if (c := capture_card(spec, ms)) is not None]
+    if not cards:
+        return None
+
+    def total(name: str) -> int | None:
+        got = [getattr(c, name) for c in cards if getattr(c, name) is not None]
+        return sum(got) if got else None
+
+    first = cards[0]
+    etas = [c.eta_s for c in cards if c.eta_s is not None]
+    frees = [c.free_bytes for c in cards if c.free_bytes is not None]
+    forecasts = [c.forecast_bytes for c in cards if c.forecast_bytes is not None]
+    fits = [c.fits for c in cards if c.fits is not None]
+    return CaptureCard(
+        model=first.model,
+        vllm=next((c.vllm for c in cards if c.vllm), None),
+        layers=next((c.layers for c in cards if c.layers), None),
+        convention=next((c.convention for c in cards if c.convention), None),
+        hidden_size=next((c.hidden_size for c in cards if c.hidden_size), None),
+        dtype=next((c.dtype for c in cards if c.dtype), None),
+        tokens=total("tokens"),
+        files=total("files"),
+        bytes=total("bytes"),
+        final=all(c.final for c in cards) and len(cards) == len(by_shard),
+        # a shard's forecast covers the whole run (README, sharding): the largest one is the run's
+        forecast_bytes=max(forecasts) if forecasts else None,
+        free_bytes=min(frees) if frees else None,
+        fits=all(fits) if fits else None,
+        eta_s=max(etas) if etas else None,
+    )

@@ -81,3 +81,21 @@ def invalid(exc: SpecInvalid) -> NoReturn:
 def print_json(obj: Any) -> None:
     """Print JSON for scripts (no rich markup, no wrapping)."""
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def shard_lines(shards: list[Any]) -> list[Text]:
+    """A sharded run's shard table for the terminal: one line per shard (ShardPublic items)."""
+    lines = []
+    for s in shards:
+        p = s.progress or {}
+        done = f"{p.get('samples_done', 0)}/{p.get('samples_total', '?')}" if p else "—"
+        gpus = ",".join(map(str, s.gpus)) if s.gpus else "—"
+        again = f", attempt {s.attempts}" if s.attempts > 1 else ""
+        lines.append(
+            Text.assemble(
+                f"  shard {s.index}  {s.host}  GPUs {gpus}  ",
+                (s.state, STATE_STYLE.get(s.state, "")),
+                f"  {done}  {s.last_milestone or ''}  job {s.job_id}{again}",
+            )
+        )
+    return lines

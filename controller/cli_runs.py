@@ -21,10 +21,11 @@ from controller.cli_common import (
     print_json,
     run_ctl,
     run_state_text,
+    shard_lines,
 )
 from controller.errors import SpecInvalid
 from controller.lifecycle import is_terminal
-from controller.terminal_view import TerminalView
+from controller.terminal_view import TerminalView, card_lines
 from controller.verdict import group_problems
 
 runs_app = typer.Typer(no_args_is_help=True, help="Extraction runs.")
@@ -44,7 +45,8 @@ def _split_ints(text: str | None, what: str) -> list[int] | None:
 @runs_app.command("start", context_settings={"allow_interspersed_args": False})
 def runs_start(
     host: Annotated[
-        str | None, typer.Option("--host", help="host name (with --again: the run's host)")
+        list[str] | None,
+        typer.Option("--host", help="host name, repeatable for a sharded run (with --again: the run's host)"),
     ] = None,
     again: Annotated[
         str | None,
@@ -74,12 +76,15 @@ def runs_start(
     expect_layers: Annotated[int | None, typer.Option("--expect-layers")] = None,
     expect_hidden_size: Annotated[int | None, typer.Option("--expect-hidden-size")] = None,
     on_shape_failure: Annotated[str | None, typer.Option("--on-shape-failure", help="alert | stop")] = None,
+    shards: Annotated[
+        int | None, typer.Option("--shards", help="split the dataset into N shard jobs over the hosts' GPUs")
+    ] = None,
 ) -> None:
     """Start a run; prints its id ({"id": …} with --json)."""
     spec: dict[str, Any] = {}
     if again is not None:
         spec = dict(run_ctl(lambda ctl: ctl.get_run(again)).spec)
-    elif host is None:
+    elif not host:
         err.print(
             Text("error: --host is required (or --again RUN to reuse a run's spec and host)", style="red")
         )
@@ -115,6 +120,7 @@ def runs_start(
             "batch_size": batch_size,
             "vllm_args": vllm_arg or None,
             "on_shape_failure": on_shape_failure,
+            "shards": shards,
         }
         spec.update({k: v for k, v in opts.items() if v is not None})
         if env:
@@ -139,8 +145,8 @@ def runs_start(
             }
     except SpecInvalid as exc:
         invalid(exc)
-    if host is not None:
-        spec["host"] = host
+    if host:
+        spec["host"] = host[0] if len(host) == 1 else list(host)
     if command:
         spec["command"] = list(command)
         spec.setdefault("backend", "command")
@@ -168,6 +174,7 @@ NO_REFRESH = typer.Option(
 
 async def _refreshed(ctl: Any, hosts: set[str]) -> None:
     """Catch the hosts' unfinished runs up from their agents; name each host that did not answer."""
+    hosts = {name for names in hosts for name in names.split(",")}  # a sharded run names its hosts so
     for fresh in await ctl.refresh(hosts):
         if not fresh.ok:
             err.print(Text(fresh.describe(), style="yellow"))
@@ -240,8 +247,13 @@ def runs_show(
     ):
         if value is not None:
             out.print(Text(f"  {label}: {value}"))
+    for line in shard_lines(run.shards or []):
+        out.print(line)
     for m in run.milestones:
-        out.print(Text.assemble("  ", (f"{m.kind:<22}", MILESTONE_STYLE.get(m.kind, "cyan")), m.text[:160]))
+        shard = "" if m.shard is None else f"[{m.shard}] "
+        out.print(
+            Text.assemble("  ", shard, (f"{m.kind:<22}", MILESTONE_STYLE.get(m.kind, "cyan")), m.text[:160])
+        )
     rows = [(p.code, p.file, p.message) for p in run.problems]
     for g in group_problems(rows, run.spec.get("output_dir")):
         files = "file" if g.count == 1 else "files"
@@ -254,11 +266,17 @@ def runs_show(
 def runs_resume(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    shard: Annotated[
+        int | None,
+        typer.Option("--shard", help="a sharded run: resume only this shard (default: all failed)"),
+    ] = None,
 ) -> None:
-    """Resume a failed or stopped extraction: a new run, same spec and output directory; prints its id."""
+    """Resume a failed or stopped extraction: a new run, same spec and output directory; prints its id.
+
+    A sharded run resumes its failed shards (or --shard i) as new jobs; while it runs it stays one run."""
 
     async def go(ctl: Any) -> Any:
-        return await ctl.get_run(await ctl.resume_run(run_id))
+        return await ctl.get_run(await ctl.resume_run(run_id, shard))
 
     run = run_ctl(go)
     if as_json:
@@ -283,32 +301,6 @@ def runs_card(
         return
     for line in card_lines(card):
         out.print(Text(line))
-
-
-def card_lines(card: dict[str, Any]) -> list[str]:
-    """A dataset card in words: what was captured, how much, with what, and each layer's statistics."""
-    versions = card.get("versions") or {}
-    digest = str(card.get("model_config_sha256") or "?")[:16]
-    vllm = card.get("vllm_version") or versions.get("vllm")
-    lines = [
-        f"model       {card.get('model')}  (config.json sha256 {digest}…)",
-        f"layers      {card.get('layer_ids')} ({card.get('layer_convention')} convention), hidden "
-        f"{card.get('hidden_size')}, {card.get('dtype')}",
-        f"format      {card.get('format')} v{card.get('format_version')}, backend {card.get('backend')}",
-        f"samples     {card.get('samples_written')} of {card.get('samples_total')} written, "
-        f"{card.get('tokens_total')} tokens, {card.get('bytes_written')} bytes this attempt",
-        f"versions    vLLM {vllm}, torch {versions.get('torch')}, "
-        f"transformers {versions.get('transformers')}, Python {versions.get('python')}",
-    ]
-    stats = card.get("layer_stats") or {}
-    if stats:
-        lines.append("layer       rms         max_abs     zero_frac   non_finite")
-        for layer, s in sorted(stats.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
-            lines.append(
-                f"{layer:<11} {s.get('rms', 0):<11.4g} {s.get('max_abs', 0):<11.4g} "
-                f"{s.get('zero_fraction', 0):<11.4g} {s.get('non_finite', 0)}"
-            )
-    return lines
 
 
 @runs_app.command("stop")
@@ -354,6 +346,10 @@ def runs_logs(
 
     async def dump(ctl: Any) -> None:
         run = await ctl.get_run(run_id)
+        if run.shards:  # the log lines are each shard job's own
+            jobs = " ".join(s.job_id for s in run.shards)
+            err.print(Text(f"run {run_id} is sharded: each shard's job has its log (runs logs JOB): {jobs}"))
+            return
         if not is_terminal(run.state):
             await _refreshed(ctl, {run.host})
             run = await ctl.get_run(run_id)
@@ -371,7 +367,11 @@ def runs_logs(
     if not follow:
         run_ctl(dump)
         return
-    host = run_ctl(lambda ctl: ctl.get_run(run_id)).host
+    first = run_ctl(lambda ctl: ctl.get_run(run_id))
+    if first.shards:
+        run_ctl(dump)  # names the shard jobs to follow instead
+        return
+    host = first.host
 
     async def tail(ctl: Any) -> None:
         run = await ctl.get_run(run_id)

@@ -19,7 +19,7 @@ from sqlalchemy import insert
 from sqlalchemy.dialects import sqlite
 from sqlmodel import SQLModel
 
-from controller import alerts, ingest, queries
+from controller import alerts, ingest, queries, shard_store
 from controller.alerts import AlertDraft, AlertPolicy
 from controller.bus import BusEvent, make_cursor
 from controller.errors import Conflict, NotFound
@@ -99,9 +99,12 @@ def add_log_lines(*, tx: Tx, run_id: str, lines: list[list[Any]], next_offset: i
 
 
 def publish_run(*, tx: Tx, run_id: str) -> None:
-    """Record + publish the run's current public shape."""
+    """Record + publish the run's current public shape (a shard's job: its sharded run's too)."""
     run = queries.get_run_public(tx.conn, run_id)
     add_event(tx=tx, run_id=run_id, seq=None, kind="run", data=run.model_dump(), at=tx.now)
+    for parent in shard_store.parents_of(tx.conn, run_id):
+        if shard_store.aggregate(tx.conn, parent, tx.now, run_id):
+            publish_run(tx=tx, run_id=parent)
 
 
 def publish_host(*, tx: Tx, name: str) -> None:
@@ -129,11 +132,15 @@ def insert_run(
     model: str | None,
     spec_json: str,
     resumed_from: str | None = None,
+    shards: int | None = None,
+    shard_of: str | None = None,
+    shard_index: int | None = None,
 ) -> None:
-    """A new run, ``pending`` (``resumed_from``: the run whose output directory it carries on)."""
+    """A new run, ``pending`` (``resumed_from``: the run whose output directory it carries on; ``shards``:
+    a sharded run; ``shard_of``/``shard_index``: one shard's job)."""
     run = Run(
         id=run_id, name=name, host=host, backend=backend, model=model, spec_json=spec_json, created_at=tx.now,
-        resumed_from=resumed_from,
+        resumed_from=resumed_from, shards=shards, shard_of=shard_of, shard_index=shard_index,
     )  # fmt: skip
     _insert(tx, run)
     publish_run(tx=tx, run_id=run_id)
@@ -310,7 +317,7 @@ def host_down(*, tx: Tx, name: str, reason: str, policy: AlertPolicy) -> None:
     if not host_unreachable(tx=tx, name=name, reason=reason):
         return
     for (run_id,) in tx.conn.execute(
-        "SELECT id FROM runs WHERE host=? AND state IN ('starting','running')", (name,)
+        "SELECT id FROM runs WHERE host=? AND state IN ('starting','running') AND shards IS NULL", (name,)
     ).fetchall():
         transition(tx=tx, run_id=run_id, event=RunEvent.LINK_DOWN, policy=policy)
 
@@ -356,7 +363,7 @@ def sweep(
         draft = alerts.host_unreachable(name, since, now, unreachable_minutes)
         if draft:
             raise_alert(tx=tx, draft=draft, policy=policy)
-    for row in tx.conn.execute("SELECT * FROM runs WHERE state='running'").fetchall():
+    for row in tx.conn.execute("SELECT * FROM runs WHERE state='running' AND shards IS NULL").fetchall():
         draft = alerts.stall(dict(row), now, stall_factor, stall_min_s)
         if draft:
             raise_alert(tx=tx, draft=draft, policy=policy)

@@ -70,6 +70,23 @@ class Run(SQLModel, table=True):
     progress_interval_s: float | None = None
     #: The run this one resumes (same spec and output directory), if any.
     resumed_from: str | None = None
+    #: A sharded run (the one users see): its number of shards; its shards' jobs are runs of their own.
+    shards: int | None = None
+    #: A shard's job: the sharded run it belongs to (hidden from run lists) and its shard index.
+    shard_of: str | None = Field(default=None, index=True)
+    shard_index: int | None = None
+
+
+class RunShard(SQLModel, table=True):
+    """One shard of a sharded run: where it was placed and the job (a run row) of its latest attempt."""
+
+    __tablename__ = "run_shards"
+    run_id: str = Field(primary_key=True)
+    idx: int = Field(primary_key=True)
+    host: str
+    gpus_json: str = "null"
+    job_id: str = Field(index=True)
+    attempts: int = 1
 
 
 class Event(SQLModel, table=True):
@@ -238,6 +255,8 @@ class RunPublic(BaseModel):
 class MilestonePublic(BaseModel):
     """A milestone as shown to users."""
 
+    #: The shard whose job reported it (sharded runs only).
+    shard: int | None = None
     seq: int
     kind: str
     at: float
@@ -256,6 +275,20 @@ class ProblemPublic(BaseModel):
     at: float
 
 
+class ShardPublic(BaseModel):
+    """One shard of a sharded run, as shown in its shard table."""
+
+    index: int
+    host: str
+    gpus: list[int] | None
+    job_id: str
+    attempts: int
+    state: str
+    progress: dict[str, Any] | None
+    last_milestone: str | None
+    failure_reason: str | None
+
+
 class RunDetail(RunPublic):
     """A run with its spec, milestones, alerts and problems (``GET /api/runs/{id}``)."""
 
@@ -265,3 +298,5 @@ class RunDetail(RunPublic):
     milestones: list[MilestonePublic]
     alerts: list[AlertPublic]
     problems: list[ProblemPublic]
+    #: A sharded run's shards (absent from the JSON of an ordinary run).
+    shards: list[ShardPublic] | None = None

@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
-from controller import verdict
+from controller import shard_store, verdict
 from controller.bus import BusEvent, make_cursor, parse_cursor
 from controller.errors import NotFound, SpecInvalid
 from controller.models import (
@@ -62,28 +62,42 @@ def host_row(conn: sqlite3.Connection, name: str) -> dict[str, Any]:
     return dict(row)
 
 
-def check_tally(conn: sqlite3.Connection, run_id: str) -> verdict.CheckTally:
-    """Files checked and failed (relative to the output directory), problems and alerts of a run."""
+def _in(ids: list[str]) -> str:
+    return "(" + ",".join("?" * len(ids)) + ")"
+
+
+def own_ids(conn: sqlite3.Connection, row: sqlite3.Row | dict[str, Any]) -> list[str]:
+    """The run ids whose milestones, files and alerts are this run's: itself and, when sharded, its jobs."""
+    return [row["id"], *shard_store.job_ids(conn, row["id"])] if row["shards"] else [row["id"]]
+
+
+def check_tally(conn: sqlite3.Connection, run_id: str, ids: list[str] | None = None) -> verdict.CheckTally:
+    """Files checked and failed (relative to the output directory), problems and alerts of a run (``ids``:
+    of all these runs: a sharded run and its jobs)."""
+    ids = ids or [run_id]
     files = conn.execute(
         "SELECT json_extract(data_json, '$.file') AS f, min(coalesce(json_extract(data_json, '$.ok'), 0))"
-        " FROM events WHERE run_id=? AND kind='check' GROUP BY f ORDER BY min(id)",
-        (run_id,),
+        f" FROM events WHERE run_id IN {_in(ids)} AND kind='check' GROUP BY f ORDER BY min(id)",
+        ids,
     ).fetchall()
     files = [(f, ok) for f, ok in files if isinstance(f, str) and f not in ("", ".")]
     return verdict.CheckTally(
         checked=[f for f, _ in files],
         bad=[f for f, ok in files if not ok],
-        problems=conn.execute("SELECT count(*) FROM problems WHERE run_id=?", (run_id,)).fetchone()[0],
-        alerts=conn.execute("SELECT count(*) FROM alerts WHERE run_id=?", (run_id,)).fetchone()[0],
+        problems=conn.execute(f"SELECT count(*) FROM problems WHERE run_id IN {_in(ids)}", ids).fetchone()[0],
+        alerts=conn.execute(f"SELECT count(*) FROM alerts WHERE run_id IN {_in(ids)}", ids).fetchone()[0],
     )
 
 
 def _run(conn: sqlite3.Connection, row: sqlite3.Row) -> RunPublic:
+    ids = own_ids(conn, row)
     open_alerts = conn.execute(
-        "SELECT count(*) FROM alerts WHERE run_id=? AND acked=0 AND muted=0", (row["id"],)
+        f"SELECT count(*) FROM alerts WHERE run_id IN {_in(ids)} AND acked=0 AND muted=0", ids
     ).fetchone()[0]
     state = row["state"]
-    tally = check_tally(conn, row["id"]) if state in verdict.TERMINAL else verdict.CheckTally()
+    # the verdict judges each shard's latest attempt (a resumed run does not count the run it resumes)
+    judged = [row["id"], *shard_store.current_job_ids(conn, row["id"])] if row["shards"] else ids
+    tally = check_tally(conn, row["id"], judged) if state in verdict.TERMINAL else verdict.CheckTally()
     return RunPublic(
         id=row["id"],
         name=row["name"],
@@ -121,14 +135,19 @@ def get_run_public(conn: sqlite3.Connection, run_id: str) -> RunPublic:
 
 
 def list_runs(conn: sqlite3.Connection) -> list[RunPublic]:
-    """All runs, newest first."""
-    return [_run(conn, r) for r in conn.execute("SELECT * FROM runs ORDER BY created_at DESC, id DESC")]
+    """All runs, newest first (a sharded run once: its shards' jobs are shown in it)."""
+    return [
+        _run(conn, r)
+        for r in conn.execute("SELECT * FROM runs WHERE shard_of IS NULL ORDER BY created_at DESC, id DESC")
+    ]
 
 
 def nonterminal_runs(conn: sqlite3.Connection, host: str) -> list[dict[str, Any]]:
     """Runs of ``host`` that may still change (to follow after (re)connecting)."""
     rows = conn.execute(
-        f"SELECT * FROM runs WHERE host=? AND state NOT IN {TERMINAL_SQL} ORDER BY created_at", (host,)
+        f"SELECT * FROM runs WHERE host=? AND state NOT IN {TERMINAL_SQL} AND shards IS NULL"
+        " ORDER BY created_at",
+        (host,),
     )
     return [dict(r) for r in rows]
 
@@ -136,7 +155,8 @@ def nonterminal_runs(conn: sqlite3.Connection, host: str) -> list[dict[str, Any]
 def recently_ended_runs(conn: sqlite3.Connection, host: str, since: float) -> list[dict[str, Any]]:
     """Finished runs of ``host`` that ended after ``since``."""
     rows = conn.execute(
-        f"SELECT * FROM runs WHERE host=? AND state IN {TERMINAL_SQL} AND ended_at > ? ORDER BY ended_at",
+        f"SELECT * FROM runs WHERE host=? AND state IN {TERMINAL_SQL} AND ended_at > ? AND shards IS NULL"
+        " ORDER BY ended_at",
         (host, since),
     )
     return [dict(r) for r in rows]
@@ -176,8 +196,14 @@ def get_run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
     if row is None:
         raise NotFound(f"no run {run_id!r}")
     base = _run(conn, row)
+    ids = own_ids(conn, row)
+    order = "at, run_id, " if len(ids) > 1 else ""  # several jobs' journals: merged by time
+    shard_of = {
+        r[0]: r[1] for r in conn.execute(f"SELECT id, shard_index FROM runs WHERE id IN {_in(ids)}", ids)
+    }
     milestones = [
         MilestonePublic(
+            shard=shard_of.get(m["run_id"]),
             seq=m["seq"],
             kind=m["kind"],
             at=m["at"],
@@ -186,12 +212,16 @@ def get_run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
             fields=json.loads(m["fields_json"] or "{}"),
             text=m["text"],
         )
-        for m in conn.execute("SELECT * FROM milestones WHERE run_id=? ORDER BY seq", (run_id,))
+        for m in conn.execute(f"SELECT * FROM milestones WHERE run_id IN {_in(ids)} ORDER BY {order}seq", ids)
     ]
-    alerts = [_alert(a) for a in conn.execute("SELECT * FROM alerts WHERE run_id=? ORDER BY id", (run_id,))]
+    alerts = [
+        _alert(a) for a in conn.execute(f"SELECT * FROM alerts WHERE run_id IN {_in(ids)} ORDER BY id", ids)
+    ]
     problems = [
         ProblemPublic(code=p["code"], file=p["file"], message=p["message"], at=p["at"])
-        for p in conn.execute("SELECT * FROM problems WHERE run_id=? ORDER BY seq, idx", (run_id,))
+        for p in conn.execute(
+            f"SELECT * FROM problems WHERE run_id IN {_in(ids)} ORDER BY {order}seq, idx", ids
+        )
     ]
     resumed_by = [
         r[0] for r in conn.execute("SELECT id FROM runs WHERE resumed_from=? ORDER BY created_at", (run_id,))
@@ -204,6 +234,7 @@ def get_run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
         milestones=milestones,
         alerts=alerts,
         problems=problems,
+        shards=shard_store.shards(conn, run_id) if row["shards"] else None,
     )
 
 

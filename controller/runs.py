@@ -17,6 +17,7 @@ from controller.errors import AgentError, Conflict, NotFound, SpecInvalid, Unrea
 from controller.fleet import Supervisors
 from controller.lifecycle import RunEvent, event_for_agent_state, is_terminal
 from controller.settings import Settings
+from controller.shardruns import ShardOps
 from controller.store import Store, Tx
 
 #: Runs that may be resumed (an extraction that ended without finishing).
@@ -45,8 +46,9 @@ def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
     return out
 
 
-def validate_spec(spec: dict[str, Any] | RunSpec, host: dict[str, Any] | None) -> RunSpec:
-    """Validate a spec against the model and what is known about its host; raises SpecInvalid."""
+def validate_spec(spec: dict[str, Any] | RunSpec, hosts: dict[str, dict[str, Any] | None]) -> RunSpec:
+    """Validate a spec against the model and what is known about its hosts (name → row, None when there
+    is no such host); raises SpecInvalid."""
     if isinstance(spec, RunSpec):
         parsed = spec
     else:
@@ -56,19 +58,16 @@ def validate_spec(spec: dict[str, Any] | RunSpec, host: dict[str, Any] | None) -
             parsed = RunSpec.model_validate(spec)
         except ValidationError as exc:
             errs = validation_errors(exc)
-            if host is None and isinstance(spec.get("host"), str) and spec["host"]:
-                errs.append({"field": "host", "message": f"no host named {spec['host']!r}"})
+            errs.extend(_unknown_hosts(hosts))
             raise SpecInvalid(errs) from None
-    errors: list[dict[str, str]] = []
-    if host is None:
-        errors.append({"field": "host", "message": f"no host named {parsed.host!r} (add it with: hosts add)"})
-    else:
-        gpus = json.loads(host.get("gpus_json") or "[]")
+    errors = _unknown_hosts(hosts)
+    for row in (r for r in hosts.values() if r is not None):
+        gpus = json.loads(row.get("gpus_json") or "[]")
         if gpus and parsed.tensor_parallel_size > len(gpus):
             errors.append(
                 {
                     "field": "tensor_parallel_size",
-                    "message": f"{parsed.tensor_parallel_size} > {len(gpus)} GPUs on host {host['name']}",
+                    "message": f"{parsed.tensor_parallel_size} > {len(gpus)} GPUs on host {row['name']}",
                 }
             )
     if (
@@ -87,8 +86,28 @@ def validate_spec(spec: dict[str, Any] | RunSpec, host: dict[str, Any] | None) -
     return parsed
 
 
+def _unknown_hosts(hosts: dict[str, dict[str, Any] | None]) -> list[dict[str, str]]:
+    return [
+        {"field": "host", "message": f"no host named {name!r} (add it with: hosts add)"}
+        for name, row in hosts.items()
+        if row is None
+    ]
+
+
+def spec_hosts(spec: dict[str, Any] | RunSpec) -> list[str]:
+    """The host names a spec names (before validation: whatever strings it holds)."""
+    if isinstance(spec, RunSpec):
+        return spec.hosts
+    given = spec.get("host") if isinstance(spec, dict) else None
+    names = [given] if isinstance(given, str) else given if isinstance(given, list) else []
+    return [n for n in names if isinstance(n, str) and n][:64]
+
+
 class RunOps:
     """Create and stop runs; launches go through the supervised link or a one-shot link."""
+
+    resumable = RESUMABLE_STATES
+    new_id = staticmethod(new_run_id)
 
     def __init__(
         self, settings: Settings, store: Store, supervisors: Supervisors, policy: AlertPolicy
@@ -97,23 +116,25 @@ class RunOps:
         self.store = store
         self.supervisors = supervisors
         self.policy = policy
+        self.sharded = ShardOps(self)
 
     async def _validated(self, spec: dict[str, Any] | RunSpec) -> RunSpec:
         """The spec validated against the model and its host as stored; raises SpecInvalid."""
-        host_name = (
-            spec.host if isinstance(spec, RunSpec) else (spec.get("host") if isinstance(spec, dict) else None)
-        )
-        host = None
-        if isinstance(host_name, str):
+        hosts: dict[str, dict[str, Any] | None] = {}
+        for name in spec_hosts(spec):
             try:
-                host = await self.store.read(queries.host_row, host_name)
+                hosts[name] = await self.store.read(queries.host_row, name)
             except NotFound:
-                host = None
-        return validate_spec(spec, host)
+                hosts[name] = None
+        return validate_spec(spec, hosts)
 
     async def create(self, spec: dict[str, Any] | RunSpec, resumed_from: str | None = None) -> str:
-        """Validate, write pending, launch; a failed launch leaves a failed run with the reason."""
+        """Validate, write pending, launch; a failed launch leaves a failed run with the reason.
+
+        A spec with ``shards`` > 1 becomes one sharded run of several jobs (controller/shardruns.py)."""
         parsed = await self._validated(spec)
+        if parsed.shards > 1:
+            return await self.sharded.create(parsed)
         run_id = new_run_id()
         spec_dict = parsed.model_dump(mode="json")
 
@@ -122,7 +143,7 @@ class RunOps:
                 tx=tx,
                 run_id=run_id,
                 name=parsed.name,
-                host=parsed.host,
+                host=parsed.hosts[0],
                 backend=parsed.backend,
                 model=parsed.model,
                 spec_json=json.dumps(spec_dict),
@@ -131,8 +152,13 @@ class RunOps:
             crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCH, policy=self.policy)
 
         await self.store.write(insert)
+        await self.launch(run_id, parsed.hosts[0], spec_dict)
+        return run_id
+
+    async def launch(self, run_id: str, host: str, spec_dict: dict[str, Any]) -> None:
+        """Ask ``host``'s agent to launch a written (starting) run; a refusal fails it with the reason."""
         try:
-            async with self.supervisors.link_for(parsed.host) as link:
+            async with self.supervisors.link_for(host) as link:
                 result = await link.request("launch", run=run_id, spec=spec_dict, timeout=120)
         except (AgentError, Unreachable) as exc:
             reason = f"launch failed: {exc.message}"
@@ -141,20 +167,25 @@ class RunOps:
                     tx=tx, run_id=run_id, event=RunEvent.LAUNCH_FAILED, policy=self.policy, reason=reason
                 )
             )
-            return run_id
+            return
 
         def launched(tx: Tx) -> None:
             crud.set_pid(tx=tx, run_id=run_id, pid=result.get("pid"))
             crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCHED, policy=self.policy)
 
         await self.store.write(launched)
-        self.supervisors.poke(parsed.host)
-        return run_id
+        self.supervisors.poke(host)
 
-    async def resume(self, run_id: str) -> str:
+    async def resume(self, run_id: str, shard: int | None = None) -> str:
         """A new run with the same spec, linked to ``run_id``: the job keeps the files already written and
-        captures only the missing or invalid ones.  Conflict unless an extraction that did not finish."""
+        captures only the missing or invalid ones.  Conflict unless an extraction that did not finish.
+
+        A sharded run resumes its failed shards, or only ``shard`` (controller/shardruns.py)."""
         run = await self.store.read(queries.run_row, run_id)
+        if run["shards"]:
+            return await self.sharded.resume(run, shard)
+        if shard is not None:
+            raise Conflict(f"run {run_id} is not sharded: resume it without a shard")
         if run["state"] not in RESUMABLE_STATES:
             raise Conflict(
                 f"run {run_id} is {run['state']}: only a failed, stopped or lost extraction can be resumed"
@@ -183,7 +214,7 @@ class RunOps:
                 ]
             )
         try:
-            async with self.supervisors.link_for(parsed.host) as link:
+            async with self.supervisors.link_for(parsed.hosts[0]) as link:
                 spec_dict = parsed.model_dump(mode="json")
                 return await link.request("forecast", spec=spec_dict, timeout=FORECAST_TIMEOUT_S)
         except AgentError as exc:
@@ -199,6 +230,8 @@ class RunOps:
             raise Conflict(f"run {run_id} is a watched command: eaglewatch keeps no manifest for it")
         if run["backend"] in PIPELINE_BACKENDS:
             raise Conflict(f"run {run_id} ran {run['backend']}, which writes no eaglewatch manifest")
+        if run["shards"]:
+            return await self.sharded.card(run)
         async with self.supervisors.link_for(run["host"]) as link:
             return await link.request("manifest", run=run_id, timeout=60)
 
@@ -207,6 +240,8 @@ class RunOps:
         run = await self.store.read(queries.run_row, run_id)
         if is_terminal(run["state"]):
             raise Conflict(f"run {run_id} is already {run['state']}")
+        if run["shards"]:
+            return await self.sharded.stop(run)
         if run["state"] == "pending":
             raise Conflict(f"run {run_id} is pending (not launched yet)")
         async with self.supervisors.link_for(run["host"]) as link:

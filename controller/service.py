@@ -159,9 +159,11 @@ class Controller:
         """Validate, write the run (pending), launch it through the agent; returns the run id."""
         return await self.runs.create(spec)
 
-    async def resume_run(self, run_id: str) -> str:
-        """Start a new run linked to ``run_id`` with its spec (same output directory); returns its id."""
-        return await self.runs.resume(run_id)
+    async def resume_run(self, run_id: str, shard: int | None = None) -> str:
+        """Start a new run linked to ``run_id`` with its spec (same output directory); returns its id.
+
+        A sharded run restarts its failed shards (or only ``shard``) and stays the same run while active."""
+        return await self.runs.resume(run_id, shard)
 
     async def forecast(self, spec: dict[str, Any] | RunSpec) -> dict[str, Any]:
         """The host's disk forecast for a spec (`extract --forecast` through the agent); launches nothing."""

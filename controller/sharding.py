@@ -1,7 +1,7 @@
 """Pure: a sharded run's placement over hosts and GPU groups, its shard specs, and its one state and progress.
 
-Not wired into RunOps yet (issue 11, controller level): these are the decisions the fan-out will make, kept
-apart from I/O so they are tested on their own.
+The decisions controller/shardruns.py (the fan-out) and controller/shard_store.py (the aggregate row) make,
+kept apart from I/O so they are tested on their own.
 """
 
 from __future__ import annotations
@@ -27,6 +27,21 @@ class Placement:
     index: int
     host: str
     gpus: tuple[int, ...] | None  # None: a CPU host or GPUs unknown (nothing is set)
+    #: On a CPU host given core groups: this shard's VLLM_CPU_OMP_THREADS_BIND (one group per TP rank).
+    cpus: str | None = None
+
+
+#: The env variable vLLM-CPU binds its workers' OpenMP threads by: core lists, one per rank, split by "|".
+CPU_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def cpu_groups(env: dict[str, str]) -> list[str]:
+    """Core groups shards may take on a CPU host: the spec's VLLM_CPU_OMP_THREADS_BIND split at "|" (e.g.
+    "0-15|16-31|32-47|48-63": four TP=1 shards, or two TP=2); empty when not given or "auto"/"nobind"."""
+    given = env.get(CPU_BIND, "").strip()
+    if given in ("", "auto", "nobind"):
+        return []
+    return [g.strip() for g in given.split("|") if g.strip()]
 
 
 def gpu_indices(gpus: list[dict[str, Any]], env: dict[str, str]) -> list[int]:
@@ -40,12 +55,15 @@ def gpu_indices(gpus: list[dict[str, Any]], env: dict[str, str]) -> list[int]:
     return sorted(int(g["index"]) for g in gpus if isinstance(g.get("index"), int))
 
 
-def place(count: int, hosts: list[tuple[str, list[int]]], tp: int) -> list[Placement]:
+def place(
+    count: int, hosts: list[tuple[str, list[int]]], tp: int, cpus: list[str] | None = None
+) -> list[Placement]:
     """Shard i on hosts[i % H] (round-robin); on a host with GPUs its k-th shard gets GPU group k of tp GPUs.
 
-    hosts: (name, GPU indices) in the order given; an empty list means a CPU host or unknown GPUs.
-    PlacementError when a host gets more shards than it has disjoint GPU groups (two engines on one GPU
-    would fight over its memory).
+    hosts: (name, GPU indices) in the order given; an empty list means a CPU host or unknown GPUs, whose
+    k-th shard gets tp of the core groups ``cpus`` (cpu_groups) when given, else nothing is set.
+    PlacementError when a host gets more shards than it has disjoint GPU (or core) groups: two engines on
+    one GPU would fight over its memory, on the same cores over the CPU.
     """
     if not hosts:
         raise PlacementError("a sharded run needs at least one host")
@@ -53,6 +71,15 @@ def place(count: int, hosts: list[tuple[str, list[int]]], tp: int) -> list[Place
     for i in range(count):
         name, gpus = hosts[i % len(hosts)]
         k = i // len(hosts)
+        if not gpus and cpus:
+            if (k + 1) * tp > len(cpus):
+                per_host = len(range(i % len(hosts), count, len(hosts)))
+                raise PlacementError(
+                    f"host {name} has no GPUs and {len(cpus)} core groups in {CPU_BIND} "
+                    f"({len(cpus) // tp} of tensor_parallel_size {tp}) but {per_host} shards are placed on it"
+                )
+            out.append(Placement(i, name, None, "|".join(cpus[k * tp : (k + 1) * tp])))
+            continue
         if not gpus:
             out.append(Placement(i, name, None))
             continue
@@ -68,12 +95,15 @@ def place(count: int, hosts: list[tuple[str, list[int]]], tp: int) -> list[Place
 
 
 def shard_spec(spec: dict[str, Any], at: Placement, count: int) -> dict[str, Any]:
-    """The job spec of one shard: one host, its shard, its GPUs in CUDA_VISIBLE_DEVICES; no `shards`."""
+    """The job spec of one shard: one host, its shard, its GPUs in CUDA_VISIBLE_DEVICES (or its cores in
+    VLLM_CPU_OMP_THREADS_BIND); no `shards`."""
     child = {k: v for k, v in spec.items() if k != "shards"}
     child["host"] = at.host
     child["shard"] = {"index": at.index, "count": count}
     if at.gpus is not None:
         child["env"] = {**spec.get("env", {}), "CUDA_VISIBLE_DEVICES": ",".join(map(str, at.gpus))}
+    if at.cpus is not None:
+        child["env"] = {**spec.get("env", {}), CPU_BIND: at.cpus}
     return child
 
 
@@ -95,7 +125,8 @@ def run_state(shard_states: list[str]) -> str:
 
 
 def run_progress(shard_progress: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """Sum of the shards' last progress: samples done and total, tokens/s, files and bytes written."""
+    """Sum of the shards' last progress: samples done and total, tokens/s, files and bytes written; the ETA
+    is the slowest shard's (they run side by side)."""
     seen = [p for p in shard_progress if p]
     if not seen:
         return None
@@ -103,4 +134,7 @@ def run_progress(shard_progress: list[dict[str, Any] | None]) -> dict[str, Any] 
     out: dict[str, Any] = {k: sum(int(p.get(k) or 0) for p in seen) for k in keys}
     out["tokens_per_s"] = round(sum(float(p.get("tokens_per_s") or 0.0) for p in seen), 1)
     out["shards_reporting"] = len(seen)
+    etas = [float(p["eta_s"]) for p in seen if isinstance(p.get("eta_s"), (int, float))]
+    if etas:
+        out["eta_s"] = max(etas)
     return out

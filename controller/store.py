@@ -95,7 +95,12 @@ def create_schema(path: Path) -> None:
 
 
 #: Nullable columns added after a table was first created: (table, column, SQL type).
-ADDED_COLUMNS = (("runs", "resumed_from", "VARCHAR"),)
+ADDED_COLUMNS = (
+    ("runs", "resumed_from", "VARCHAR"),
+    ("runs", "shards", "INTEGER"),
+    ("runs", "shard_of", "VARCHAR"),
+    ("runs", "shard_index", "INTEGER"),
+)
 
 
 def _add_missing_columns(conn: sqlite3.Connection) -> None:

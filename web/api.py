@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 import agent
 from agent.spec import RunSpec
@@ -30,6 +30,13 @@ class Created(BaseModel):
     """``POST /api/runs`` → 201."""
 
     id: str
+
+
+class ResumeIn(BaseModel):
+    """``POST /api/runs/{id}/resume``: optionally, the one shard of a sharded run to resume."""
+
+    model_config = ConfigDict(extra="forbid")
+    shard: StrictInt | None = Field(default=None, ge=0, description="resume only this shard (0-based)")
 
 
 class ForecastOut(BaseModel):
@@ -154,9 +161,14 @@ async def stop_run(ctl: ControllerDep, run_id: str) -> RunPublic:
 @post_router.post(
     "/runs/{run_id}/resume", response_model=Created, status_code=201, responses={409: {"model": ErrorOut}}
 )
-async def resume_run(ctl: ControllerDep, run_id: str) -> Created:
-    """Resume a failed, stopped or lost extraction: a new run with its spec and output directory."""
-    return Created(id=await ctl.resume_run(run_id))
+async def resume_run(
+    ctl: ControllerDep, run_id: str, body: Annotated[ResumeIn | None, Body()] = None
+) -> Created:
+    """Resume a failed, stopped or lost extraction: a new run with its spec and output directory.
+
+    A sharded run restarts its failed shards, or only ``{"shard": i}``; while it is active it stays the same
+    run (the id returned is its own)."""
+    return Created(id=await ctl.resume_run(run_id, body.shard if body else None))
 
 
 @router.get("/runs/{run_id}/log", response_model=list[LogLineOut], responses=_ERRORS)

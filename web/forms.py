@@ -16,8 +16,8 @@ FIELDS = (
     "name", "host", "backend", "model", "layers", "layer_convention", "tensor_parallel_size", "dataset",
     "max_samples", "seq_len", "batch_size", "output_dir", "env", "vllm_args", "command",
     "expect_layers", "expect_hidden_size", "on_shape_failure", "inject_fault", "disk_low_gib",
-    "allow_disk_overrun", "pipeline_scripts_dir", "pipeline_python", "pipeline_args", "server_port",
-    "nproc_per_node",
+    "allow_disk_overrun", "shards", "pipeline_scripts_dir", "pipeline_python", "pipeline_args",
+    "server_port", "nproc_per_node",
 )  # fmt: skip
 #: Form field → (backend's options key, option) for the speculators / SpecForge options.
 _PIPELINE_FIELDS = {
@@ -27,7 +27,7 @@ _PIPELINE_FIELDS = {
     "server_port": {"speculators": "port"},
     "nproc_per_node": {"specforge": "nproc_per_node"},
 }
-_INT_FIELDS = ("tensor_parallel_size", "max_samples", "seq_len", "batch_size", "disk_low_gib")
+_INT_FIELDS = ("tensor_parallel_size", "max_samples", "seq_len", "batch_size", "disk_low_gib", "shards")
 _GENERAL = "_form"
 #: A whole number as typed: ASCII digits only (int() would also take "1_000" and other scripts' digits).
 _WHOLE_RE = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)
@@ -53,6 +53,8 @@ def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
                 "on_shape_failure", "inject_fault"):  # fmt: skip
         if get(key):
             spec[key] = get(key)
+    if "," in get("host"):  # the host multi-select posts several names (web/pages.py joins them)
+        spec["host"] = [h.strip() for h in get("host").split(",") if h.strip()]
     for key in _INT_FIELDS:
         if get(key):
             try:
@@ -159,6 +161,8 @@ def spec_to_form(spec: Mapping[str, Any]) -> dict[str, str]:
             expect = spec.get("expect") or {}
             inner = expect.get(key.removeprefix("expect_"))
             out[key] = "" if inner is None else str(inner)
+        elif key == "host" and isinstance(value, list):
+            out[key] = ",".join(value)
         elif key == "allow_disk_overrun":
             out[key] = "true" if value is True else ""
         elif key in _PIPELINE_FIELDS:

@@ -10,8 +10,9 @@ from fastapi import APIRouter, Form, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
+from agent.limits import MAX_SHARDS
 from agent.spec import parse_spec
-from controller.capture_card import capture_card, layer_rms_series
+from controller.capture_card import capture_card, layer_rms_series, sharded_capture_card
 from controller.errors import ControllerError, SpecInvalid
 from controller.runs import RESUMABLE_STATES
 from controller.service import Controller
@@ -95,6 +96,9 @@ async def submit_run(request: Request, ctl: ControllerDep, store: TemplateStoreD
     """Launch a run from the form; on invalid input re-show the form with errors and launch nothing."""
     form = await request.form()
     values = {k: v for k in forms.FIELDS if isinstance(v := form.get(k), str)}
+    hosts = [h for h in form.getlist("host") if isinstance(h, str) and h.strip()]
+    if len(hosts) > 1:  # the host multi-select: a sharded run's hosts
+        values["host"] = ",".join(h.strip() for h in hosts)
     if form.get("action") == "save_template":
         name = str(form.get("template_name") or "").strip()
         try:
@@ -161,12 +165,18 @@ async def run_page(
         "layer_rms": layer_rms_series(run.milestones, [m.at for m in run.milestones]),
     }  # fmt: skip
     problem_groups = group_problems(((p.code, p.file, p.message) for p in run.problems), out_dir)
-    card = capture_card(run.spec, run.milestones)
+    # a sharded run's milestones come from several jobs: each shard's card first, then their totals
+    card = (
+        sharded_capture_card(run.spec, run.milestones)
+        if run.shards
+        else capture_card(run.spec, run.milestones)
+    )
     return render(
         request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
         data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE, timeline=timeline,
         hidden_milestones=len(run.milestones) - len(timeline), problem_groups=problem_groups,
         resumable=run.state in RESUMABLE_STATES and run.backend != "command", card=card,
+        resumable_states=RESUMABLE_STATES,
         layer_chart=card is not None or bool(data["layer_rms"]),
     )  # fmt: skip
 
@@ -187,9 +197,12 @@ async def stop_run(ctl: ControllerDep, run_id: str) -> Response:
 
 
 @post_router.post("/runs/{run_id}/resume")
-async def resume_run(ctl: ControllerDep, run_id: str) -> Response:
-    """Resume a failed or stopped extraction as a new run (same spec and output directory), then show it."""
-    new_id = await ctl.resume_run(run_id)
+async def resume_run(
+    ctl: ControllerDep, run_id: str, shard: Annotated[int | None, Form(ge=0, le=MAX_SHARDS)] = None
+) -> Response:
+    """Resume a failed or stopped extraction as a new run (same spec and output directory), then show it;
+    for a sharded run, only ``shard`` (a button in its shard table) or every failed shard."""
+    new_id = await ctl.resume_run(run_id, shard)
     return _redirect(f"/runs/{quote(new_id)}")
 
 

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from agent.spec import parse_spec
+import pytest
+from pydantic import ValidationError
+
+from agent.spec import Shard, parse_spec
 from controller.sharding import (
     Placement,
     PlacementError,
+    cpu_groups,
     gpu_indices,
     place,
     run_progress,
     run_state,
     shard_spec,
 )
+from controller.shardruns import shard_jobs
 
 
 def test_round_robin_over_hosts_with_gpu_groups() -> None:
@@ -87,3 +92,52 @@ def test_progress_is_summed_over_reporting_shards() -> None:
         "shards_reporting": 2,
     }
     assert run_progress([None, None]) is None
+    assert run_progress([{**a, "eta_s": 4.0}, {**b, "eta_s": 9.5}])["eta_s"] == 9.5  # the slowest shard
+
+
+def test_spec_takes_shards_and_a_host_list() -> None:
+    base = {"model": "/m", "dataset": "/d.jsonl", "output_dir": "/o"}
+    spec = parse_spec({**base, "host": ["a", "b"], "shards": 4})
+    assert spec.hosts == ["a", "b"] and spec.shards == 4
+    assert parse_spec({**base, "host": ["a"]}).host == "a"  # one name in a list: an ordinary run
+    refusals = [
+        ({**base, "host": ["a", "b"]}, "shards is 1 but 2 hosts are given"),
+        ({**base, "host": ["a", "a"], "shards": 2}, "host 'a' is listed twice"),
+        ({**base, "host": [], "shards": 2}, "at least 1 item"),
+        ({**base, "host": "a", "shards": 2, "shard": {"index": 0, "count": 2}}, "'shards' .* or 'shard'"),
+        ({"host": "a", "backend": "command", "command": ["true"], "shards": 2}, "need an extraction backend"),
+        ({**base, "host": "a", "shards": 0}, "greater than or equal to 1"),
+    ]
+    for data, message in refusals:
+        with pytest.raises(ValidationError, match=message):
+            parse_spec(data)
+
+
+def test_shard_jobs_place_gpu_groups_from_the_hosts_gpus() -> None:
+    spec = parse_spec(
+        {"host": ["a", "b"], "shards": 3, "tensor_parallel_size": 2, "model": "/m", "dataset": "/d.jsonl",
+         "output_dir": "/o", "env": {"HF_HOME": "/h"}}
+    )  # fmt: skip
+    gpus = json.dumps([{"index": i} for i in range(4)])
+    jobs = shard_jobs(spec, {"a": {"gpus_json": gpus}, "b": {"gpus_json": "[]"}})
+    assert [(j.index, j.host, j.gpus) for j in jobs] == [(0, "a", (0, 1)), (1, "b", None), (2, "a", (2, 3))]
+    assert jobs[2].spec["env"] == {"HF_HOME": "/h", "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert jobs[1].spec["env"] == {"HF_HOME": "/h"} and jobs[1].spec["host"] == "b"
+    assert [parse_spec(j.spec).shard for j in jobs] == [Shard(index=i, count=3) for i in range(3)]
+    with pytest.raises(PlacementError, match="host a has 4 GPUs"):
+        shard_jobs(
+            spec.model_copy(update={"shards": 5}), {"a": {"gpus_json": gpus}, "b": {"gpus_json": gpus}}
+        )
+
+
+def test_cpu_hosts_split_the_given_core_groups() -> None:
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0-3|4-7|8-11|12-15"}
+    assert cpu_groups(env) == ["0-3", "4-7", "8-11", "12-15"] and cpu_groups({}) == []
+    assert cpu_groups({"VLLM_CPU_OMP_THREADS_BIND": "auto"}) == []
+    got = place(2, [("cpu", [])], tp=2, cpus=cpu_groups(env))
+    assert [p.cpus for p in got] == ["0-3|4-7", "8-11|12-15"]
+    spec = {"host": "cpu", "model": "/m", "dataset": "/d.jsonl", "output_dir": "/o", "env": env}
+    assert shard_spec(spec, got[1], 2)["env"] == {"VLLM_CPU_OMP_THREADS_BIND": "8-11|12-15"}
+    with pytest.raises(PlacementError, match=r"host cpu has no GPUs and 4 core groups .* but 3 shards"):
+        place(3, [("cpu", [])], tp=2, cpus=cpu_groups(env))
+    assert place(2, [("g", [0, 1])], tp=1, cpus=["0-3"])[1].cpus is None  # GPU hosts take GPUs

@@ -11,7 +11,7 @@ import pytest
 
 from controller import crud
 from controller.alerts import AlertPolicy
-from controller.capture_card import CaptureCard, capture_card
+from controller.capture_card import CaptureCard, capture_card, sharded_capture_card
 from controller.lifecycle import RunEvent
 from controller.service import Controller
 from controller.store import Tx
@@ -154,3 +154,33 @@ async def test_run_page_shows_the_card(client: httpx.AsyncClient, ctl: Controlle
         'data-card="layers">2, 30, 58, 61 <span class="muted small">(input: the residual stream entering'
         in html
     )
+
+
+@dataclass
+class SM:
+    kind: str
+    fields: dict[str, Any]
+    shard: int
+
+
+def test_a_sharded_runs_card_sums_its_shards() -> None:
+    def shard(i: int, *ms: tuple[str, dict[str, Any]]) -> list[SM]:
+        return [SM(k, f, i) for k, f in (ENGINE, CONFIGURED, *ms)]
+
+    running = sharded_capture_card(
+        SPEC,
+        shard(0, ("batch_captured", {"tokens": 100}), ("progress", {"files_written": 2, "bytes_written": 40,
+              "eta_s": 5.0, "free_bytes": 900})) +
+        shard(1, ("batch_captured", {"tokens": 30}), ("progress", {"files_written": 1, "bytes_written": 10,
+              "eta_s": 12.5, "free_bytes": 700})),
+    )  # fmt: skip
+    assert running is not None and (running.tokens, running.files, running.bytes) == (130, 3, 50)
+    assert running.eta_s == 12.5 and running.free_bytes == 700 and not running.final
+    done = sharded_capture_card(
+        SPEC,
+        shard(0, ("completed", {"tokens": 120, "files": 3}))
+        + shard(1, ("completed", {"tokens": 80, "files": 4})),
+    )
+    assert done is not None and done.final and (done.tokens, done.files, done.eta_s) == (200, 7, None)
+    half = sharded_capture_card(SPEC, shard(0, ("completed", {"tokens": 120, "files": 3})) + shard(1))
+    assert half is not None and not half.final and half.layers == [2, 30, 58, 61]

@@ -422,7 +422,22 @@
         drawProgress();
       }
     }
+    const shardTable = document.getElementById("shards");
+    function refreshShards() {
+      // a sharded run's "run" event carries the aggregate only: its shard rows come from GET /api/runs/{id}
+      fetch(base, { credentials: "same-origin" }).then(function (res) { return res.ok ? res.json() : null; }).then(function (d) {
+        (d && d.shards || []).forEach(function (s) {
+          const row = shardTable.querySelector('tr[data-shard="' + s.index + '"]');
+          if (!row) return;
+          setState(row, s.state, null);
+          const pc = row.querySelector('[data-field="progress"]');
+          if (pc) pc.replaceWith(progressNodes(s.progress));
+          row.querySelector('[data-cell="milestone"]').textContent = s.last_milestone || "—";
+        });
+      }).catch(function () { /* the next event tries again */ });
+    }
     function onRun(r) {
+      if (shardTable) refreshShards();
       setState(document.querySelector(".run-head"), r.state, r.verdict);
       const pc = document.querySelector('#progress [data-field="progress"]');
       if (pc) pc.replaceWith(progressNodes(r.progress));

@@ -1,0 +1,193 @@
+"""Sharded runs: one dataset over many GPU groups and hosts, seen as one run (fan out, resume, stop, card).
+
+Each shard is an ordinary agent job (a hidden run row) with its own spec: ``shard`` and, on a GPU host,
+``CUDA_VISIBLE_DEVICES`` naming its GPU group.  ``shard_jobs`` is the one place a run becomes per-host jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agent.spec import RunSpec
+from controller import crud, queries, shard_store
+from controller.errors import Conflict, NotFound, SpecInvalid
+from controller.lifecycle import RunEvent, is_terminal
+from controller.models import ShardPublic
+from controller.sharding import PlacementError, cpu_groups, gpu_indices, place, shard_spec
+from controller.store import Tx
+
+if TYPE_CHECKING:
+    from controller.runs import RunOps
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """One shard's job: where it runs and the spec its host's agent gets."""
+
+    index: int
+    host: str
+    gpus: tuple[int, ...] | None
+    spec: dict[str, Any]
+
+
+def shard_jobs(parsed: RunSpec, hosts: dict[str, dict[str, Any]]) -> list[ShardJob]:
+    """The jobs of a sharded run: its shards placed round-robin over its hosts' GPU groups.
+
+    The one place a run turns into per-host jobs (a scheduler host would take the whole spec as one job
+    here instead).  PlacementError when the shards do not fit the hosts' GPUs.
+    """
+    groups = [
+        (name, gpu_indices(json.loads(hosts[name].get("gpus_json") or "[]"), parsed.env))
+        for name in parsed.hosts
+    ]
+    spec = parsed.model_dump(mode="json")
+    return [
+        ShardJob(p.index, p.host, p.gpus, shard_spec(spec, p, parsed.shards))
+        for p in place(parsed.shards, groups, parsed.tensor_parallel_size, cpu_groups(parsed.env))
+    ]
+
+
+class ShardOps:
+    """What RunOps does for a sharded run: create its jobs, resume a shard, stop them all, fetch its card."""
+
+    def __init__(self, ops: RunOps) -> None:
+        self.ops = ops
+
+    async def create(self, parsed: RunSpec) -> str:
+        """Place the shards, write the run and its jobs, launch every job; returns the run's id."""
+        hosts = {name: await self.ops.store.read(queries.host_row, name) for name in parsed.hosts}
+        try:
+            jobs = shard_jobs(parsed, hosts)
+        except PlacementError as exc:
+            raise SpecInvalid([{"field": "shards", "message": str(exc)}]) from None
+        return await self._start(parsed, jobs, [], None, {})
+
+    async def _start(
+        self,
+        parsed: RunSpec,
+        jobs: list[ShardJob],
+        keep: list[ShardPublic],
+        resumed_from: str | None,
+        previous: dict[int, str],
+        attempts: dict[int, int] | None = None,
+    ) -> str:
+        attempts = attempts or {}
+        run_id = self.ops.new_id()
+        spec_dict = parsed.model_dump(mode="json")
+        launch = [(f"{run_id}-s{j.index}", j) for j in jobs]
+
+        def insert(tx: Tx) -> None:
+            crud.insert_run(
+                tx=tx, run_id=run_id, name=parsed.name, host=",".join(parsed.hosts), backend=parsed.backend,
+                model=parsed.model, spec_json=json.dumps(spec_dict), resumed_from=resumed_from,
+                shards=parsed.shards,
+            )  # fmt: skip
+            for s in keep:  # completed shards of the run this one resumes: their jobs count here too
+                shard_store.insert_shard(tx.conn, run_id, s.index, s.host, s.gpus, s.job_id, s.attempts)
+            for job_id, job in launch:
+                self._insert_job(tx, run_id, job_id, job, parsed.shards, previous.get(job.index))
+                shard_store.insert_shard(
+                    tx.conn, run_id, job.index, job.host, job.gpus, job_id, attempts.get(job.index, 0) + 1
+                )
+                crud.transition(tx=tx, run_id=job_id, event=RunEvent.LAUNCH, policy=self.ops.policy)
+            if shard_store.aggregate(tx.conn, run_id, tx.now, None):
+                crud.publish_run(tx=tx, run_id=run_id)
+
+        await self.ops.store.write(insert)
+        await asyncio.gather(*(self.ops.launch(job_id, job.host, job.spec) for job_id, job in launch))
+        return run_id
+
+    def _insert_job(
+        self, tx: Tx, run_id: str, job_id: str, job: ShardJob, count: int, resumed_from: str | None
+    ) -> None:
+        crud.insert_run(
+            tx=tx, run_id=job_id, name=f"{job.spec['name']} shard {job.index}/{count}", host=job.host,
+            backend=job.spec["backend"], model=job.spec.get("model"), spec_json=json.dumps(job.spec),
+            resumed_from=resumed_from, shard_of=run_id, shard_index=job.index,
+        )  # fmt: skip
+
+    async def resume(self, run: dict[str, Any], shard: int | None) -> str:
+        """Start new attempts of the failed, stopped or lost shards (or only ``shard``); the others go on.
+
+        While the run is active it stays the same run; once it has ended a new run carries its completed
+        shards over (a terminal state never moves back).  Returns the id of the run to follow.
+        """
+        run_id = run["id"]
+        rows = await self.ops.store.read(shard_store.shards, run_id)
+        if shard is not None and not 0 <= shard < len(rows):
+            raise NotFound(f"run {run_id} has no shard {shard} (its shards are 0 to {len(rows) - 1})")
+        targets = [rows[shard]] if shard is not None else [r for r in rows if r.state in self.ops.resumable]
+        for r in targets:
+            if r.state not in self.ops.resumable:
+                raise Conflict(
+                    f"shard {r.index} of run {run_id} is {r.state}: "
+                    "only a failed, stopped or lost shard can be resumed"
+                )
+        if not targets:
+            raise Conflict(f"no shard of run {run_id} failed, stopped or was lost: nothing to resume")
+        jobs = []
+        for r in targets:
+            old = await self.ops.store.read(queries.run_row, r.job_id)
+            jobs.append(
+                ShardJob(r.index, r.host, tuple(r.gpus) if r.gpus else None, json.loads(old["spec_json"]))
+            )
+        previous = {r.index: r.job_id for r in targets}
+        attempts = {r.index: r.attempts for r in targets}
+        if is_terminal(run["state"]):
+            parsed = RunSpec.model_validate(json.loads(run["spec_json"]))
+            keep = [r for r in rows if r.index not in previous]
+            return await self._start(parsed, jobs, keep, run_id, previous, attempts)
+        launch = [(f"{run_id}-s{j.index}-a{attempts[j.index] + 1}", j) for j in jobs]
+
+        def insert(tx: Tx) -> None:
+            now = tx.conn.execute("SELECT state FROM runs WHERE id=?", (run_id,)).fetchone()[0]
+            if is_terminal(now):  # its other shards ended since it was read: it cannot take new jobs now
+                raise Conflict(f"run {run_id} has just ended ({now}): resume it again to start a new run")
+            for job_id, job in launch:
+                self._insert_job(tx, run_id, job_id, job, run["shards"], previous[job.index])
+                shard_store.replace_job(tx.conn, run_id, job.index, job_id)
+                crud.transition(tx=tx, run_id=job_id, event=RunEvent.LAUNCH, policy=self.ops.policy)
+
+        await self.ops.store.write(insert)
+        await asyncio.gather(*(self.ops.launch(job_id, job.host, job.spec) for job_id, job in launch))
+        return run_id
+
+    async def stop(self, run: dict[str, Any]) -> dict[str, Any]:
+        """Stop every shard's job that is still going; the run ends once they all have."""
+        rows = await self.ops.store.read(shard_store.shards, run["id"])
+        going = [r for r in rows if not is_terminal(r.state) and r.state != "pending"]
+        results = await asyncio.gather(*(self.ops.stop(r.job_id) for r in going), return_exceptions=True)
+        failed = [(r, e) for r, e in zip(going, results, strict=True) if isinstance(e, BaseException)]
+        if failed and len(failed) == len(going):
+            raise failed[0][1]
+        return {
+            "stopped": [
+                r.index for r, e in zip(going, results, strict=True) if not isinstance(e, BaseException)
+            ]
+        }
+
+    async def card(self, run: dict[str, Any]) -> dict[str, Any]:
+        """The merged manifest.json (all shards, totals) from the first host whose output dir has it."""
+        rows = await self.ops.store.read(shard_store.shards, run["id"])
+        seen: set[str] = set()
+        last = "no shard has written a manifest yet"
+        for r in rows:
+            if r.host in seen:
+                continue
+            seen.add(r.host)
+            try:
+                async with self.ops.supervisors.link_for(r.host) as link:
+                    doc = await link.request("manifest", run=r.job_id, timeout=60)
+            except Exception as exc:  # any host's failure is only a reason to try the next
+                last = f"host {r.host}: {exc}"
+                continue
+            if isinstance(doc, dict) and doc.get("shards") and not doc.get("shard"):
+                return doc
+            last = f"host {r.host} has no merged manifest.json yet"
+        raise Conflict(
+            f"run {run['id']}: no merged manifest yet ({last}); it is written when the last shard completes "
+            "(shards on several hosts: gather their files and run eaglewatch-agent merge-manifests DIR)"
+        )
