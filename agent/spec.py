@@ -139,6 +139,12 @@ class RunSpecBase(BaseModel):
     )
     inject_fault: Fault | None = Field(default=None, description="demo/testing: corrupt the capture")
     shard: Shard | None = Field(default=None, description="capture only this contiguous slice of the samples")
+    time_limit_minutes: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=limits.MAX_TIME_LIMIT_MINUTES,
+        description="on a Slurm host: the job's time limit (sbatch --time); the scheduler ends it after",
+    )
 
     @field_validator("rules")
     @classmethod

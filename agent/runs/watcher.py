@@ -29,6 +29,7 @@ from agent.runs.jobspec import JobSpec
 from agent.runs.journal import Journal, scan
 from agent.runs.outputs import check_events, check_file, complete_files, shard_gaps, shard_window
 from agent.runs.summary import RunSummary, final_state, milestone_event
+from agent.sched.logmerge import LogMerger, shard_of
 
 log = logging.getLogger("eaglewatch.agent")
 READ_CHUNK = 256 * 1024  # ~35 ms of rule work: other runs and clients are served in between
@@ -88,6 +89,9 @@ class RunWatcher:
         self._pending_files: dict[str, tuple[int, int]] = {}
         self._checking = False
         self._stop_requested = False
+        #: an array job's task logs, merged into output.log (set by the daemon before start)
+        self.merger: LogMerger | None = None
+        self._shard_lines: dict[int, int] = {}  # line number → shard of a merged line, for its milestones
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -114,6 +118,7 @@ class RunWatcher:
             "reason": self.summary.reason,
             "name": self.spec.name,
             "backend": self.spec.backend,
+            "scheduler": read_json(self.paths.sched) if job.get("scheduler") else None,
         }
 
     def _job_pid(self) -> int | None:
@@ -178,7 +183,10 @@ class RunWatcher:
     # --- journaling ------------------------------------------------------------------------------
     def _journal_milestones(self, milestones: list[Milestone]) -> None:
         for m in milestones:
-            self._append({"type": "milestone", **m.to_dict()})
+            ev = {"type": "milestone", **m.to_dict()}
+            if m.line in self._shard_lines:
+                ev["fields"] = {**ev["fields"], "shard": self._shard_lines[m.line]}
+            self._append(ev)
             if m.kind == "shape_check_failed":  # the job's own check said so in its log
                 self._shape_failed(f"shape check failed: {m.fields.get('code') or m.text[:160]}")
 
@@ -198,6 +206,15 @@ class RunWatcher:
             events, self._outbox = self._outbox, []
             for ev in self.journal.append_many(events):
                 self.summary.observe(ev)
+
+    def note(self, events: list[dict[str, Any]]) -> None:
+        """Journal events from outside the log (the scheduler's word on the job) and look again soon."""
+        if self.summary.terminal is not None:
+            return
+        for ev in events:
+            self._append(ev)
+        self._commit()
+        self.wake()
 
     # --- the loop --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -274,6 +291,8 @@ class RunWatcher:
     async def _pump(self) -> bool:
         """Feed what the log gained to the splitter and the engine; True when bytes were read."""
         got = False
+        if self.merger is not None:
+            await asyncio.to_thread(self.merger.pump)
         started = time.monotonic()
         while True:
             data, seam = self.chain.poll(self.fed, READ_CHUNK)
@@ -300,7 +319,16 @@ class RunWatcher:
 
     def _feed_lines(self, lines: list[Line], end: int) -> None:
         """Split lines: to the rules, then to the followers (``end``: where splitting goes on)."""
-        self._journal_milestones(self.engine.feed_many([ln.text for ln in lines], self.line + 1))
+        texts = [ln.text for ln in lines]
+        if self.merger is not None:  # "[shard I] " tags the merged lines: the rules see the job's own text
+            for i, text in enumerate(texts):
+                shard, texts[i] = shard_of(text)
+                if shard is not None:
+                    self._shard_lines[self.line + 1 + i] = shard
+            if len(self._shard_lines) > 100_000:  # rank groups hold milestones for seconds, not this long
+                keep = self.line - 50_000
+                self._shard_lines = {k: v for k, v in self._shard_lines.items() if k > keep}
+        self._journal_milestones(self.engine.feed_many(texts, self.line + 1))
         self.line += len(lines)
         self.lines.append(lines, end)
         self.log_changed.notify()
@@ -407,6 +435,8 @@ class RunWatcher:
 
     async def _finish(self, lost: bool = False) -> None:
         """Process the rest of the log, check the last files, journal the final state once."""
+        if self.merger is not None:
+            await asyncio.to_thread(self.merger.pump, True)
         await self._pump()
         self._feed_lines(self.splitter.flush(), self.splitter.pending_offset)
         self._journal_milestones(self.engine.flush())
