@@ -19,9 +19,11 @@ POLL_S = "1"
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """``.ci/slurm-up DIR`` once for the session (the node idle), ``.ci/slurm-down DIR`` at the end."""
     if shutil.which("sbatch") is None or not Path("/usr/sbin/slurmctld").exists():
-        pytest.fail("Slurm is not installed: run .ci/setup (it installs slurmctld, slurmd, munge, slurm-client)")
+        pytest.fail("Slurm is not installed: .ci/setup installs slurmctld, slurmd, munge and slurm-client")
     cluster = tmp_path_factory.mktemp("slurm")
-    up = subprocess.run([str(REPO / ".ci/slurm-up"), str(cluster)], capture_output=True, text=True, timeout=60)
+    up = subprocess.run(
+        [str(REPO / ".ci/slurm-up"), str(cluster)], capture_output=True, text=True, timeout=60
+    )
     if up.returncode != 0:
         pytest.fail(f".ci/slurm-up failed ({up.returncode}): {up.stderr[-2000:]}")
     os.environ["SLURM_CONF"] = str(cluster / "slurm.conf")

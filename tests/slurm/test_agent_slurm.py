@@ -38,7 +38,10 @@ def _events(c: AgentClient, run: str, timeout: float = 60) -> list[dict[str, Any
 
 
 def test_a_command_job_runs_as_a_slurm_job_and_completes(daemon: AgentProc, tmp_path: Path) -> None:
-    script = "import os; print('hello from', os.environ['SLURM_JOB_ID']); print('EAGLEWATCH {\"kind\": \"progress\", \"samples_done\": 1}')"
+    script = (
+        "import os; print('hello from', os.environ['SLURM_JOB_ID']);"
+        'print(\'EAGLEWATCH {"kind": "progress", "samples_done": 1}\')'
+    )
     with AgentClient(daemon.socket) as c:
         res = c.result("launch", run="c1", spec=_command([sys.executable, "-c", script]), scheduler=SLURM)
         assert res["scheduler"] == "slurm" and res["job_id"].isdigit()
@@ -58,11 +61,14 @@ def test_a_two_shard_array_completes_both_tasks_with_milestones_per_shard(
 ) -> None:
     script = (
         "import os; t = os.environ['SLURM_ARRAY_TASK_ID']; print('task', t, os.environ['EAGLEWATCH_SHARD']);"
-        "print('EAGLEWATCH {\"kind\": \"progress\", \"samples_done\": ' + t + '}')"
+        'print(\'EAGLEWATCH {"kind": "progress", "samples_done": \' + t + \'}\')'
     )
     with AgentClient(daemon.socket) as c:
         res = c.result(
-            "launch", run="a1", spec=_command([sys.executable, "-c", script]), scheduler={**SLURM, "shards": 2}
+            "launch",
+            run="a1",
+            spec=_command([sys.executable, "-c", script]),
+            scheduler={**SLURM, "shards": 2},
         )
         evs = _events(c, "a1")
     assert evs[-1]["state"] == "completed", evs[-3:]
