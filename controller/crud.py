@@ -259,7 +259,7 @@ def insert_host(*, tx: Tx, host: HostCreate) -> None:
     """A new host; Conflict when the name exists."""
     if tx.conn.execute("SELECT 1 FROM hosts WHERE name=?", (host.name,)).fetchone():
         raise Conflict(f"host {host.name!r} already exists")
-    _insert(tx, Host(**host.model_dump(), created_at=tx.now))
+    _insert(tx, Host(**host.to_row(), created_at=tx.now))
     publish_host(tx=tx, name=host.name)
 
 

@@ -38,6 +38,11 @@ def _host(row: sqlite3.Row) -> HostPublic:
         fingerprint=row["fingerprint"],
         gpus=json.loads(row["gpus_json"] or "[]"),
         last_error=row["last_error"],
+        scheduler=row["scheduler"],
+        partition=row["partition"],
+        account=row["account"],
+        sbatch_args=json.loads(row["sbatch_args_json"] or "[]"),
+        slurm_gpus=row["slurm_gpus"],
     )
 
 

@@ -87,6 +87,19 @@ def validate_spec(spec: dict[str, Any] | RunSpec, host: dict[str, Any] | None) -
     return parsed
 
 
+def scheduler_args(host: dict[str, Any]) -> dict[str, Any] | None:
+    """The launch's ``scheduler`` object for a Slurm host (agent/sched/options.py), None for a plain one."""
+    if host.get("scheduler") != "slurm":
+        return None
+    return {
+        "kind": "slurm",
+        "partition": host.get("partition"),
+        "account": host.get("account"),
+        "sbatch_args": json.loads(host.get("sbatch_args_json") or "[]"),
+        "gpus": host.get("slurm_gpus") or "gpus-per-task",
+    }
+
+
 class RunOps:
     """Create and stop runs; launches go through the supervised link or a one-shot link."""
 
@@ -132,8 +145,13 @@ class RunOps:
 
         await self.store.write(insert)
         try:
+            host = await self.store.read(queries.host_row, parsed.host)
+        except NotFound:
+            host = {}
+        extra = {"scheduler": sched} if (sched := scheduler_args(host)) else {}
+        try:
             async with self.supervisors.link_for(parsed.host) as link:
-                result = await link.request("launch", run=run_id, spec=spec_dict, timeout=120)
+                result = await link.request("launch", run=run_id, spec=spec_dict, timeout=120, **extra)
         except (AgentError, Unreachable) as exc:
             reason = f"launch failed: {exc.message}"
             await self.store.write(

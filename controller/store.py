@@ -95,7 +95,14 @@ def create_schema(path: Path) -> None:
 
 
 #: Nullable columns added after a table was first created: (table, column, SQL type).
-ADDED_COLUMNS = (("runs", "resumed_from", "VARCHAR"),)
+ADDED_COLUMNS = (
+    ("runs", "resumed_from", "VARCHAR"),
+    ("hosts", "scheduler", "VARCHAR"),
+    ("hosts", "partition", "VARCHAR"),
+    ("hosts", "account", "VARCHAR"),
+    ("hosts", "sbatch_args_json", "VARCHAR"),
+    ("hosts", "slurm_gpus", "VARCHAR"),
+)
 
 
 def _add_missing_columns(conn: sqlite3.Connection) -> None:

@@ -37,6 +37,7 @@ from agent.runs.watcher import RunWatcher
 from agent.sched import jobs as sched_jobs
 from agent.sched import slurm
 from agent.sched.logmerge import LogMerger
+from agent.sched.options import SlurmOptions
 from agent.sched.poller import SlurmPoller
 from agent.sched.slurmstate import JobView
 
@@ -265,7 +266,7 @@ class Daemon:
         opts = None
         if scheduler is not None:
             try:
-                opts = slurm.SlurmOptions.parse(scheduler)
+                opts = SlurmOptions.parse(scheduler)
             except ValueError as exc:
                 raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
             if opts.shards and view.shard is not None:
@@ -318,7 +319,7 @@ class Daemon:
         view: JobSpec,
         argv: list[str],
         env: dict[str, str],
-        opts: slurm.SlurmOptions,
+        opts: SlurmOptions,
     ) -> dict[str, Any]:
         """The run as a Slurm job (an array of ``opts.shards`` tasks): sbatch, journal, poll."""
         gpus = None if view.backend == "command" else view.tensor_parallel_size

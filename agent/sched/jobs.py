@@ -7,6 +7,7 @@ from typing import Any
 
 from agent.paths import RunPaths, atomic_write_json, read_json
 from agent.sched import slurm
+from agent.sched.options import SlurmOptions
 from agent.sched.slurmstate import JobView, combine
 from agent.sched.tracking import advance, exit_record
 
@@ -15,7 +16,7 @@ def submit(
     paths: RunPaths,
     argv: list[str],
     env: dict[str, str],
-    opts: slurm.SlurmOptions,
+    opts: SlurmOptions,
     gpus: int | None,
     time_limit_min: int | None,
 ) -> dict[str, Any]:

@@ -106,3 +106,44 @@ def test_sbatch_refusing_a_partition_fails_the_launch_naming_it(daemon: AgentPro
     assert err["code"] == "failed" and "sbatch refused the job" in err["message"]
     assert "invalid partition" in err["message"].lower()
     assert evs[-1]["state"] == "failed" and "sbatch refused" in evs[-1]["reason"]
+
+
+def test_a_restarted_agent_re_adopts_the_job_by_its_id(slurm_cluster: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    agent = start_agent(state)
+    argv = [sys.executable, "-c", "import time; print('first', flush=True); time.sleep(5); print('second')"]
+    try:
+        with AgentClient(agent.socket) as c:
+            res = c.result("launch", run="r1", spec=_command(argv), scheduler=SLURM)
+            c.result("follow", run="r1", after_seq=0)
+            c.wait_for(
+                lambda m: m.get("type") == "event" and m["event"].get("kind") == "scheduled", timeout=30
+            )
+        agent.kill()  # SIGKILL mid-job: the Slurm job does not notice
+        agent = start_agent(state)
+        with AgentClient(agent.socket) as c:
+            evs = _events(c, "r1")
+    finally:
+        agent.kill()
+        cleanup_runs(state)
+    assert evs[-1]["state"] == "completed", evs[-3:]
+    assert [e["seq"] for e in evs] == list(range(1, len(evs) + 1))  # nothing journaled twice
+    assert sum(1 for e in evs if e.get("kind") == "scheduled") == 1
+    assert "second" in (state / "runs" / "r1" / "output.log").read_text()
+    assert res["job_id"].isdigit()
+
+
+def test_slurm_out_of_reach_is_named(tmp_path: Path) -> None:
+    """No cluster needed: a daemon whose Slurm config names a controller port nobody listens on."""
+    conf = tmp_path / "dead.conf"
+    conf.write_text(
+        "ClusterName=dead\nSlurmctldHost=localhost\nSlurmctldPort=9\nMessageTimeout=2\n"
+        "NodeName=localhost CPUs=1 State=UNKNOWN\nPartitionName=debug Nodes=ALL Default=YES\n"
+    )
+    agent = start_agent(tmp_path / "state", env={"SLURM_CONF": str(conf)})
+    try:
+        with AgentClient(agent.socket) as c:
+            err = c.request("launch", run="u1", spec=_command(["true"]), scheduler=SLURM)
+    finally:
+        agent.kill()
+    assert err["code"] == "failed" and "Slurm is not reachable" in err["message"], err
