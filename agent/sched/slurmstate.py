@@ -180,17 +180,16 @@ def combine(job_id: str, rows: list[TaskRow], array: int | None) -> JobView | No
         return None
     tasks = {r.task or "": r.state for r in mine}
     phases = [state_of(r.state).phase for r in mine]
-    if array is not None and all(p == _E for p in phases):
-        # A task squeue lists neither alone nor in a pending range has not been seen to end: keep watching.
-        listed = {t for t in tasks if t.isdigit()}
-        if any(str(i) not in listed for i in range(array)) and not any(not t.isdigit() for t in tasks):
-            phases.append(_R)
     if _R in phases:
         running = next(r for r in mine if state_of(r.state).phase == _R)
         return JobView(job_id, _R, running.state, running.reason, None, tasks=tasks)
     if _P in phases:
         pending = next(r for r in mine if state_of(r.state).phase == _P)
         return JobView(job_id, _P, pending.state, pending.reason, _position(rows, pending), tasks=tasks)
+    if array is not None and any(str(i) not in tasks for i in range(array)):
+        # Every listed task has ended but one squeue does not list has not been seen to: not over yet.
+        last = mine[-1]
+        return JobView(job_id, _R, last.state, last.reason, None, tasks=tasks)
     worst = max(mine, key=lambda r: (_RANK[state_of(r.state).outcome or "failed"], r.exit_status or 0))
     return JobView(
         job_id,

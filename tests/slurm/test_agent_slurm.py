@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +149,28 @@ def test_slurm_out_of_reach_is_named(tmp_path: Path) -> None:
     finally:
         agent.kill()
     assert err["code"] == "failed" and "Slurm is not reachable" in err["message"], err
+
+
+def test_one_squeue_per_interval_answers_for_every_run(slurm_cluster: Path, tmp_path: Path) -> None:
+    """A counting wrapper in front of the real squeue (it logs each call, then execs squeue)."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    calls = tmp_path / "squeue.calls"
+    (shim / "squeue").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec /usr/bin/squeue "$@"\n')
+    (shim / "squeue").chmod(0o755)
+    env = {"PATH": f"{shim}:{os.environ['PATH']}", "EAGLEWATCH_SLURM_POLL_S": "2"}
+    agent = start_agent(tmp_path / "state", env=env)
+    argv = [sys.executable, "-c", "import time; time.sleep(5)"]
+    try:
+        with AgentClient(agent.socket) as c:
+            started = time.monotonic()
+            for run in ("q1", "q2", "q3"):
+                c.result("launch", run=run, spec=_command(argv), scheduler=SLURM)
+            ends = [_events(c, run)[-1]["state"] for run in ("q1", "q2", "q3")]
+            elapsed = time.monotonic() - started
+    finally:
+        agent.kill()
+        cleanup_runs(tmp_path / "state")
+    assert ends == ["completed"] * 3
+    n = len(calls.read_text().splitlines())
+    assert 2 <= n <= elapsed / 2 + 1, (n, elapsed)

@@ -92,4 +92,4 @@ async def test_runs_on_a_slurm_host_complete_or_time_out(
     assert sorted(p.name for p in (tmp_path / "out").glob("hs_*.safetensors")) == [
         f"hs_{i}.safetensors" for i in range(4)
     ]
-    assert late.state == "failed" and late.failure_reason and late.failure_reason.startswith("TIMEOUT"), late.failure_reason
+    assert late.state == "failed" and (late.failure_reason or "").startswith("TIMEOUT"), late.failure_reason
