@@ -139,9 +139,9 @@ def insert_run(
     publish_run(tx=tx, run_id=run_id)
 
 
-def set_pid(*, tx: Tx, run_id: str, pid: int | None) -> None:
-    """The job's pid as the agent reported it at launch."""
-    tx.conn.execute("UPDATE runs SET pid=? WHERE id=?", (pid, run_id))
+def set_pid(*, tx: Tx, run_id: str, pid: int | None, scheduler_job: str | None = None) -> None:
+    """The job's pid (or Slurm job id) as the agent reported it at launch."""
+    tx.conn.execute("UPDATE runs SET pid=?, scheduler_job=? WHERE id=?", (pid, scheduler_job, run_id))
 
 
 _SET_STATE = (

@@ -77,6 +77,8 @@ class Run(SQLModel, table=True):
     progress_interval_s: float | None = None
     #: The run this one resumes (same spec and output directory), if any.
     resumed_from: str | None = None
+    #: The Slurm job id of a run submitted on a Slurm host (set from the launch reply).
+    scheduler_job: str | None = None
 
 
 class Event(SQLModel, table=True):
@@ -288,6 +290,8 @@ class RunPublic(BaseModel):
     verdict: str | None = None
     #: the verdict in a sentence: ``completed — 24 of 24 files failed shape checks; no file is good``
     verdict_text: str | None = None
+    #: the Slurm job id on a Slurm host (a ``pending`` run with one waits in Slurm's queue)
+    scheduler_job: str | None = None
 
 
 class MilestonePublic(BaseModel):

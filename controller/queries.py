@@ -106,6 +106,7 @@ def _run(conn: sqlite3.Connection, row: sqlite3.Row) -> RunPublic:
         open_alerts=open_alerts,
         verdict=verdict.verdict(state, tally),
         verdict_text=verdict.verdict_text(state, tally),
+        scheduler_job=row["scheduler_job"],
     )
 
 

@@ -162,8 +162,11 @@ class RunOps:
             return run_id
 
         def launched(tx: Tx) -> None:
-            crud.set_pid(tx=tx, run_id=run_id, pid=result.get("pid"))
-            crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCHED, policy=self.policy)
+            job = result.get("job_id") if result.get("scheduler") == "slurm" else None
+            crud.set_pid(tx=tx, run_id=run_id, pid=result.get("pid"), scheduler_job=job)
+            # A Slurm job waits in the queue first: pending (with its job id) until the agent says running.
+            event = RunEvent.LAUNCHED if job is None else RunEvent.JOB_PENDING
+            crud.transition(tx=tx, run_id=run_id, event=event, policy=self.policy)
 
         await self.store.write(launched)
         self.supervisors.poke(parsed.host)
@@ -214,7 +217,7 @@ class RunOps:
         run = await self.store.read(queries.run_row, run_id)
         if is_terminal(run["state"]):
             raise Conflict(f"run {run_id} is already {run['state']}")
-        if run["state"] == "pending":
+        if run["state"] == "pending" and not run.get("scheduler_job"):
             raise Conflict(f"run {run_id} is pending (not launched yet)")
         async with self.supervisors.link_for(run["host"]) as link:
             result = await link.request("stop", run=run_id, timeout=120)

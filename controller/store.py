@@ -97,6 +97,7 @@ def create_schema(path: Path) -> None:
 #: Nullable columns added after a table was first created: (table, column, SQL type).
 ADDED_COLUMNS = (
     ("runs", "resumed_from", "VARCHAR"),
+    ("runs", "scheduler_job", "VARCHAR"),
     ("hosts", "scheduler", "VARCHAR"),
     ("hosts", "partition", "VARCHAR"),
     ("hosts", "account", "VARCHAR"),

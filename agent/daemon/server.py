@@ -355,7 +355,7 @@ class Daemon:
                 "text": f"submitted Slurm job {job_id}: {' '.join(argv)[:300]}",
             }
         )
-        journal.append({"type": "state", "state": "running"})
+        journal.append({"type": "state", "state": "pending", "reason": f"Slurm job {job_id} submitted"})
         journal.close()
         self._adopt(paths)
         return {

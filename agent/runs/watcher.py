@@ -96,8 +96,13 @@ class RunWatcher:
     # --- state -----------------------------------------------------------------------------------
     @property
     def state(self) -> str:
-        """``running`` until a terminal state is journaled."""
-        return self.summary.terminal or "running"
+        """``running`` until a terminal state is journaled (``pending`` while a Slurm job is queued)."""
+        if self.summary.terminal is not None:
+            return self.summary.terminal
+        sched = read_json(self.paths.sched) if self.paths.sched.exists() else None
+        if isinstance(sched, dict) and sched.get("phase") in ("submitted", "pending"):
+            return "pending"
+        return "running"
 
     def status(self) -> dict[str, Any]:
         """The ``status`` reply of this run."""

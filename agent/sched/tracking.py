@@ -53,6 +53,14 @@ def advance(
     if view is None:
         rec["vanished"] = True
         return rec, events, None
+    ran_before = prev.get("phase") in ("running", "ended")
+    if view.phase == "pending" and ran_before:  # requeued (preempted, node failure): waits again
+        events.append({"type": "state", "state": "pending", "reason": view.describe()})
+    elif not ran_before and (
+        view.phase == "running" or (view.phase == "ended" and view.outcome != "cancelled")
+    ):
+        # It left the queue (perhaps ending between two looks): the run was running, whatever comes next.
+        events.append({"type": "state", "state": "running"})
     rec.update(
         phase=view.phase, state=view.state, reason=view.reason, position=view.position, tasks=view.tasks
     )
@@ -68,7 +76,7 @@ def advance(
                 position=view.position,
             )
         )
-    elif view.phase == "running" and prev.get("phase") != "running":
+    elif view.phase in ("running", "ended") and not ran_before and view.outcome != "cancelled":
         events.append(
             milestone_event(
                 "scheduled",

@@ -116,9 +116,23 @@ def test_advance_journals_queue_changes_start_and_end_once() -> None:
     assert events == []  # one warning per outage
     timeout = combine("5", parse_squeue("5|N/A|5|TIMEOUT|TimeLimit|15|1|gpu|\n"), None)
     rec, events, ended = advance(rec, timeout, None, 3, 5.0)
+    # it ran and ended between two looks: the run was running before it ended
+    assert [e.get("state") or e["kind"] for e in events] == ["running", "scheduled"]
     assert ended is not None and ended["scheduler_state"] == "TIMEOUT" and ended["signal_name"] == "SIGTERM"
     rec, _, _ = advance(rec, None, None, 3, 6.0)
     assert rec["vanished"] is True
+
+
+def test_a_requeued_job_is_pending_again_and_a_cancelled_queued_job_never_ran() -> None:
+    running = combine("5", parse_squeue("5|N/A|5|RUNNING|None|0|1|gpu|\n"), None)
+    requeued = combine("5", parse_squeue("5|N/A|5|PENDING|BeginTime|0|1|gpu|\n"), None)
+    cancelled = combine("5", parse_squeue("5|N/A|5|CANCELLED|None|0|1|gpu|\n"), None)
+    rec, events, _ = advance({"job_id": "5"}, running, None, 0, 1.0)
+    assert [e.get("state") for e in events] == ["running", None]
+    rec, events, _ = advance(rec, requeued, None, 0, 2.0)
+    assert [e.get("state") or e["kind"] for e in events] == ["pending", "queued"]
+    _, events, ended = advance({"job_id": "5", "phase": "pending"}, cancelled, None, 0, 3.0)
+    assert events == [] and ended is not None and ended["scheduler_state"] == "CANCELLED"
 
 
 def test_final_state_of_slurm_outcomes() -> None:

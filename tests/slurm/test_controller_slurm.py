@@ -78,6 +78,32 @@ async def test_runs_on_a_slurm_host_complete_or_time_out(
             {"host": "hpc", "name": "hello", "backend": "command", "command": hello}
         )
         ext_id = await ctl.create_run(_extraction(tmp_path))
+        # A host whose jobs may not start for ten minutes: its run waits in the queue, then is stopped.
+        await ctl.add_host(
+            HostCreate(
+                name="later",
+                ssh=sshd.alias,
+                python=sys.executable,
+                state_dir=str(tmp_path / "agent"),
+                scheduler="slurm",
+                sbatch_args=["--begin=now+600"],
+                slurm_gpus="none",
+            )
+        )
+        held_id = await ctl.create_run(
+            {"host": "later", "name": "held", "backend": "command", "command": hello}
+        )
+
+        async def queued() -> Any:
+            run = await ctl.get_run(held_id)
+            return run if any(m.kind == "queued" for m in run.milestones) else None
+
+        held = await wait_for(queued, timeout=30, what="queued milestone")
+        assert held.state == "pending" and held.scheduler_job and held.scheduler_job.isdigit()
+        waiting = next(m for m in held.milestones if m.kind == "queued")
+        assert waiting.fields["reason"] == "BeginTime" and "reason BeginTime" in waiting.text
+        await ctl.stop_run(held_id)
+        stopped = await ctl.get_run(held_id)
         for run_id in (cmd_id, ext_id, timeout_id):
             await wait_for(lambda r=run_id: _ended(ctl, r), timeout=200, what=f"{run_id} ended")
         cmd, ext, late = [await ctl.get_run(r) for r in (cmd_id, ext_id, timeout_id)]
@@ -92,4 +118,6 @@ async def test_runs_on_a_slurm_host_complete_or_time_out(
     assert sorted(p.name for p in (tmp_path / "out").glob("hs_*.safetensors")) == [
         f"hs_{i}.safetensors" for i in range(4)
     ]
+    assert stopped.state == "stopped"
+    assert not any(m.kind == "scheduled" for m in stopped.milestones)  # it never ran
     assert late.state == "failed" and (late.failure_reason or "").startswith("TIMEOUT"), late.failure_reason
