@@ -1,0 +1,43 @@
+"""The Add-host page: a Slurm host from the form (CSRF-protected), errors next to their fields."""
+
+from __future__ import annotations
+
+import httpx
+
+from controller.service import Controller
+from tests.web.conftest import csrf_of
+
+PAYLOAD = "<script>alert(1)</script>"
+
+
+async def test_add_a_slurm_host_from_the_form(client: httpx.AsyncClient, ctl: Controller) -> None:
+    page = await client.get("/hosts/new")
+    assert page.status_code == 200 and 'name="sbatch_args"' in page.text
+    form = {"name": "hpc", "ssh": "login1", "python": "python3", "scheduler": "slurm", "partition": "gpu",
+            "account": "lab", "sbatch_args": "--qos=high\n\n--constraint=h200\n",
+            "slurm_gpus": "gres"}  # fmt: skip
+    assert (await client.post("/hosts/new", data=form)).status_code == 403  # no CSRF token
+    r = await client.post("/hosts/new", data={**form, "csrf_token": await csrf_of(client)})
+    assert r.status_code == 303 and r.headers["location"] == "/"
+    host = await ctl.get_host("hpc")
+    assert (host.scheduler, host.partition, host.account, host.slurm_gpus) == ("slurm", "gpu", "lab", "gres")
+    assert host.sbatch_args == ["--qos=high", "--constraint=h200"]
+    dash = (await client.get("/")).text
+    assert "Slurm · partition gpu · account lab" in dash
+
+
+async def test_bad_slurm_settings_show_next_to_their_field(
+    client: httpx.AsyncClient, ctl: Controller
+) -> None:
+    tok = await csrf_of(client)
+    form = {"csrf_token": tok, "name": "hpc", "ssh": "login1", "scheduler": "slurm",
+            "partition": "gpu" + PAYLOAD, "sbatch_args": "--output=/tmp/x"}  # fmt: skip
+    r = await client.post("/hosts/new", data=form)
+    assert r.status_code == 422
+    assert 'id="err-partition"' in r.text and "Slurm name" in r.text
+    assert 'id="err-sbatch_args"' in r.text and "--output is set by eaglewatch itself" in r.text
+    assert PAYLOAD not in r.text and "&lt;script&gt;" in r.text
+    plain = {"csrf_token": tok, "name": "h2", "ssh": "login1", "scheduler": "none", "partition": "gpu"}
+    r = await client.post("/hosts/new", data=plain)
+    assert r.status_code == 422 and "need scheduler" in r.text
+    assert await ctl.list_hosts() == []
