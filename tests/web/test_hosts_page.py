@@ -41,3 +41,28 @@ async def test_bad_slurm_settings_show_next_to_their_field(
     r = await client.post("/hosts/new", data=plain)
     assert r.status_code == 422 and "need scheduler" in r.text
     assert await ctl.list_hosts() == []
+
+
+async def test_api_adds_a_slurm_host_and_names_a_bad_field(client: httpx.AsyncClient) -> None:
+    tok = await csrf_of(client)
+    body = {
+        "name": "hpc",
+        "ssh": "login1",
+        "scheduler": "slurm",
+        "partition": "gpu",
+        "sbatch_args": ["--qos=x"],
+    }
+    r = await client.post("/api/hosts", json=body, headers={"x-csrf-token": tok})
+    assert r.status_code == 201, r.text
+    got = (await client.get("/api/hosts/hpc")).json()
+    assert (got["scheduler"], got["partition"], got["sbatch_args"], got["slurm_gpus"]) == (
+        "slurm",
+        "gpu",
+        ["--qos=x"],
+        "gpus-per-task",
+    )
+    bad = {"name": "h2", "ssh": "login1", "scheduler": "pbs"}
+    r = await client.post("/api/hosts", json=bad, headers={"x-csrf-token": tok})
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "scheduler"
+    schema = (await client.get("/openapi.json")).json()
+    assert "sbatch_args" in schema["components"]["schemas"]["HostCreate"]["properties"]
