@@ -73,6 +73,9 @@ def runs_start(
     expect_layers: Annotated[int | None, typer.Option("--expect-layers")] = None,
     expect_hidden_size: Annotated[int | None, typer.Option("--expect-hidden-size")] = None,
     on_shape_failure: Annotated[str | None, typer.Option("--on-shape-failure", help="alert | stop")] = None,
+    time_limit: Annotated[
+        int | None, typer.Option("--time-limit-minutes", help="Slurm hosts: the job's time limit (--time)")
+    ] = None,
 ) -> None:
     """Start a run; prints its id ({"id": …} with --json)."""
     spec: dict[str, Any] = {}
@@ -114,6 +117,7 @@ def runs_start(
             "batch_size": batch_size,
             "vllm_args": vllm_arg or None,
             "on_shape_failure": on_shape_failure,
+            "time_limit_minutes": time_limit,
         }
         spec.update({k: v for k, v in opts.items() if v is not None})
         if env:

@@ -16,9 +16,10 @@ FIELDS = (
     "name", "host", "backend", "model", "layers", "layer_convention", "tensor_parallel_size", "dataset",
     "max_samples", "seq_len", "batch_size", "output_dir", "env", "vllm_args", "command",
     "expect_layers", "expect_hidden_size", "on_shape_failure", "inject_fault", "disk_low_gib",
-    "allow_disk_overrun",
+    "allow_disk_overrun", "time_limit_minutes",
 )  # fmt: skip
-_INT_FIELDS = ("tensor_parallel_size", "max_samples", "seq_len", "batch_size", "disk_low_gib")
+_INT_FIELDS = ("tensor_parallel_size", "max_samples", "seq_len", "batch_size", "disk_low_gib",
+               "time_limit_minutes")  # fmt: skip
 _GENERAL = "_form"
 #: A whole number as typed: ASCII digits only (int() would also take "1_000" and other scripts' digits).
 _WHOLE_RE = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)

@@ -174,3 +174,26 @@ def test_one_squeue_per_interval_answers_for_every_run(slurm_cluster: Path, tmp_
     assert ends == ["completed"] * 3
     n = len(calls.read_text().splitlines())
     assert 2 <= n <= elapsed / 2 + 1, (n, elapsed)
+
+
+def test_a_job_gone_from_squeue_and_sacct_is_lost(slurm_cluster: Path, tmp_path: Path) -> None:
+    """The daemon comes back to a job id Slurm no longer knows (this cluster keeps no accounting)."""
+    state = tmp_path / "state"
+    agent = start_agent(state)
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    try:
+        with AgentClient(agent.socket) as c:
+            res = c.result("launch", run="g1", spec=_command(argv), scheduler=SLURM)
+        agent.kill()
+        subprocess.run(["scancel", res["job_id"]], check=True)
+        job_file = state / "runs" / "g1" / "job.json"
+        job = json.loads(job_file.read_text())
+        job_file.write_text(json.dumps({**job, "job_id": "999999"}))  # an id squeue and sacct never knew
+        agent = start_agent(state)
+        with AgentClient(agent.socket) as c:
+            evs = _events(c, "g1", timeout=40)
+    finally:
+        agent.kill()
+        cleanup_runs(state)
+    assert evs[-1]["state"] == "lost", evs[-3:]
+    assert json.loads((state / "runs" / "g1" / "sched.json").read_text())["vanished"] is True

@@ -66,3 +66,14 @@ async def test_api_adds_a_slurm_host_and_names_a_bad_field(client: httpx.AsyncCl
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "scheduler"
     schema = (await client.get("/openapi.json")).json()
     assert "sbatch_args" in schema["components"]["schemas"]["HostCreate"]["properties"]
+
+
+def test_the_run_form_carries_a_time_limit() -> None:
+    from web import forms
+
+    base = {"name": "r", "host": "hpc", "backend": "command", "command": "true"}
+    spec, errors = forms.check_form({**base, "time_limit_minutes": "30"})
+    assert errors == {} and spec["time_limit_minutes"] == 30
+    assert forms.spec_to_form(spec)["time_limit_minutes"] == "30"
+    _, errors = forms.check_form({**base, "time_limit_minutes": "0"})
+    assert "greater than or equal to 1" in errors["time_limit_minutes"]
