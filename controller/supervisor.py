@@ -198,13 +198,17 @@ class HostSupervisor:
             # Stays in `following` so this does not repeat every second; the next connection retries.
             log.warning("run %s: follow failed: %s", run_id, exc)
             return
-        if status.get("state") == "running" and run["state"] in ("unknown", "starting"):
+        if status.get("state") in ("running", "pending") and run["state"] in ("unknown", "starting"):
+            now = event_for_agent_state(str(status["state"]))  # pending: a Slurm job back in its queue
             await self.store.write(
-                lambda tx: crud.transition(
-                    tx=tx, run_id=run_id, event=RunEvent.JOB_RUNNING, policy=self.policy
-                )
+                lambda tx: crud.transition(tx=tx, run_id=run_id, event=now, policy=self.policy)
             )
-        elif status.get("state") in ("lost",) and run["state"] in ("unknown", "running", "starting"):
+        elif status.get("state") in ("lost",) and run["state"] in (
+            "unknown",
+            "running",
+            "starting",
+            "pending",
+        ):
             # A lost job never writes a final journal state of its own.
             ev = event_for_agent_state("lost")
             await self.store.write(
