@@ -25,11 +25,6 @@ class SlurmError(Exception):
     """Slurm refused or could not be reached; the message says which command and why."""
 
 
-def task_log(paths: RunPaths, task: int | None) -> Path:
-    """Where one array task writes (output.log itself for a plain job)."""
-    return paths.log if task is None else paths.dir / f"output.task-{task}.log"
-
-
 def batch_script(paths: RunPaths) -> str:
     """The batch script: fixed program text; the job itself comes from launch.json."""
     python = shlex.quote(sys.executable)
