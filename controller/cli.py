@@ -125,7 +125,7 @@ def hosts_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     if as_json:
         print_json([h.model_dump(mode="json") for h in hosts])
         return
-    table = Table("name", "ssh", "python", "reachable", "agent", "GPUs", "fingerprint")
+    table = Table("name", "ssh", "python", "reachable", "agent", "GPUs", "scheduler", "fingerprint")
     for h in hosts:
         reach = {True: "[green]yes[/]", False: "[red]no[/]", None: "?"}[h.reachable]
         table.add_row(
@@ -135,6 +135,7 @@ def hosts_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
             reach,
             Text(h.agent_version or "-"),
             str(len(h.gpus)),
+            Text(f"slurm {h.partition or ''}".strip() if h.scheduler else "-"),
             Text(h.fingerprint or "-"),
         )
     out.print(table)

@@ -203,5 +203,6 @@ def test_hosts_add_a_slurm_host_and_refuse_bad_slurm_options(tmp_path: Path, rea
     assert [
         (h["scheduler"], h["partition"], h["account"], h["sbatch_args"], h["slurm_gpus"]) for h in hosts
     ] == [("slurm", "gpu", "lab", ["--qos=high", "--constraint=h200"], "none")]
+    assert "slurm gpu" in cli(tmp_path, "hosts", "ls").stdout
     bad_limit = cli(tmp_path, "runs", "start", "--host", "hpc", "--time-limit-minutes", "0", "--", "true")
     assert bad_limit.returncode != 0 and "time_limit_minutes" in bad_limit.stderr
