@@ -1,4 +1,4 @@
-"""The Add-host page: a Slurm host from the form (CSRF-protected), errors next to their fields."""
+"""Slurm hosts on the web: the Add-host page and API (CSRF, errors by field), a queued run's page."""
 
 from __future__ import annotations
 
@@ -77,3 +77,37 @@ def test_the_run_form_carries_a_time_limit() -> None:
     assert forms.spec_to_form(spec)["time_limit_minutes"] == "30"
     _, errors = forms.check_form({**base, "time_limit_minutes": "0"})
     assert "greater than or equal to 1" in errors["time_limit_minutes"]
+
+
+async def test_a_queued_slurm_run_page_shows_its_job_and_why_it_waits(
+    client: httpx.AsyncClient, ctl: Controller
+) -> None:
+    """The run row and journal events as the agent on a Slurm host reports them (stored through crud)."""
+    import json
+
+    from controller import crud
+    from controller.lifecycle import RunEvent
+    from controller.store import Tx
+
+    tok = await csrf_of(client)
+    body = {"name": "hpc", "ssh": "login1", "scheduler": "slurm"}
+    assert (await client.post("/api/hosts", json=body, headers={"x-csrf-token": tok})).status_code == 201
+    spec = {"host": "hpc", "backend": "command", "command": ["true"]}
+    queued = {"seq": 2, "ts": 1.0, "type": "milestone", "kind": "queued", "line": 0, "rank": None,
+              "fields": {"job_id": "42", "reason": "Priority", "position": 3},
+              "text": "Slurm job 42 PENDING: waiting in the queue (reason Priority, position 3)"}  # fmt: skip
+
+    def seed(tx: Tx) -> None:
+        crud.insert_run(tx=tx, run_id="r-q", name="q", host="hpc", backend="command", model=None,
+                        spec_json=json.dumps(spec))  # fmt: skip
+        crud.transition(tx=tx, run_id="r-q", event=RunEvent.LAUNCH, policy=ctl.policy)
+        crud.set_pid(tx=tx, run_id="r-q", pid=None, scheduler_job="42")
+        crud.transition(tx=tx, run_id="r-q", event=RunEvent.JOB_PENDING, policy=ctl.policy)
+        crud.apply_events(tx=tx, run_id="r-q", events=[queued], policy=ctl.policy)
+
+    await ctl.store.write(seed)
+    run = await ctl.get_run("r-q")
+    assert run.state == "pending" and run.scheduler_job == "42"
+    html = (await client.get("/runs/r-q")).text
+    assert 'id="slurm-job"' in html and "42 · Slurm job 42 PENDING" in html and "position 3" in html
+    assert "Slurm job 42 is cancelled (scancel)" in html
