@@ -64,7 +64,8 @@ def validate_spec(spec: dict[str, Any] | RunSpec, host: dict[str, Any] | None) -
         errors.append({"field": "host", "message": f"no host named {parsed.host!r} (add it with: hosts add)"})
     else:
         gpus = json.loads(host.get("gpus_json") or "[]")
-        if gpus and parsed.tensor_parallel_size > len(gpus):
+        # A Slurm login node's own GPUs say nothing of the compute nodes' (Slurm refuses what none has).
+        if gpus and host.get("scheduler") != "slurm" and parsed.tensor_parallel_size > len(gpus):
             errors.append(
                 {
                     "field": "tensor_parallel_size",

@@ -111,3 +111,23 @@ async def test_a_queued_slurm_run_page_shows_its_job_and_why_it_waits(
     html = (await client.get("/runs/r-q")).text
     assert 'id="slurm-job"' in html and "42 · Slurm job 42 PENDING" in html and "position 3" in html
     assert "Slurm job 42 is cancelled (scancel)" in html
+
+
+def test_a_login_nodes_own_gpus_do_not_limit_tensor_parallel() -> None:
+    import json
+
+    import pytest
+
+    from controller.errors import SpecInvalid
+    from controller.runs import scheduler_args, validate_spec
+
+    spec = {"host": "hpc", "backend": "command", "command": ["true"], "tensor_parallel_size": 8}
+    login = {"name": "hpc", "gpus_json": json.dumps([{"index": 0}]), "scheduler": "slurm",
+             "partition": "gpu", "account": None, "sbatch_args_json": '["--qos=x"]',
+             "slurm_gpus": "gres"}  # fmt: skip
+    assert validate_spec(spec, login).tensor_parallel_size == 8
+    with pytest.raises(SpecInvalid, match="8 > 1 GPUs"):
+        validate_spec(spec, {**login, "scheduler": None})
+    assert scheduler_args(login) == {"kind": "slurm", "partition": "gpu", "account": None,
+                                     "sbatch_args": ["--qos=x"], "gpus": "gres"}  # fmt: skip
+    assert scheduler_args({**login, "scheduler": None}) is None
