@@ -58,7 +58,7 @@ def apply_look(
     return events, exit_rec is not None or bool(rec.get("vanished"))
 
 
-def stop(paths: RunPaths, grace_s: float, poll_s: float = 1.0) -> dict[str, Any]:
+def stop(paths: RunPaths, grace_s: float, poll_s: float = 2.0) -> dict[str, Any]:
     """scancel the whole job, then wait until Slurm says it ended (sacct where kept, else squeue)."""
     job = read_json(paths.job)
     job = job if isinstance(job, dict) else {}
