@@ -25,9 +25,9 @@ from agent.logs.splitter import Line, LineSplitter
 from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse
 from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, load_rules
 from agent.paths import RunPaths, atomic_write_json, read_json
+from agent.runs.capture_checks import OutputChecks
 from agent.runs.jobspec import JobSpec
 from agent.runs.journal import Journal, scan
-from agent.runs.outputs import check_events, check_file, complete_files, shard_gaps, shard_window
 from agent.runs.summary import RunSummary, final_state, milestone_event
 from agent.sched.logmerge import LogMerger, shard_of
 
@@ -49,7 +49,7 @@ def _milestone_key(ev: dict[str, Any]) -> tuple[Any, ...]:
     return (ev.get("kind"), ev.get("line"), ev.get("rank"), ev.get("text"))
 
 
-class RunWatcher:
+class RunWatcher(OutputChecks):
     """Everything the daemon knows about one run, and the task that watches it while it is active."""
 
     def __init__(
@@ -359,71 +359,12 @@ class RunWatcher:
         self._save_cursor(force=True)
         self.log_changed.notify()
 
-    # --- outputs ---------------------------------------------------------------------------------
-    async def _scan_outputs(self, final: bool) -> None:
-        """Check each capture file once it is complete: same size on two looks and no ``.lock`` beside it."""
-        out = self.spec.output_dir
-        if not out or self._checking or not os.path.isdir(out):
-            return
-        window = shard_window(out, self.spec.shard)
-        if self.spec.shard is not None and window is None:
-            return  # a shard's job writes its manifest (its range) before any file: none of its files yet
-        ready = complete_files(out, self.checked, self._pending_files, self._recovered_checks, final, window)
-        if not ready:
-            return
-        self._checking = True
-        try:
-            for name, sig in ready:
-                self._pending_files.pop(name, None)
-                report = await self._check(os.path.join(out, name))
-                self.checked[name] = list(sig)
-                self._record_check(name, report)
-        finally:
-            self._checking = False
-        self._save_cursor(force=True)
-
-    async def _check(self, path: str, deep: bool = True) -> dict[str, Any]:
-        spec = self.spec
-        return await check_file(
-            path,
-            layers=spec.expect_layers,
-            hidden_size=spec.expect_hidden_size,
-            model=spec.model,
-            layer_ids=spec.layers,
-            deep=deep,
-        )
-
-    def _record_check(self, name: str, report: dict[str, Any]) -> None:
-        for ev in check_events(name, report, self.line):
-            self._append(ev)
-        problems = list(report.get("problems") or [])
-        if problems:
-            p = problems[0]
-            self._shape_failed(f"shape check failed: {p.get('code')} in {p.get('file', name)}")
-
+    # --- outputs (capture_checks.py) ----------------------------------------------------------------
     def _shape_failed(self, reason: str) -> None:
         """on_shape_failure = stop is decided here only, once; the controller records what follows."""
         if self.spec.on_shape_failure == "stop" and not self._stop_requested:
             self._stop_requested = True
             self.stopper(self.paths.run, reason)
-
-    async def _check_index_gaps(self) -> None:
-        """Once, at the end: a header-only look at the whole output dir for missing hs_N/data_N indices."""
-        out = self.spec.output_dir
-        if not out or not os.path.isdir(out) or "." in self.checked:
-            return
-        self.checked["."] = [0, 0]
-        if "." in self._recovered_checks:
-            return
-        if self.spec.shard is not None:  # its own range only: other shards may still be writing theirs
-            found = await asyncio.to_thread(shard_gaps, out, self.spec.shard)
-            if found:
-                self._record_check(".", {"ok": False, "format": None, "problems": found})
-            return
-        report = await self._check(out, deep=False)
-        gaps = [p for p in report.get("problems") or [] if p.get("code") == "index_gap"]
-        if gaps:
-            self._record_check(".", {"ok": False, "format": report.get("format"), "problems": gaps})
 
     # --- the end ---------------------------------------------------------------------------------
     async def _warn_leftovers(self) -> None:
