@@ -81,6 +81,11 @@ class RunPaths:
         return self.dir / "cursor.json"
 
     @property
+    def sched(self) -> Path:
+        """The scheduler's last word on a submitted job (Slurm: state, reason, queue position, tasks)."""
+        return self.dir / "sched.json"
+
+    @property
     def supervisor_log(self) -> Path:
         """The supervisor's own stderr (start failures)."""
         return self.dir / "supervisor.log"

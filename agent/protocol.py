@@ -29,12 +29,20 @@ Requests (args → result):
 - ``version`` → ``{"agent_version", "protocol", "python", "hostname"}``
 - ``launch {run, spec}`` → ``{"run", "pid", "start_time", "argv"}``; ``spec`` is a run spec dict
   (agent/spec.py); backend ``command`` runs ``spec.command``, the others run ``eaglewatch-agent extract``.
+  Optional ``scheduler``: ``{"kind": "slurm", "partition"?, "account"?, "sbatch_args"?: [str],
+  "gpus"?: "gpus-per-task" | "gres" | "none", "shards"?: N}`` (agent/sched/options.py) submits the run with
+  ``sbatch`` instead of starting it; the result is then ``{"run", "pid": null, "start_time": null, "argv",
+  "scheduler": "slurm", "job_id"}``. With ``shards`` (and no ``spec.shard``) it is one array job of N tasks,
+  task i running the spec with ``shard {"index": i, "count": N}``; its milestones carry ``fields.shard``.
 - ``stop {run, grace_s?}`` → ``{"run", "killed": [{"pid", "cmdline", "signal"}], "remaining": [pid...],
   "confirmed": bool, "gpu_released": bool | null}`` (``gpu_released``: no killed pid still holds GPU memory
   according to nvidia-smi; null where there is no GPU)
 - ``list`` → ``{"runs": [<status>...]}``; ``status {run}`` → ``<status>`` =
   ``{"run", "state", "pid", "start_time", "exit": {"code", "signal"} | null, "last_seq", "log_size"}``
-  with ``state`` one of ``running | completed | failed | stopped | lost``.
+  with ``state`` one of ``running | completed | failed | stopped | lost`` (``pending`` while a Slurm job
+  waits in the queue) and, for a Slurm job, ``scheduler``: ``{"job_id", "array", "phase", "state",
+  "reason", "position", "tasks", "error", "vanished"?}``; ``stop`` of a Slurm job is one ``scancel``
+  (``killed`` empty, ``job_id``, ``scheduler_state``, ``confirmed`` once Slurm reports it ended).
 - ``follow {run, after_seq=0, log_offset?}`` → ``{"run", "last_seq"}`` then the stream above;
   ``unfollow {run}``.
 - ``read_log {run, offset=0, limit=65536}`` → ``{"run", "offset", "next_offset", "size", "data"}``

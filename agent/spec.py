@@ -267,6 +267,13 @@ class RunSpecBase(BaseModel):
                 raise ValueError(f"host {repeated[0]!r} is listed twice")
         return v
 
+    time_limit_minutes: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=limits.MAX_TIME_LIMIT_MINUTES,
+        description="on a Slurm host: the job's time limit (sbatch --time); the scheduler ends it after",
+    )
+
     @field_validator("rules")
     @classmethod
     def _rules(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:

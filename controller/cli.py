@@ -56,6 +56,19 @@ def hosts_add(
         str, typer.Option("--python", help="the host's Python (the one with vLLM)")
     ] = "python3",
     state_dir: Annotated[str | None, typer.Option("--state-dir", hidden=True)] = None,
+    scheduler: Annotated[
+        str | None, typer.Option("--scheduler", help="'slurm': a login node; runs are submitted with sbatch")
+    ] = None,
+    partition: Annotated[str | None, typer.Option("--partition", help="Slurm partition")] = None,
+    account: Annotated[str | None, typer.Option("--account", help="Slurm account")] = None,
+    sbatch_arg: Annotated[
+        list[str] | None,
+        typer.Option("--sbatch-arg", help="extra sbatch option --name=value (repeatable)"),
+    ] = None,
+    slurm_gpus: Annotated[
+        str,
+        typer.Option("--slurm-gpus", help="how runs ask for GPUs: gpus-per-task, gres or none (CPU nodes)"),
+    ] = "gpus-per-task",
 ) -> None:
     """Add a host; shows its SSH key fingerprint and connects only if known_hosts trusts it."""
     from pydantic import ValidationError
@@ -63,7 +76,19 @@ def hosts_add(
     from controller.runs import validation_errors
 
     try:
-        spec = HostCreate(name=name, ssh=ssh, python=python, state_dir=state_dir)
+        spec = HostCreate.model_validate(
+            {
+                "name": name,
+                "ssh": ssh,
+                "python": python,
+                "state_dir": state_dir,
+                "scheduler": scheduler,
+                "partition": partition,
+                "account": account,
+                "sbatch_args": sbatch_arg or [],
+                "slurm_gpus": slurm_gpus,
+            }
+        )
     except ValidationError as exc:
         invalid(SpecInvalid(validation_errors(exc)))
 
@@ -100,7 +125,7 @@ def hosts_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     if as_json:
         print_json([h.model_dump(mode="json") for h in hosts])
         return
-    table = Table("name", "ssh", "python", "reachable", "agent", "GPUs", "fingerprint")
+    table = Table("name", "ssh", "python", "reachable", "agent", "GPUs", "scheduler", "fingerprint")
     for h in hosts:
         reach = {True: "[green]yes[/]", False: "[red]no[/]", None: "?"}[h.reachable]
         table.add_row(
@@ -110,6 +135,7 @@ def hosts_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
             reach,
             Text(h.agent_version or "-"),
             str(len(h.gpus)),
+            Text(f"slurm {h.partition or ''}".strip() if h.scheduler else "-"),
             Text(h.fingerprint or "-"),
         )
     out.print(table)

@@ -79,6 +79,9 @@ def runs_start(
     shards: Annotated[
         int | None, typer.Option("--shards", help="split the dataset into N shard jobs over the hosts' GPUs")
     ] = None,
+    time_limit: Annotated[
+        int | None, typer.Option("--time-limit-minutes", help="Slurm hosts: the job's time limit (--time)")
+    ] = None,
 ) -> None:
     """Start a run; prints its id ({"id": …} with --json)."""
     spec: dict[str, Any] = {}
@@ -121,6 +124,7 @@ def runs_start(
             "vllm_args": vllm_arg or None,
             "on_shape_failure": on_shape_failure,
             "shards": shards,
+            "time_limit_minutes": time_limit,
         }
         spec.update({k: v for k, v in opts.items() if v is not None})
         if env:

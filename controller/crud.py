@@ -146,9 +146,9 @@ def insert_run(
     publish_run(tx=tx, run_id=run_id)
 
 
-def set_pid(*, tx: Tx, run_id: str, pid: int | None) -> None:
-    """The job's pid as the agent reported it at launch."""
-    tx.conn.execute("UPDATE runs SET pid=? WHERE id=?", (pid, run_id))
+def set_pid(*, tx: Tx, run_id: str, pid: int | None, scheduler_job: str | None = None) -> None:
+    """The job's pid (or Slurm job id) as the agent reported it at launch."""
+    tx.conn.execute("UPDATE runs SET pid=?, scheduler_job=? WHERE id=?", (pid, scheduler_job, run_id))
 
 
 _SET_STATE = (
@@ -266,7 +266,7 @@ def insert_host(*, tx: Tx, host: HostCreate) -> None:
     """A new host; Conflict when the name exists."""
     if tx.conn.execute("SELECT 1 FROM hosts WHERE name=?", (host.name,)).fetchone():
         raise Conflict(f"host {host.name!r} already exists")
-    _insert(tx, Host(**host.model_dump(), created_at=tx.now))
+    _insert(tx, Host(**host.to_row(), created_at=tx.now))
     publish_host(tx=tx, name=host.name)
 
 

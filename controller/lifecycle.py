@@ -2,7 +2,11 @@
 
 How it works
 ------------
-``pending`` is written before anything is sent to the agent; ``launch`` moves it to ``starting``; the
+``pending`` is written before anything is sent to the agent; ``launch`` moves it to ``starting``; on a
+Slurm host the job then waits in the scheduler's queue: the agent's ``pending`` (``job_pending``) moves the
+run back to ``pending`` (the controller tells it apart from a never-launched run by its Slurm job id), and
+a requeued job goes from ``running`` to ``pending`` again; a queued job may be stopped, fail or be lost
+but not complete before it ran; the
 agent's launch reply (``launched``) or a journal ``running`` state moves it to ``running``; the journal's
 final state moves it to ``completed | failed | stopped``; the agent not knowing the job any more, with no exit
 status, is ``lost``.  A dropped link turns ``starting``/``running`` into ``unknown`` (never ``failed``); on
@@ -34,6 +38,7 @@ class RunEvent(StrEnum):
     LAUNCH = "launch"  # controller sends the launch request
     LAUNCH_FAILED = "launch_failed"  # agent refused / unreachable before the job existed
     LAUNCHED = "launched"  # agent replied with a pid
+    JOB_PENDING = "job_pending"  # agent status / journal: waiting in a scheduler's queue (Slurm)
     JOB_RUNNING = "job_running"  # agent status / journal: running
     JOB_COMPLETED = "job_completed"
     JOB_FAILED = "job_failed"
@@ -53,16 +58,38 @@ _FINISH: dict[RunEvent, RunState] = {
 }
 
 TRANSITIONS: dict[RunState, dict[RunEvent, RunState]] = {
-    S.PENDING: {E.LAUNCH: S.STARTING, E.LAUNCH_FAILED: S.FAILED, E.LINK_DOWN: S.PENDING},
+    S.PENDING: {
+        E.LAUNCH: S.STARTING,
+        E.LAUNCH_FAILED: S.FAILED,
+        E.LINK_DOWN: S.PENDING,
+        E.JOB_PENDING: S.PENDING,
+        E.JOB_RUNNING: S.RUNNING,
+        E.JOB_FAILED: S.FAILED,
+        E.JOB_STOPPED: S.STOPPED,
+        E.JOB_LOST: S.LOST,
+    },
     S.STARTING: {
         E.LAUNCH_FAILED: S.FAILED,
         E.LAUNCHED: S.RUNNING,
+        E.JOB_PENDING: S.PENDING,
         E.JOB_RUNNING: S.RUNNING,
         E.LINK_DOWN: S.UNKNOWN,
         **_FINISH,
     },
-    S.RUNNING: {E.LAUNCHED: S.RUNNING, E.JOB_RUNNING: S.RUNNING, E.LINK_DOWN: S.UNKNOWN, **_FINISH},
-    S.UNKNOWN: {E.LAUNCHED: S.RUNNING, E.JOB_RUNNING: S.RUNNING, E.LINK_DOWN: S.UNKNOWN, **_FINISH},
+    S.RUNNING: {
+        E.LAUNCHED: S.RUNNING,
+        E.JOB_PENDING: S.PENDING,
+        E.JOB_RUNNING: S.RUNNING,
+        E.LINK_DOWN: S.UNKNOWN,
+        **_FINISH,
+    },
+    S.UNKNOWN: {
+        E.LAUNCHED: S.RUNNING,
+        E.JOB_PENDING: S.PENDING,
+        E.JOB_RUNNING: S.RUNNING,
+        E.LINK_DOWN: S.UNKNOWN,
+        **_FINISH,
+    },
     # Terminal: only the same outcome again (a replayed journal event, a late status) is accepted.
     S.COMPLETED: {E.JOB_COMPLETED: S.COMPLETED, E.LINK_DOWN: S.COMPLETED},
     S.FAILED: {E.JOB_FAILED: S.FAILED, E.LAUNCH_FAILED: S.FAILED, E.LINK_DOWN: S.FAILED},
@@ -72,6 +99,7 @@ TRANSITIONS: dict[RunState, dict[RunEvent, RunState]] = {
 
 #: Agent job states (protocol ``status``/journal ``state``) → the event they mean.
 AGENT_STATE_EVENTS: dict[str, RunEvent] = {
+    "pending": E.JOB_PENDING,
     "running": E.JOB_RUNNING,
     "completed": E.JOB_COMPLETED,
     "failed": E.JOB_FAILED,

@@ -6,13 +6,15 @@ JSON columns are stored as TEXT and decoded into the public models.
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from pydantic import Field as PField
 from sqlalchemy import Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
+from agent.sched.options import sbatch_arg_problem, slurm_name_problem
 from controller.sshdest import parse_destination
 
 SCHEMA_VERSION = 1
@@ -43,6 +45,11 @@ class Host(SQLModel, table=True):
     fingerprint: str | None = None
     gpus_json: str = "[]"
     last_error: str | None = None
+    scheduler: str | None = None  # "slurm": runs are submitted with sbatch on this (login) host
+    partition: str | None = None
+    account: str | None = None
+    sbatch_args_json: str | None = None
+    slurm_gpus: str | None = None
 
 
 class Run(SQLModel, table=True):
@@ -70,6 +77,8 @@ class Run(SQLModel, table=True):
     progress_interval_s: float | None = None
     #: The run this one resumes (same spec and output directory), if any.
     resumed_from: str | None = None
+    #: The Slurm job id of a run submitted on a Slurm host (set from the launch reply).
+    scheduler_job: str | None = None
     #: A sharded run (the one users see): its number of shards; its shards' jobs are runs of their own.
     shards: int | None = None
     #: A shard's job: the sharded run it belongs to (hidden from run lists) and its shard index.
@@ -189,6 +198,49 @@ class HostCreate(BaseModel):
     )
     python: str = PField(default="python3", min_length=1, max_length=1024)
     state_dir: str | None = PField(default=None, description="agent state directory (default: agent's)")
+    scheduler: Literal["slurm"] | None = PField(
+        default=None, description="'slurm': a login node; each run is submitted as a Slurm job"
+    )
+    partition: str | None = PField(default=None, description="Slurm partition (sbatch --partition)")
+    account: str | None = PField(default=None, description="Slurm account (sbatch --account)")
+    sbatch_args: list[str] = PField(
+        default_factory=list, max_length=64, description="extra sbatch options, one --name[=value] each"
+    )
+    slurm_gpus: Literal["gpus-per-task", "gres", "none"] = PField(
+        default="gpus-per-task", description="how a run asks Slurm for its GPUs (none: CPU-only nodes)"
+    )
+
+    @field_validator("partition", "account")
+    @classmethod
+    def _slurm_name(cls, v: str | None) -> str | None:
+        problem = slurm_name_problem("value", v or None)
+        if problem:
+            raise ValueError(problem)
+        return v or None
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _sbatch_args(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            problem = sbatch_arg_problem(arg)
+            if problem:
+                raise ValueError(problem)
+        return v
+
+    @model_validator(mode="after")
+    def _slurm_only(self) -> HostCreate:
+        if self.scheduler is None:
+            given = [f for f in ("partition", "account", "sbatch_args") if getattr(self, f)]
+            if given:
+                raise ValueError(f"{', '.join(given)} need scheduler 'slurm' (--scheduler slurm)")
+        return self
+
+    def to_row(self) -> dict[str, Any]:
+        """The hosts table's columns for this host."""
+        data = self.model_dump(exclude={"sbatch_args"})
+        data["sbatch_args_json"] = json.dumps(self.sbatch_args) if self.scheduler else None
+        data["slurm_gpus"] = self.slurm_gpus if self.scheduler else None
+        return data
 
     @field_validator("ssh")
     @classmethod
@@ -212,6 +264,11 @@ class HostPublic(BaseModel):
     fingerprint: str | None
     gpus: list[dict[str, Any]]
     last_error: str | None = None
+    scheduler: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    sbatch_args: list[str] = []
+    slurm_gpus: str | None = None
 
 
 class AlertPublic(BaseModel):
@@ -250,6 +307,8 @@ class RunPublic(BaseModel):
     verdict: str | None = None
     #: the verdict in a sentence: ``completed — 24 of 24 files failed shape checks; no file is good``
     verdict_text: str | None = None
+    #: the Slurm job id on a Slurm host (a ``pending`` run with one waits in Slurm's queue)
+    scheduler_job: str | None = None
 
 
 class MilestonePublic(BaseModel):

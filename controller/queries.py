@@ -38,6 +38,11 @@ def _host(row: sqlite3.Row) -> HostPublic:
         fingerprint=row["fingerprint"],
         gpus=json.loads(row["gpus_json"] or "[]"),
         last_error=row["last_error"],
+        scheduler=row["scheduler"],
+        partition=row["partition"],
+        account=row["account"],
+        sbatch_args=json.loads(row["sbatch_args_json"] or "[]"),
+        slurm_gpus=row["slurm_gpus"],
     )
 
 
@@ -115,6 +120,7 @@ def _run(conn: sqlite3.Connection, row: sqlite3.Row) -> RunPublic:
         open_alerts=open_alerts,
         verdict=verdict.verdict(state, tally),
         verdict_text=verdict.verdict_text(state, tally),
+        scheduler_job=row["scheduler_job"],
     )
 
 

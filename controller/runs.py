@@ -63,7 +63,8 @@ def validate_spec(spec: dict[str, Any] | RunSpec, hosts: dict[str, dict[str, Any
     errors = _unknown_hosts(hosts)
     for row in (r for r in hosts.values() if r is not None):
         gpus = json.loads(row.get("gpus_json") or "[]")
-        if gpus and parsed.tensor_parallel_size > len(gpus):
+        # A Slurm login node's own GPUs say nothing of the compute nodes' (Slurm refuses what none has).
+        if gpus and row.get("scheduler") != "slurm" and parsed.tensor_parallel_size > len(gpus):
             errors.append(
                 {
                     "field": "tensor_parallel_size",
@@ -101,6 +102,19 @@ def spec_hosts(spec: dict[str, Any] | RunSpec) -> list[str]:
     given = spec.get("host") if isinstance(spec, dict) else None
     names = [given] if isinstance(given, str) else given if isinstance(given, list) else []
     return [n for n in names if isinstance(n, str) and n][:64]
+
+
+def scheduler_args(host: dict[str, Any]) -> dict[str, Any] | None:
+    """The launch's ``scheduler`` object for a Slurm host (agent/sched/options.py), None for a plain one."""
+    if host.get("scheduler") != "slurm":
+        return None
+    return {
+        "kind": "slurm",
+        "partition": host.get("partition"),
+        "account": host.get("account"),
+        "sbatch_args": json.loads(host.get("sbatch_args_json") or "[]"),
+        "gpus": host.get("slurm_gpus") or "gpus-per-task",
+    }
 
 
 class RunOps:
@@ -158,8 +172,13 @@ class RunOps:
     async def launch(self, run_id: str, host: str, spec_dict: dict[str, Any]) -> None:
         """Ask ``host``'s agent to launch a written (starting) run; a refusal fails it with the reason."""
         try:
+            row = await self.store.read(queries.host_row, host)
+        except NotFound:
+            row = {}
+        extra = {"scheduler": sched} if (sched := scheduler_args(row)) else {}
+        try:
             async with self.supervisors.link_for(host) as link:
-                result = await link.request("launch", run=run_id, spec=spec_dict, timeout=120)
+                result = await link.request("launch", run=run_id, spec=spec_dict, timeout=120, **extra)
         except (AgentError, Unreachable) as exc:
             reason = f"launch failed: {exc.message}"
             await self.store.write(
@@ -170,8 +189,11 @@ class RunOps:
             return
 
         def launched(tx: Tx) -> None:
-            crud.set_pid(tx=tx, run_id=run_id, pid=result.get("pid"))
-            crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCHED, policy=self.policy)
+            job = result.get("job_id") if result.get("scheduler") == "slurm" else None
+            crud.set_pid(tx=tx, run_id=run_id, pid=result.get("pid"), scheduler_job=job)
+            # A Slurm job waits in the queue first: pending (with its job id) until the agent says running.
+            event = RunEvent.LAUNCHED if job is None else RunEvent.JOB_PENDING
+            crud.transition(tx=tx, run_id=run_id, event=event, policy=self.policy)
 
         await self.store.write(launched)
         self.supervisors.poke(host)
@@ -242,7 +264,7 @@ class RunOps:
             raise Conflict(f"run {run_id} is already {run['state']}")
         if run["shards"]:
             return await self.sharded.stop(run)
-        if run["state"] == "pending":
+        if run["state"] == "pending" and not run.get("scheduler_job"):
             raise Conflict(f"run {run_id} is pending (not launched yet)")
         async with self.supervisors.link_for(run["host"]) as link:
             result = await link.request("stop", run=run_id, timeout=120)

@@ -100,6 +100,12 @@ ADDED_COLUMNS = (
     ("runs", "shards", "INTEGER"),
     ("runs", "shard_of", "VARCHAR"),
     ("runs", "shard_index", "INTEGER"),
+    ("runs", "scheduler_job", "VARCHAR"),
+    ("hosts", "scheduler", "VARCHAR"),
+    ("hosts", "partition", "VARCHAR"),
+    ("hosts", "account", "VARCHAR"),
+    ("hosts", "sbatch_args_json", "VARCHAR"),
+    ("hosts", "slurm_gpus", "VARCHAR"),
 )
 
 

@@ -131,8 +131,8 @@ class HostSupervisor:
     async def follow_new(self, link: Link) -> None:
         """Follow every unfinished run of this host not followed yet (from its stored seq and offset)."""
         for run in await self.store.read(queries.nonterminal_runs, self.name):
-            if run["id"] in self.following or run["state"] == "pending":
-                continue
+            if run["id"] in self.following or (run["state"] == "pending" and not run.get("scheduler_job")):
+                continue  # pending without a Slurm job id: not launched yet
             # A run still 'starting' is being launched by some controller; follow it once launched
             # (or, if that controller died mid-launch, after a grace period).
             if run["state"] != "starting" or time.time() - run["created_at"] > 30:
@@ -175,7 +175,7 @@ class HostSupervisor:
         try:
             status = await link.request("status", run=run_id)
         except AgentError as exc:
-            if exc.agent_code == "not_found" and run["state"] != "pending":
+            if exc.agent_code == "not_found" and (run["state"] != "pending" or run.get("scheduler_job")):
                 # Never launched (a controller died mid-launch) or forgotten by the host: it cannot run.
                 event = RunEvent.LAUNCH_FAILED if run["state"] == "starting" else RunEvent.JOB_LOST
                 reason = (
@@ -198,13 +198,17 @@ class HostSupervisor:
             # Stays in `following` so this does not repeat every second; the next connection retries.
             log.warning("run %s: follow failed: %s", run_id, exc)
             return
-        if status.get("state") == "running" and run["state"] in ("unknown", "starting"):
+        if status.get("state") in ("running", "pending") and run["state"] in ("unknown", "starting"):
+            now = event_for_agent_state(str(status["state"]))  # pending: a Slurm job back in its queue
             await self.store.write(
-                lambda tx: crud.transition(
-                    tx=tx, run_id=run_id, event=RunEvent.JOB_RUNNING, policy=self.policy
-                )
+                lambda tx: crud.transition(tx=tx, run_id=run_id, event=now, policy=self.policy)
             )
-        elif status.get("state") in ("lost",) and run["state"] in ("unknown", "running", "starting"):
+        elif status.get("state") in ("lost",) and run["state"] in (
+            "unknown",
+            "running",
+            "starting",
+            "pending",
+        ):
             # A lost job never writes a final journal state of its own.
             ev = event_for_agent_state("lost")
             await self.store.write(

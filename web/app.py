@@ -20,7 +20,7 @@ from agent import limits
 from controller.errors import ControllerError
 from controller.service import Controller
 from controller.settings import Settings, ensure_home
-from web import api, filters, metrics, pages, security
+from web import api, filters, hosts_page, metrics, pages, security
 from web.login_links import LoginLinks
 from web.middleware import BodyLimit, WebSecurity
 from web.run_templates import TemplateStore
@@ -121,6 +121,8 @@ def create_app(
     app.include_router(metrics.router)
     app.include_router(pages.router)
     app.include_router(pages.post_router)
+    app.include_router(hosts_page.router)
+    app.include_router(hosts_page.post_router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     _install_error_handlers(app)
     return app

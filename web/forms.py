@@ -16,8 +16,8 @@ FIELDS = (
     "name", "host", "backend", "model", "layers", "layer_convention", "tensor_parallel_size", "dataset",
     "max_samples", "seq_len", "batch_size", "output_dir", "env", "vllm_args", "command",
     "expect_layers", "expect_hidden_size", "on_shape_failure", "inject_fault", "disk_low_gib",
-    "allow_disk_overrun", "shards", "pipeline_scripts_dir", "pipeline_python", "pipeline_args",
-    "server_port", "nproc_per_node",
+    "allow_disk_overrun", "shards", "time_limit_minutes", "pipeline_scripts_dir", "pipeline_python",
+    "pipeline_args", "server_port", "nproc_per_node",
 )  # fmt: skip
 #: Form field → (backend's options key, option) for the speculators / SpecForge options.
 _PIPELINE_FIELDS = {
@@ -27,7 +27,10 @@ _PIPELINE_FIELDS = {
     "server_port": {"speculators": "port"},
     "nproc_per_node": {"specforge": "nproc_per_node"},
 }
-_INT_FIELDS = ("tensor_parallel_size", "max_samples", "seq_len", "batch_size", "disk_low_gib", "shards")
+_INT_FIELDS = (
+    "tensor_parallel_size", "max_samples", "seq_len", "batch_size", "disk_low_gib", "shards",
+    "time_limit_minutes",
+)  # fmt: skip
 _GENERAL = "_form"
 #: A whole number as typed: ASCII digits only (int() would also take "1_000" and other scripts' digits).
 _WHOLE_RE = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)

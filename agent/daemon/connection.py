@@ -54,7 +54,7 @@ class Host(Protocol):
         """The run named by ``args["run"]`` or an OpError."""
         ...
 
-    async def launch(self, run: Any, spec: Any) -> dict[str, Any]:
+    async def launch(self, run: Any, spec: Any, scheduler: Any = None) -> dict[str, Any]:
         """Start a run."""
         ...
 
@@ -194,7 +194,7 @@ class Connection:
 
     async def op_launch(self, args: dict[str, Any]) -> dict[str, Any]:
         """Start a run."""
-        return await self.daemon.launch(args["run"], args["spec"])
+        return await self.daemon.launch(args["run"], args["spec"], args.get("scheduler"))
 
     async def op_stop(self, args: dict[str, Any]) -> dict[str, Any]:
         """Stop a run: SIGTERM, grace, SIGKILL, confirm; wait briefly for its final state."""

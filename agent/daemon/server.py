@@ -20,12 +20,26 @@ from agent.jobs import control as jobs
 from agent.jobs.procfs import boot_id
 from agent.logs.tail import POLL_INTERVAL_S, Inotify
 from agent.milestones.engine import RuleError, load_rules
-from agent.paths import RunPaths, atomic_write_json, read_json, run_paths, runs_dir, valid_run_id
+from agent.paths import (
+    RUN_ID_ENV,
+    RunPaths,
+    atomic_write_json,
+    read_json,
+    run_paths,
+    runs_dir,
+    valid_run_id,
+)
 from agent.protocol import ErrorCode
 from agent.runs.jobspec import JobSpec, SpecError
 from agent.runs.journal import Journal
 from agent.runs.outdir import launch_output_dir_error
 from agent.runs.watcher import RunWatcher
+from agent.sched import jobs as sched_jobs
+from agent.sched import slurm
+from agent.sched.logmerge import LogMerger
+from agent.sched.options import SlurmOptions
+from agent.sched.poller import SlurmPoller
+from agent.sched.slurmstate import JobView
 
 log = logging.getLogger("eaglewatch.agent")
 #: How long a starting daemon waits for a shutting-down one to release the state dir.
@@ -50,6 +64,7 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._lock_fd = -1
         self._bg: set[asyncio.Task[Any]] = set()
+        self.slurm = SlurmPoller(self._on_slurm_look)
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -136,6 +151,7 @@ class Daemon:
             self._server.close()
         for conn in list(self.connections):
             conn.close()
+        self.slurm.close()
         for w in self.runs.values():
             if w.task is not None:
                 w.task.cancel()
@@ -172,12 +188,30 @@ class Daemon:
             polling=self.inotify is None,
         )
         self.runs[paths.run] = watcher
+        job = read_json(paths.job)
+        if isinstance(job, dict) and job.get("scheduler") == "slurm" and watcher.summary.terminal is None:
+            array = job.get("array") if isinstance(job.get("array"), int) else None
+            if array:
+                watcher.merger = LogMerger(paths, array)
+            if not paths.exit.exists():  # re-adopted by job id after a restart, or just submitted
+                self.slurm.track(paths.run, str(job.get("job_id")), array)
         watcher.start()
         if watcher.task is not None and self.inotify is not None:
             key = f"run:{paths.run}"
             self.inotify.watch(key, paths.dir, watcher.wake)
             watcher.task.add_done_callback(lambda _t: self._unwatch(key))
         return watcher
+
+    def _on_slurm_look(self, run: str, view: JobView | None, error: str | None) -> None:
+        """The poller's look at one run's job: into sched.json / exit.json and the run's timeline."""
+        watcher = self.runs.get(run)
+        if watcher is None or watcher.summary.terminal is not None:
+            self.slurm.untrack(run)
+            return
+        events, over = sched_jobs.apply_look(watcher.paths, view, error, getattr(watcher, "line", 0))
+        if over:
+            self.slurm.untrack(run)
+        watcher.note(events)
 
     def _unwatch(self, key: str) -> None:
         if self.inotify is not None and self.inotify.fd >= 0:
@@ -205,8 +239,9 @@ class Daemon:
         except KeyError:
             raise OpError(ErrorCode.NOT_FOUND, f"no run {run!r} on this host") from None
 
-    async def launch(self, run: Any, spec: Any) -> dict[str, Any]:
-        """Write the run record, start the job detached, journal ``launched`` + state ``running``."""
+    async def launch(self, run: Any, spec: Any, scheduler: Any = None) -> dict[str, Any]:
+        """Write the run record, start the job detached (or submit it to Slurm), journal ``launched`` +
+        state ``running``."""
         if not isinstance(run, str) or not valid_run_id(run):
             raise OpError(
                 ErrorCode.BAD_ARGS, f"run id {str(run)[:80]!r} must match ^[A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}$"
@@ -228,6 +263,14 @@ class Daemon:
             )
             if err is not None:
                 raise OpError(ErrorCode.BAD_ARGS, f"spec.{err}")
+        opts = None
+        if scheduler is not None:
+            try:
+                opts = SlurmOptions.parse(scheduler)
+            except ValueError as exc:
+                raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
+            if opts.shards and view.shard is not None:
+                raise OpError(ErrorCode.BAD_ARGS, "spec.shard and scheduler.shards exclude each other")
         argv, env = launch_argv(run, view, self.state_dir)
         try:
             load_rules(extra=view.rules)
@@ -240,6 +283,8 @@ class Daemon:
             raise OpError(ErrorCode.CONFLICT, f"run {run!r} already exists on this host") from None
         atomic_write_json(paths.spec, spec)
         journal = Journal(paths.events)
+        if opts is not None:
+            return await self._submit(paths, journal, view, argv, env, opts)
         try:
             record = await asyncio.to_thread(jobs.spawn, paths, argv, env)
         except jobs.SpawnError as exc:
@@ -265,6 +310,62 @@ class Daemon:
             "start_time": record["start_time"],
             "argv": argv,
             "boot_id": boot_id(),
+        }
+
+    async def _submit(
+        self,
+        paths: RunPaths,
+        journal: Journal,
+        view: JobSpec,
+        argv: list[str],
+        env: dict[str, str],
+        opts: SlurmOptions,
+    ) -> dict[str, Any]:
+        """The run as a Slurm job (an array of ``opts.shards`` tasks): sbatch, journal, poll."""
+        gpus = None if view.backend == "command" else view.tensor_parallel_size
+        try:
+            record = await asyncio.to_thread(
+                sched_jobs.submit,
+                paths,
+                argv,
+                {**env, RUN_ID_ENV: paths.run},
+                opts,
+                gpus,
+                view.time_limit_minutes,
+            )
+        except slurm.SlurmError as exc:
+            journal.close()
+            self._adopt(paths)  # sees exit.json: journals failed with sbatch's reason
+            raise OpError(ErrorCode.FAILED, f"cannot submit run {paths.run!r}: {exc}") from None
+        job_id = record["job_id"]
+        journal.append(
+            {
+                "type": "milestone",
+                "kind": "launched",
+                "line": 0,
+                "rank": None,
+                "fields": {
+                    "scheduler": "slurm",
+                    "job_id": job_id,
+                    "array": opts.shards,
+                    "argv": argv,
+                    "sbatch": record["sbatch"],
+                    "host": self.hostname,
+                },
+                "text": f"submitted Slurm job {job_id}: {' '.join(argv)[:300]}",
+            }
+        )
+        journal.append({"type": "state", "state": "pending", "reason": f"Slurm job {job_id} submitted"})
+        journal.close()
+        self._adopt(paths)
+        return {
+            "run": paths.run,
+            "pid": None,
+            "start_time": None,
+            "argv": argv,
+            "boot_id": boot_id(),
+            "scheduler": "slurm",
+            "job_id": job_id,
         }
 
 

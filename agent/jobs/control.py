@@ -71,6 +71,11 @@ def classify(paths: RunPaths) -> JobStatus:
     exit_rec = read_json(paths.exit)
     if isinstance(exit_rec, dict):
         return JobStatus("finished", job, exit_rec)
+    if job is not None and job.get("scheduler") == "slurm":
+        # The poller writes exit.json when Slurm says the job ended; gone from squeue and sacct is lost.
+        sched = read_json(paths.sched)
+        vanished = isinstance(sched, dict) and sched.get("vanished")
+        return JobStatus("lost" if vanished else "alive", job, None)
     if job_alive(job):
         return JobStatus("alive", job, None)
     return JobStatus("lost", job, None)
@@ -120,6 +125,10 @@ def stop(
     request_stop(paths, by, reason)
     job = read_json(paths.job)
     job = job if isinstance(job, dict) else None
+    if job is not None and job.get("scheduler") == "slurm":
+        from agent.sched import jobs as sched_jobs  # only a Slurm host's stop needs it
+
+        return sched_jobs.stop(paths, grace_s)
     exclude = {os.getpid()}
     if job and isinstance(job.get("supervisor_pid"), int):
         exclude.add(job["supervisor_pid"])

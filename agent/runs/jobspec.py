@@ -22,7 +22,9 @@ BACKENDS = ("worker-extension", "vllm-native", "command", "speculators", "specfo
 #: Backends running a user's own tool (agent/extract/pipeline_run.py): no eaglewatch manifest, no forecast.
 PIPELINE_BACKENDS = ("speculators", "specforge")
 #: The fields a launch refuses when they are wrong; the rest only inform watching and checking.
-LAUNCH_FIELDS = frozenset({"backend", "env", "command", "rules", "on_shape_failure", "output_dir", "shard"})
+LAUNCH_FIELDS = frozenset(
+    {"backend", "env", "command", "rules", "on_shape_failure", "output_dir", "shard", "time_limit_minutes"}
+)
 SHAPE_FAILURE_POLICIES = ("alert", "stop")
 
 
@@ -160,6 +162,8 @@ class JobSpec:
     expect_hidden_size: int | None = None
     #: (index, count) of a sharded run's job: it writes its own slice of hs_N files into output_dir
     shard: tuple[int, int] | None = None
+    #: the scheduler's time limit for the job (Slurm --time); ignored for a job the agent starts itself
+    time_limit_minutes: int | None = None
 
     @classmethod
     def parse(cls, spec: Any) -> JobSpec:
@@ -215,6 +219,9 @@ class JobSpec:
                 "expect_hidden_size", _positive("expect.hidden_size"), expect.get("hidden_size")
             ),
             shard=get("shard", _shard, spec.get("shard")),
+            time_limit_minutes=get(
+                "time_limit_minutes", _positive("time_limit_minutes"), spec.get("time_limit_minutes")
+            ),
         )
 
     def sibling_shard(self, other: JobSpec) -> bool:

@@ -111,6 +111,10 @@ def final_state(
     if exit_rec is None:
         return "lost", "the job is gone and no exit status was recorded (host rebooted or supervisor killed)"
     last = _errors(summary)
+    sched_state = exit_rec.get("scheduler_state")
+    if sched_state not in (None, "COMPLETED"):
+        # Slurm's word decides: TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, CANCELLED by someone else…
+        return "failed", f"{sched_state}: {exit_rec.get('scheduler_reason') or 'ended in Slurm'}{last}"
     if exit_rec.get("error"):
         return "failed", f"could not start: {exit_rec['error']}"
     if exit_rec.get("signal"):

@@ -25,10 +25,11 @@ from agent.logs.splitter import Line, LineSplitter
 from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse
 from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, load_rules
 from agent.paths import RunPaths, atomic_write_json, read_json
+from agent.runs.capture_checks import OutputChecks
 from agent.runs.jobspec import JobSpec
 from agent.runs.journal import Journal, scan
-from agent.runs.outputs import check_events, check_file, complete_files, shard_gaps, shard_window
 from agent.runs.summary import RunSummary, final_state, milestone_event
+from agent.sched.logmerge import LogMerger, shard_of
 
 log = logging.getLogger("eaglewatch.agent")
 READ_CHUNK = 256 * 1024  # ~35 ms of rule work: other runs and clients are served in between
@@ -48,7 +49,7 @@ def _milestone_key(ev: dict[str, Any]) -> tuple[Any, ...]:
     return (ev.get("kind"), ev.get("line"), ev.get("rank"), ev.get("text"))
 
 
-class RunWatcher:
+class RunWatcher(OutputChecks):
     """Everything the daemon knows about one run, and the task that watches it while it is active."""
 
     def __init__(
@@ -88,12 +89,20 @@ class RunWatcher:
         self._pending_files: dict[str, tuple[int, int]] = {}
         self._checking = False
         self._stop_requested = False
+        #: an array job's task logs, merged into output.log (set by the daemon before start)
+        self.merger: LogMerger | None = None
+        self._shard_lines: dict[int, int] = {}  # line number → shard of a merged line, for its milestones
 
     # --- state -----------------------------------------------------------------------------------
     @property
     def state(self) -> str:
-        """``running`` until a terminal state is journaled."""
-        return self.summary.terminal or "running"
+        """``running`` until a terminal state is journaled (``pending`` while a Slurm job is queued)."""
+        if self.summary.terminal is not None:
+            return self.summary.terminal
+        sched = read_json(self.paths.sched) if self.paths.sched.exists() else None
+        if isinstance(sched, dict) and sched.get("phase") in ("submitted", "pending"):
+            return "pending"
+        return "running"
 
     def status(self) -> dict[str, Any]:
         """The ``status`` reply of this run."""
@@ -114,6 +123,7 @@ class RunWatcher:
             "reason": self.summary.reason,
             "name": self.spec.name,
             "backend": self.spec.backend,
+            "scheduler": read_json(self.paths.sched) if job.get("scheduler") else None,
         }
 
     def _job_pid(self) -> int | None:
@@ -178,7 +188,10 @@ class RunWatcher:
     # --- journaling ------------------------------------------------------------------------------
     def _journal_milestones(self, milestones: list[Milestone]) -> None:
         for m in milestones:
-            self._append({"type": "milestone", **m.to_dict()})
+            ev = {"type": "milestone", **m.to_dict()}
+            if m.line in self._shard_lines:
+                ev["fields"] = {**ev["fields"], "shard": self._shard_lines[m.line]}
+            self._append(ev)
             if m.kind == "shape_check_failed":  # the job's own check said so in its log
                 self._shape_failed(f"shape check failed: {m.fields.get('code') or m.text[:160]}")
 
@@ -198,6 +211,15 @@ class RunWatcher:
             events, self._outbox = self._outbox, []
             for ev in self.journal.append_many(events):
                 self.summary.observe(ev)
+
+    def note(self, events: list[dict[str, Any]]) -> None:
+        """Journal events from outside the log (the scheduler's word on the job) and look again soon."""
+        if self.summary.terminal is not None:
+            return
+        for ev in events:
+            self._append(ev)
+        self._commit()
+        self.wake()
 
     # --- the loop --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -274,6 +296,8 @@ class RunWatcher:
     async def _pump(self) -> bool:
         """Feed what the log gained to the splitter and the engine; True when bytes were read."""
         got = False
+        if self.merger is not None:
+            await asyncio.to_thread(self.merger.pump)
         started = time.monotonic()
         while True:
             data, seam = self.chain.poll(self.fed, READ_CHUNK)
@@ -300,7 +324,16 @@ class RunWatcher:
 
     def _feed_lines(self, lines: list[Line], end: int) -> None:
         """Split lines: to the rules, then to the followers (``end``: where splitting goes on)."""
-        self._journal_milestones(self.engine.feed_many([ln.text for ln in lines], self.line + 1))
+        texts = [ln.text for ln in lines]
+        if self.merger is not None:  # "[shard I] " tags the merged lines: the rules see the job's own text
+            for i, text in enumerate(texts):
+                shard, texts[i] = shard_of(text)
+                if shard is not None:
+                    self._shard_lines[self.line + 1 + i] = shard
+            if len(self._shard_lines) > 100_000:  # rank groups hold milestones for seconds, not this long
+                keep = self.line - 50_000
+                self._shard_lines = {k: v for k, v in self._shard_lines.items() if k > keep}
+        self._journal_milestones(self.engine.feed_many(texts, self.line + 1))
         self.line += len(lines)
         self.lines.append(lines, end)
         self.log_changed.notify()
@@ -326,71 +359,12 @@ class RunWatcher:
         self._save_cursor(force=True)
         self.log_changed.notify()
 
-    # --- outputs ---------------------------------------------------------------------------------
-    async def _scan_outputs(self, final: bool) -> None:
-        """Check each capture file once it is complete: same size on two looks and no ``.lock`` beside it."""
-        out = self.spec.output_dir
-        if not out or self._checking or not os.path.isdir(out):
-            return
-        window = shard_window(out, self.spec.shard)
-        if self.spec.shard is not None and window is None:
-            return  # a shard's job writes its manifest (its range) before any file: none of its files yet
-        ready = complete_files(out, self.checked, self._pending_files, self._recovered_checks, final, window)
-        if not ready:
-            return
-        self._checking = True
-        try:
-            for name, sig in ready:
-                self._pending_files.pop(name, None)
-                report = await self._check(os.path.join(out, name))
-                self.checked[name] = list(sig)
-                self._record_check(name, report)
-        finally:
-            self._checking = False
-        self._save_cursor(force=True)
-
-    async def _check(self, path: str, deep: bool = True) -> dict[str, Any]:
-        spec = self.spec
-        return await check_file(
-            path,
-            layers=spec.expect_layers,
-            hidden_size=spec.expect_hidden_size,
-            model=spec.model,
-            layer_ids=spec.layers,
-            deep=deep,
-        )
-
-    def _record_check(self, name: str, report: dict[str, Any]) -> None:
-        for ev in check_events(name, report, self.line):
-            self._append(ev)
-        problems = list(report.get("problems") or [])
-        if problems:
-            p = problems[0]
-            self._shape_failed(f"shape check failed: {p.get('code')} in {p.get('file', name)}")
-
+    # --- outputs (capture_checks.py) ----------------------------------------------------------------
     def _shape_failed(self, reason: str) -> None:
         """on_shape_failure = stop is decided here only, once; the controller records what follows."""
         if self.spec.on_shape_failure == "stop" and not self._stop_requested:
             self._stop_requested = True
             self.stopper(self.paths.run, reason)
-
-    async def _check_index_gaps(self) -> None:
-        """Once, at the end: a header-only look at the whole output dir for missing hs_N/data_N indices."""
-        out = self.spec.output_dir
-        if not out or not os.path.isdir(out) or "." in self.checked:
-            return
-        self.checked["."] = [0, 0]
-        if "." in self._recovered_checks:
-            return
-        if self.spec.shard is not None:  # its own range only: other shards may still be writing theirs
-            found = await asyncio.to_thread(shard_gaps, out, self.spec.shard)
-            if found:
-                self._record_check(".", {"ok": False, "format": None, "problems": found})
-            return
-        report = await self._check(out, deep=False)
-        gaps = [p for p in report.get("problems") or [] if p.get("code") == "index_gap"]
-        if gaps:
-            self._record_check(".", {"ok": False, "format": report.get("format"), "problems": gaps})
 
     # --- the end ---------------------------------------------------------------------------------
     async def _warn_leftovers(self) -> None:
@@ -407,6 +381,8 @@ class RunWatcher:
 
     async def _finish(self, lost: bool = False) -> None:
         """Process the rest of the log, check the last files, journal the final state once."""
+        if self.merger is not None:
+            await asyncio.to_thread(self.merger.pump, True)
         await self._pump()
         self._feed_lines(self.splitter.flush(), self.splitter.pending_offset)
         self._journal_milestones(self.engine.flush())

@@ -184,3 +184,25 @@ def test_a_completed_run_whose_files_all_failed_is_no_success(tmp_path: Path) ->
     assert "/scratch/out/hs_" not in text
     table = cli(tmp_path, "runs", "ls", extra_env=color).stdout
     assert f"{yellow}completed — 24 of 24 files" in table
+
+
+def test_hosts_add_a_slurm_host_and_refuse_bad_slurm_options(tmp_path: Path, reap: None) -> None:
+    bad = cli(
+        tmp_path, "hosts", "add", "hpc", "--ssh", "login1", "--scheduler", "slurm", "--sbatch-arg", "-p x"
+    )
+    assert bad.returncode != 0 and "not one long option" in bad.stderr
+    lone = cli(tmp_path, "hosts", "add", "hpc", "--ssh", "login1", "--partition", "gpu")
+    assert lone.returncode != 0 and "need scheduler 'slurm'" in lone.stderr
+    ok = cli(
+        tmp_path, "hosts", "add", "hpc", "--ssh", "local", "--state-dir", str(tmp_path / "agent"),
+        "--scheduler", "slurm", "--partition", "gpu", "--account", "lab",
+        "--sbatch-arg", "--qos=high", "--sbatch-arg", "--constraint=h200", "--slurm-gpus", "none",
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    hosts = json.loads(cli(tmp_path, "hosts", "ls", "--json").stdout)
+    assert [
+        (h["scheduler"], h["partition"], h["account"], h["sbatch_args"], h["slurm_gpus"]) for h in hosts
+    ] == [("slurm", "gpu", "lab", ["--qos=high", "--constraint=h200"], "none")]
+    assert "slurm gpu" in cli(tmp_path, "hosts", "ls").stdout
+    bad_limit = cli(tmp_path, "runs", "start", "--host", "hpc", "--time-limit-minutes", "0", "--", "true")
+    assert bad_limit.returncode != 0 and "time_limit_minutes" in bad_limit.stderr

@@ -34,6 +34,12 @@ ALLOWED = [
     (S.UNKNOWN, E.JOB_LOST, S.LOST),
     (S.COMPLETED, E.JOB_COMPLETED, S.COMPLETED),
     (S.STOPPED, E.LINK_DOWN, S.STOPPED),
+    # a Slurm job waits in the queue, runs, may be requeued; it can be stopped or fail while queued
+    (S.STARTING, E.JOB_PENDING, S.PENDING),
+    (S.PENDING, E.JOB_RUNNING, S.RUNNING),
+    (S.RUNNING, E.JOB_PENDING, S.PENDING),
+    (S.PENDING, E.JOB_STOPPED, S.STOPPED),
+    (S.PENDING, E.JOB_FAILED, S.FAILED),
 ]
 
 REFUSED = [
@@ -80,6 +86,7 @@ def test_link_down_never_fails_a_run() -> None:
 @pytest.mark.parametrize(
     ("agent_state", "event"),
     [
+        ("pending", E.JOB_PENDING),
         ("running", E.JOB_RUNNING),
         ("completed", E.JOB_COMPLETED),
         ("failed", E.JOB_FAILED),

@@ -132,7 +132,9 @@ def cleanup_runs(state_dir: Path) -> None:
         except ValueError:
             continue
         job = read_json(paths.job)
-        if isinstance(job, dict):
+        if isinstance(job, dict) and job.get("scheduler") == "slurm":
+            subprocess.run(["scancel", str(job.get("job_id"))], capture_output=True, timeout=30, check=False)
+        elif isinstance(job, dict):
             # run_processes also catches setsid'd children carrying the run id.
             for pid in jobs.run_processes(d.name, job, {os.getpid()}):
                 with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -1,0 +1,1 @@
+"""Batch schedulers the agent submits runs to instead of starting processes itself (Slurm)."""

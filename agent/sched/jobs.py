@@ -1,0 +1,95 @@
+"""A run as a Slurm job: submit it, apply the poller's looks to its run dir, scancel it and confirm."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agent.paths import RunPaths, atomic_write_json, read_json
+from agent.sched import slurm
+from agent.sched.options import SlurmOptions
+from agent.sched.slurmstate import JobView, combine
+from agent.sched.tracking import advance, exit_record
+
+
+def submit(
+    paths: RunPaths,
+    argv: list[str],
+    env: dict[str, str],
+    opts: SlurmOptions,
+    gpus: int | None,
+    time_limit_min: int | None,
+) -> dict[str, Any]:
+    """Record the job (launch.json), sbatch it, write job.json and sched.json; the job record.
+
+    On a refusal exit.json says why (the run ends failed, "could not start: sbatch refused …") and the
+    SlurmError goes on to the caller."""
+    atomic_write_json(paths.launch, {"argv": argv, "env": env, "cwd": str(paths.dir), "shards": opts.shards})
+    try:
+        job_id, sbatch = slurm.submit(paths, opts, gpus, time_limit_min)
+    except slurm.SlurmError as exc:
+        atomic_write_json(
+            paths.exit,
+            {"code": 127, "signal": None, "signal_name": None, "ended_at": time.time(), "error": str(exc)},
+        )
+        raise
+    record = {
+        "scheduler": "slurm",
+        "job_id": job_id,
+        "array": opts.shards,
+        "argv": argv,
+        "sbatch": sbatch,
+        "submitted_at": time.time(),
+    }
+    atomic_write_json(paths.job, record)
+    atomic_write_json(paths.sched, {"job_id": job_id, "array": opts.shards, "phase": "submitted"})
+    return record
+
+
+def apply_look(
+    paths: RunPaths, view: JobView | None, error: str | None, line: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """Take one look of the poller into the run dir; (events to journal, True once the job has ended)."""
+    prev = read_json(paths.sched)
+    rec, events, exit_rec = advance(prev if isinstance(prev, dict) else {}, view, error, line, time.time())
+    atomic_write_json(paths.sched, rec, fsync=False)
+    if exit_rec is not None and not paths.exit.exists():
+        atomic_write_json(paths.exit, exit_rec)
+    return events, exit_rec is not None or bool(rec.get("vanished"))
+
+
+def stop(paths: RunPaths, grace_s: float, poll_s: float = 2.0) -> dict[str, Any]:
+    """scancel the whole job, then wait until Slurm says it ended (sacct where kept, else squeue)."""
+    job = read_json(paths.job)
+    job = job if isinstance(job, dict) else {}
+    job_id, array = str(job.get("job_id")), job.get("array")
+    result: dict[str, Any] = {
+        "run": paths.run,
+        "killed": [],
+        "remaining": [],
+        "confirmed": False,
+        "gpu_released": None,
+        "job_id": job_id,
+        "scheduler_state": None,
+    }
+    try:
+        slurm.cancel(job_id)
+        deadline = time.monotonic() + max(grace_s, 5.0) + 30.0  # KillWait, then epilog: tens of seconds
+        view = None
+        while time.monotonic() < deadline:
+            view = combine(job_id, slurm.query(), array)
+            if view is None or view.phase == "ended":
+                break
+            time.sleep(poll_s)
+    except slurm.SlurmError as exc:
+        result["error"] = str(exc)
+        return result
+    acct = slurm.accounted(job_id)
+    final, by = (acct, "sacct") if acct is not None and acct.phase == "ended" else (view, "squeue")
+    if final is not None and final.phase == "ended":
+        result.update(confirmed=True, confirmed_by=by, scheduler_state=final.state)
+        if not paths.exit.exists():
+            atomic_write_json(paths.exit, exit_record(final, time.time()))
+    else:
+        result["remaining"] = [job_id]
+    return result

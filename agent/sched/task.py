@@ -1,0 +1,48 @@
+"""One Slurm task: ``python -m agent.sched.task RUN_DIR`` runs the job recorded in launch.json (the batch
+script's only command). For an array job it gives the task its shard (index = SLURM_ARRAY_TASK_ID) through
+its own spec file, so each task captures its slice of the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from agent.paths import RUN_ID_ENV, atomic_write_json, read_json
+
+
+def main(argv: list[str]) -> int:
+    """Exec the job; returns only when it cannot start (127, the reason on stderr)."""
+    if len(argv) != 1:
+        print("usage: python -m agent.sched.task RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = Path(argv[0])
+    launch = read_json(run_dir / "launch.json")
+    if not isinstance(launch, dict) or not isinstance(launch.get("argv"), list) or not launch["argv"]:
+        print(f"eaglewatch-agent: {run_dir / 'launch.json'} is missing or malformed", file=sys.stderr)
+        return 127
+    args = [str(a) for a in launch["argv"]]
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (launch.get("env") or {}).items()})
+    env[RUN_ID_ENV] = run_dir.name
+    shards = launch.get("shards")
+    task = os.environ.get("SLURM_ARRAY_TASK_ID")
+    if isinstance(shards, int) and task is not None and task.isdigit():
+        env["EAGLEWATCH_SHARD"] = f"{task}/{shards}"
+        if "--spec" in args:  # an extraction: this task's spec says which shard it is
+            i = args.index("--spec") + 1
+            spec = json.loads(Path(args[i]).read_text())
+            spec["shard"] = {"index": int(task), "count": shards}
+            mine = run_dir / f"spec.task-{task}.json"
+            atomic_write_json(mine, spec)
+            args[i] = str(mine)
+    try:
+        os.execvpe(args[0], args, env)
+    except OSError as exc:
+        print(f"eaglewatch-agent: cannot start {args[0]}: {exc.strerror or exc}", file=sys.stderr)
+    return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

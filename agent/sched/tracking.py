@@ -1,0 +1,92 @@
+"""Pure: what a new look at the scheduler means for a run — its record, timeline events and exit record.
+
+``sched.json`` in the run dir holds the last look (``job_id``, ``array``, ``phase``, ``state``, ``reason``,
+``position``, ``tasks``, ``error``, ``vanished``). ``advance`` compares a new look with it and returns the
+new record, the journal events to append (``queued`` while the job waits, with Slurm's reason and the queue
+position; ``scheduled`` when its tasks start; a ``warning`` when Slurm cannot be asked, once per outage) and,
+once the job has ended, the exit record the watcher turns into the final state (summary.final_state).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.runs.summary import milestone_event
+from agent.sched.slurmstate import JobView, exit_fields, state_of
+
+
+def exit_record(view: JobView, now: float) -> dict[str, Any]:
+    """exit.json for an ended job: the worst task's exit status and the Slurm state that decides."""
+    return {
+        **exit_fields(view.exit_status),
+        "ended_at": now,
+        "scheduler": "slurm",
+        "job_id": view.job_id,
+        "scheduler_state": view.state,
+        "scheduler_reason": state_of(view.state).meaning,
+        "tasks": view.tasks,
+    }
+
+
+def advance(
+    prev: dict[str, Any], view: JobView | None, error: str | None, line: int, now: float
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
+    """(record, events, exit record or None) after a look that found ``view`` (None: not listed any more)
+    or failed with ``error`` (Slurm not reachable: the job is left as it was, never called lost)."""
+    rec = dict(prev)
+    events: list[dict[str, Any]] = []
+    job = str(prev.get("job_id"))
+    if error is not None:
+        if not prev.get("error"):
+            events.append(
+                milestone_event(
+                    "warning",
+                    line,
+                    f"cannot ask Slurm about job {job}: {error}",
+                    rule="slurm_unreachable",
+                    job_id=job,
+                )
+            )
+        rec["error"] = error
+        return rec, events, None
+    rec["error"] = None
+    if view is None:
+        rec["vanished"] = True
+        return rec, events, None
+    ran_before = prev.get("phase") in ("running", "ended")
+    if view.phase == "pending" and ran_before:  # requeued (preempted, node failure): waits again
+        events.append({"type": "state", "state": "pending", "reason": view.describe()})
+    elif not ran_before and (
+        view.phase == "running" or (view.phase == "ended" and view.outcome != "cancelled")
+    ):
+        # It left the queue (perhaps ending between two looks): the run was running, whatever comes next.
+        events.append({"type": "state", "state": "running"})
+    rec.update(
+        phase=view.phase, state=view.state, reason=view.reason, position=view.position, tasks=view.tasks
+    )
+    if view.phase == "pending" and (prev.get("phase") != "pending" or prev.get("reason") != view.reason):
+        events.append(
+            milestone_event(
+                "queued",
+                line,
+                view.describe(),
+                job_id=job,
+                slurm_state=view.state,
+                reason=view.reason,
+                position=view.position,
+            )
+        )
+    elif view.phase in ("running", "ended") and not ran_before and view.outcome != "cancelled":
+        events.append(
+            milestone_event(
+                "scheduled",
+                line,
+                f"Slurm job {job} is running",
+                job_id=job,
+                slurm_state=view.state,
+                tasks=view.tasks,
+            )
+        )
+    if view.phase == "ended":
+        return rec, events, exit_record(view, now)
+    return rec, events, None
