@@ -37,7 +37,7 @@ def test_bad_shard_is_a_field_error(shard: dict[str, Any], message: str) -> None
 
 
 def test_shard_is_refused_for_a_watched_command() -> None:
-    with pytest.raises(ValidationError, match="'shard' needs an extraction backend"):
+    with pytest.raises(ValidationError, match="'shard' and 'shards' need an extraction backend"):
         parse_spec(
             {"host": "h", "backend": "command", "command": ["/bin/true"], "shard": {"index": 0, "count": 2}}
         )

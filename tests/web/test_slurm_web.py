@@ -125,9 +125,9 @@ def test_a_login_nodes_own_gpus_do_not_limit_tensor_parallel() -> None:
     login = {"name": "hpc", "gpus_json": json.dumps([{"index": 0}]), "scheduler": "slurm",
              "partition": "gpu", "account": None, "sbatch_args_json": '["--qos=x"]',
              "slurm_gpus": "gres"}  # fmt: skip
-    assert validate_spec(spec, login).tensor_parallel_size == 8
+    assert validate_spec(spec, {"hpc": login}).tensor_parallel_size == 8
     with pytest.raises(SpecInvalid, match="8 > 1 GPUs"):
-        validate_spec(spec, {**login, "scheduler": None})
+        validate_spec(spec, {"hpc": {**login, "scheduler": None}})
     assert scheduler_args(login) == {"kind": "slurm", "partition": "gpu", "account": None,
                                      "sbatch_args": ["--qos=x"], "gpus": "gres"}  # fmt: skip
     assert scheduler_args({**login, "scheduler": None}) is None
