@@ -33,7 +33,7 @@ from agent.extract.preflight import SpecError, text_config
 from agent.spec import RunSpec, SpecForgeOptions, SpeculatorsOptions
 
 #: torch.save's zip archive around SpecForge's four tensors: entry headers, the pickled dict, alignment.
-CKPT_OVERHEAD_BYTES = 2048
+CKPT_OVERHEAD_BYTES = 2560
 SPECFORGE_ID_BYTES = 16  # input_ids and loss_mask, int64 each
 #: Chat-template tokens per conversation turn (role markers, separators) on top of the content's tokens.
 TEMPLATE_TOKENS_PER_TURN = 8

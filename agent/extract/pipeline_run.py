@@ -123,6 +123,8 @@ class ChildRunner:
             code = child.wait()
         finally:
             self.done.set()
+        if self.disk is not None:  # what the attempt wrote in the end, whatever the interval
+            signals.emit("progress", **self.disk.fields())
         return 128 - code if code < 0 else code
 
 
@@ -263,6 +265,9 @@ class PairRunner:
                 )
                 return 1
             time.sleep(0.2)
+        self.done.set()
+        if self.disk is not None:  # what the attempt wrote in the end, whatever the interval
+            self.emit("progress", **self.disk.fields())
         if not self.stopping:
             name = os.path.abspath(TEARDOWN_LOG)
             self.say(f"client exited with status {code}; stopping the server (its last lines: {name})")
