@@ -122,7 +122,7 @@ def test_speculators_forecast_prefers_seq_len_and_honours_max_samples(tmp_path: 
 def test_speculators_forecast_names_a_dataset_it_cannot_read(tmp_path: Path) -> None:
     spec = _speculators(tmp_path, {"input_ids": ROWS})
     bad = spec.model_copy(update={"dataset": str(tmp_path / "sharegpt.jsonl")})
-    with pytest.raises(SpecError, match="sharegpt.jsonl is not a directory saved by datasets"):
+    with pytest.raises(SpecError, match=r"sharegpt\.jsonl is not a directory saved by datasets"):
         forecast_speculators(bad)
     bad_rank = _speculators(tmp_path / "r", {"input_ids": ROWS}, speculators={"client_args": ["--rank", "x"]})
     with pytest.raises(SpecError, match="--rank must be an integer, got 'x'"):
