@@ -160,7 +160,8 @@ def conversation_texts(row: dict[str, Any]) -> list[str] | None:
 def specforge_counts(path: Path, model_dir: Path, max_length: int, rows: int) -> list[int]:
     """Estimated token counts of sampled rows: the turns' tokens plus template tokens, capped at max_length.
 
-    Rows that already carry input_ids count those; without a loadable tokenizer a row counts max_length.
+    Rows that already carry input_ids count those; without a loadable tokenizer, or for a row of another
+    shape, a row counts max_length.
     """
     pick = sample_indices(rows, SAMPLE_ROWS)
     tokenizer: Any = None
@@ -191,6 +192,8 @@ def specforge_counts(path: Path, model_dir: Path, max_length: int, rows: int) ->
                     continue
                 used = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
                 counts.append(min(used + TEMPLATE_TOKENS_PER_TURN * len(texts), max_length))
+            else:  # a row shape not known here: the most SpecForge keeps of any row
+                counts.append(max_length)
     return counts
 
 
