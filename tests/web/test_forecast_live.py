@@ -79,3 +79,19 @@ def test_api_forecast_of_a_speculators_run(c: httpx.Client, tmp_path: Path) -> N
     r = c.post("/api/forecast", json={**spec, "dataset": paths["dataset"]})  # a JSONL file is not its format
     assert r.status_code == 422 and "not a directory saved by datasets" in r.json()["message"]
     assert c.get("/api/runs").json() == []
+
+
+def test_form_forecast_button_for_a_specforge_run(c: httpx.Client, tmp_path: Path) -> None:
+    paths = _paths(tmp_path)
+    Path(paths["dataset"]).write_text(
+        json.dumps({"conversations": [{"role": "user", "content": "hi"}]}) + "\n"
+    )  # no tokenizer in the model folder: the row counts seq_len tokens at most
+    form = {"csrf_token": c.headers["x-csrf-token"], "action": "forecast", "host": "local",
+            "backend": "specforge", "seq_len": "64", "pipeline_scripts_dir": "/opt/SpecForge/scripts",
+            **paths}  # fmt: skip
+    r = c.post("/runs/new", data=form)
+    assert r.status_code == 200, r.text
+    text = re.sub(r"\s+", " ", r.text)
+    # 2560 + 64 × (16 + 4 × 32 × 2) = 19968 bytes
+    assert 'id="forecast"' in text and "Forecast: 19.5 KiB to write (an estimate" in text, text[-3000:]
+    assert c.get("/api/runs").json() == []
