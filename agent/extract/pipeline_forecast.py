@@ -127,7 +127,9 @@ def forecast_speculators(spec: RunSpec) -> Forecast:
     cfg = text_config(Path(spec.model or ""))
     layers = len(capture_layers(spec, int(cfg["num_hidden_layers"])))
     args = opts.client_args
-    data, out = Path(spec.dataset or ""), Path(spec.output_dir or "")
+    # a path given again among the tool's own flags wins there (argparse and typer keep the last)
+    data = Path(flag_value(args, "--preprocessed-data") or spec.dataset or "")
+    out = Path(flag_value(args, "--output") or spec.output_dir or "")
     rows = dataset_rows(data)
     limit = int_flag(args, "--max-samples", spec.max_samples)
     world = int_flag(args, "--world-size", 1) or 1
@@ -211,7 +213,8 @@ def forecast_specforge(spec: RunSpec) -> Forecast:
     """What SpecForge's prepare_hidden_states.py will write for this spec (always estimated)."""
     opts: SpecForgeOptions | None = spec.specforge
     args = opts.args if opts is not None else []
-    model_dir, data = Path(spec.model or ""), Path(spec.dataset or "")
+    model_dir = Path(flag_value(args, "--target-model-path") or spec.model or "")
+    data = Path(flag_value(args, "--data-path") or spec.dataset or "")
     cfg = text_config(model_dir)
     if not data.is_file():
         raise SpecError(f"dataset {data} does not exist")
@@ -222,7 +225,8 @@ def forecast_specforge(spec: RunSpec) -> Forecast:
     elt = element_bytes(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"))
     hidden = int(cfg["hidden_size"])
     size = lambda t: specforge_file_bytes(t, hidden, elt)  # noqa: E731
-    return forecast_sizes(counts, rows, size, free_bytes(spec.output_dir or "/"), estimated=True)
+    out = flag_value(args, "--output-path") or spec.output_dir or "/"
+    return forecast_sizes(counts, rows, size, free_bytes(out), estimated=True)
 
 
 def forecast_pipeline(spec: RunSpec) -> Forecast:
@@ -235,7 +239,7 @@ def forecast_pipeline(spec: RunSpec) -> Forecast:
 def specforge_total(spec: RunSpec) -> int | None:
     """Rows SpecForge will process (the JSONL's non-empty lines, at most --num-samples), None if unknown."""
     args = spec.specforge.args if spec.specforge is not None else []
-    data = Path(spec.dataset or "")
+    data = Path(flag_value(args, "--data-path") or spec.dataset or "")
     try:
         limit = int_flag(args, "--num-samples", spec.max_samples)
         return count_rows(data, limit) if data.is_file() else limit

@@ -240,3 +240,14 @@ def test_specforge_job_with_overrun_allowed_runs_with_a_total_and_disk_progress(
     final = progress[-1]
     assert final["rule"] == "pipeline_disk" and final["files_written"] == 1 and final["samples_total"] == 2
     assert final["disk_low"] is True and final["free_bytes"] > 0  # 32 TiB still to write
+
+
+def test_a_path_given_again_among_the_tools_flags_is_the_one_forecast(tmp_path: Path) -> None:
+    other = tmp_path / "other.jsonl"
+    other.write_text(CONV + "\n")
+    spec = _specforge(
+        tmp_path,
+        [CONV] * 3,
+        specforge={"scripts_dir": str(tmp_path / "scripts"), "args": ["--data-path", str(other)]},
+    )
+    assert forecast_specforge(spec).samples == 1 and specforge_total(spec) == 1
