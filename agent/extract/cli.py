@@ -62,7 +62,7 @@ def _print_forecast(path: str) -> int:
     try:
         spec = load_spec(path)
         if spec.backend == "command":
-            raise SpecError("backend 'command' writes through its own tool: no forecast")
+            raise SpecError("backend 'command' writes nothing the job knows of: no forecast")
         if spec.backend in PIPELINE_BACKENDS:
             from agent.extract.pipeline_forecast import forecast_pipeline
 
