@@ -111,6 +111,7 @@ def plan_events(run: dict[str, Any], events: list[dict[str, Any]], now: float) -
     """The effects of one run's journal events, in seq order; already applied ones are skipped."""
     last_seq = int(run["last_seq"])
     progress_at, interval = run.get("last_progress_at"), run.get("progress_interval_s")
+    total = stored_total(run.get("progress_json"))
     effects: list[Effect] = []
     changed = False
     applied = 0
@@ -147,6 +148,7 @@ def plan_events(run: dict[str, Any], events: list[dict[str, Any]], now: float) -
                     gap = at - progress_at
                     interval = gap if interval is None else 0.7 * interval + 0.3 * gap
                 progress_at = at
+                fields, total = with_total(fields, total)
                 effects.append(SetProgress(fields, at, interval))
             else:
                 effects.append(SetLastMilestone(kind))
@@ -157,6 +159,30 @@ def plan_events(run: dict[str, Any], events: list[dict[str, Any]], now: float) -
             effects.append(Record(seq, "journal", {"seq": seq, "journal": ev}, at))
         effects.extend(RaiseAlert(d) for d in alerts.rules_for_event(run, ev))
     return Plan(effects, last_seq, changed, applied)
+
+
+def stored_total(progress_json: str | None) -> int | None:
+    """samples_total of the run's stored progress, if it has one."""
+    try:
+        stored = json.loads(progress_json) if progress_json else None
+    except json.JSONDecodeError:
+        return None
+    total = stored.get("samples_total") if isinstance(stored, dict) else None
+    return total if isinstance(total, int) and not isinstance(total, bool) else None
+
+
+def with_total(fields: dict[str, Any], total: int | None) -> tuple[dict[str, Any], int | None]:
+    """Progress fields keeping the last known samples_total when a line lacks one.
+
+    A pipeline's bar (SpecForge's counts batches) knows no sample total, while the job's own line before it
+    does: without carrying it, each bar line would hide the total and with it the percentage.
+    """
+    new = fields.get("samples_total")
+    if isinstance(new, int) and not isinstance(new, bool):
+        return fields, new
+    if total is not None and "samples_total" not in fields:
+        return {**fields, "samples_total": total}, total
+    return fields, total
 
 
 def _state(run_id: str, seq: int, at: float, ev: dict[str, Any]) -> list[Effect]:

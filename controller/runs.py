@@ -226,15 +226,6 @@ class RunOps:
         parsed = await self._validated(spec)
         if parsed.backend == "command":
             raise SpecInvalid([{"field": "backend", "message": "a watched command has no forecast"}])
-        if parsed.backend in PIPELINE_BACKENDS:
-            raise SpecInvalid(
-                [
-                    {
-                        "field": "backend",
-                        "message": f"backend {parsed.backend!r} writes through its own tool: no forecast",
-                    }
-                ]
-            )
         try:
             async with self.supervisors.link_for(parsed.hosts[0]) as link:
                 spec_dict = parsed.model_dump(mode="json")

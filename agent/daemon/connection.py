@@ -16,7 +16,7 @@ from agent.daemon.streams import stream_events, stream_log
 from agent.jobs import control as jobs
 from agent.logs.tail import read_from
 from agent.protocol import ErrorCode, Op, ProtocolError, Request
-from agent.runs.jobspec import PIPELINE_BACKENDS, JobSpec, SpecError
+from agent.runs.jobspec import JobSpec, SpecError
 from agent.runs.output_info import ForecastError, ManifestError, forecast, read_manifest
 from agent.runs.outputs import check_file
 from agent.runs.watcher import RunWatcher
@@ -301,10 +301,6 @@ class Connection:
         if view.backend == "command":
             raise OpError(
                 ErrorCode.BAD_ARGS, "backend 'command' writes nothing the agent knows of: no forecast"
-            )
-        if view.backend in PIPELINE_BACKENDS:
-            raise OpError(
-                ErrorCode.BAD_ARGS, f"backend {view.backend!r} writes through its own tool: no forecast"
             )
         try:
             return await forecast(args["spec"], self.daemon.state_dir)

@@ -61,9 +61,14 @@ def _print_forecast(path: str) -> int:
 
     try:
         spec = load_spec(path)
-        if spec.backend in ("command", *PIPELINE_BACKENDS):
-            raise SpecError(f"backend {spec.backend!r} writes through its own tool: no forecast")
-        result = forecast_spec(spec)
+        if spec.backend == "command":
+            raise SpecError("backend 'command' writes nothing the job knows of: no forecast")
+        if spec.backend in PIPELINE_BACKENDS:
+            from agent.extract.pipeline_forecast import forecast_pipeline
+
+            result = forecast_pipeline(spec)
+        else:
+            result = forecast_spec(spec)
     except (SpecError, OSError) as e:
         print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,12 +62,19 @@ def forecast_counts(
     counts: Sequence[int], rows: int, layers: int, hidden: int, elt: int, free: int
 ) -> Forecast:
     """Forecast from the token counts of some of `rows` rows; a partial sample is scaled up (estimated)."""
-    estimated = len(counts) < rows
+    return forecast_sizes(counts, rows, lambda t: file_bytes(t, layers, hidden, elt), free)
+
+
+def forecast_sizes(
+    counts: Sequence[int], rows: int, size: Callable[[int], int], free: int, estimated: bool = False
+) -> Forecast:
+    """Forecast from token counts and a file size per token count; a partial sample is scaled up."""
+    estimated = estimated or len(counts) < rows
     if not counts:
         return Forecast(0, free, True, estimated, rows, 0)
-    total = sum(file_bytes(t, layers, hidden, elt) for t in counts)
+    total = sum(size(t) for t in counts)
     tokens = sum(counts)
-    if estimated:
+    if len(counts) < rows:
         total, tokens = round(total * rows / len(counts)), round(tokens * rows / len(counts))
     return Forecast(total, free, fits(total, free), estimated, rows, tokens)
 

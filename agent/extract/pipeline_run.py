@@ -1,6 +1,10 @@
-"""Run a user's own pipeline as the job: SpecForge's torchrun in place, speculators' server then client.
+"""Run a user's own pipeline as the job: SpecForge's torchrun, or speculators' server then client.
 
-The speculators job is this process plus two children in its process group (so the agent's stop, which
+Before either starts, the job prints its disk forecast (agent/extract/pipeline_forecast.py) and refuses to
+start when the output will not fit, unless the spec allows the overrun; while the tool runs, a thread
+prints ``progress`` lines about its files and the free space (agent/extract/pipeline_disk.py). SpecForge's
+torchrun is our child in our process group, its output going straight to the job log. The speculators job
+is this process plus two children in its process group (so the agent's stop, which
 signals the job's group and every process carrying the run id, ends both). Each child's output is copied
 to the job log line by line behind its tag, ``[server] `` or ``[client] `` (a tqdm bar's ``\\r`` updates
 become lines of their own), so the milestone rules see both logs and tell them apart. The client starts
@@ -19,10 +23,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from agent.extract import signals
+from agent.extract.forecast import FIT_MARGIN_PCT, Forecast
+from agent.extract.pipeline_disk import PROGRESS_INTERVAL_S, DiskWatch
+from agent.extract.pipeline_forecast import forecast_pipeline, specforge_total
 from agent.extract.pipeline_plan import PairPlan, Process, specforge_argv, speculators_plan
 from agent.extract.preflight import SpecError, text_config
 from agent.spec import RunSpec
@@ -40,28 +48,93 @@ def run_pipeline(spec: RunSpec) -> int:
     python = (opts.python if opts is not None else None) or sys.executable
     out = spec.output_dir or ""
     os.makedirs(out, exist_ok=True)
+    need = _forecast(spec)
+    if need is not None and not need.fits and not spec.allow_disk_overrun:
+        reason = (
+            f"the output will not fit: {need.bytes} bytes to write (+{FIT_MARGIN_PCT}% margin) but {out} has "
+            f"{need.free_bytes} bytes free; free space, or set allow_disk_overrun in the spec to try anyway"
+        )
+        print(f"eaglewatch extract: error: {reason}", file=sys.stderr, flush=True)
+        signals.emit("failed", reason=reason)
+        return 2
+    total = need.samples if need is not None else None
+    if spec.backend == "specforge":
+        total = specforge_total(spec)
+        if total is not None:  # SpecForge's bar counts batches: the total makes percent and ETA possible
+            signals.emit("progress", rule="pipeline_total", samples_done=0, samples_total=total)
+    disk = DiskWatch(out, total, need.bytes if need is not None else 0, spec.disk_low_gib * 2**30)
     if spec.backend == "specforge":
         argv = specforge_argv(spec, python)
         signals.say(f"starting SpecForge: {' '.join(argv)}")
-        try:
-            os.execv(argv[0], argv)  # same pid, same process group: the agent watches torchrun itself
-        except OSError as e:
-            signals.emit("failed", reason=f"cannot start {argv[0]}: {e.strerror or e}")
-            return 127
+        return ChildRunner(argv, disk).run()
     try:
         layers = int(text_config(Path(spec.model or ""))["num_hidden_layers"])
     except (SpecError, KeyError, TypeError, ValueError) as e:
         signals.emit("failed", reason=f"cannot read num_hidden_layers of {spec.model}: {e}")
         return 2
     plan = speculators_plan(spec, python, layers, os.path.join(out, STAGING))
-    return PairRunner(plan).run()
+    return PairRunner(plan, disk=disk).run()
+
+
+def _forecast(spec: RunSpec) -> Forecast | None:
+    """The forecast line before launch; None (and a line saying why) when the data cannot be read here."""
+    try:
+        need = forecast_pipeline(spec)
+    except (SpecError, OSError) as e:
+        signals.say(f"no disk forecast: {e}")
+        return None
+    signals.emit("forecast", **need.to_dict())
+    return need
+
+
+def _disk_lines(disk: DiskWatch | None, stop: threading.Event, emit: Callable[..., None]) -> None:
+    """Start the disk progress thread (a daemon thread: it ends with the job)."""
+    if disk is None:
+        return
+    disk.begin()
+    threading.Thread(target=disk.run, args=(stop, emit, PROGRESS_INTERVAL_S), daemon=True).start()
+
+
+class ChildRunner:
+    """SpecForge: torchrun as our child in our process group, its output straight to the job log."""
+
+    def __init__(self, argv: list[str], disk: DiskWatch | None = None) -> None:
+        self.argv = argv
+        self.disk = disk
+        self.done = threading.Event()
+
+    def run(self) -> int:
+        """torchrun's exit status (128 + signal when a signal ended it), or 127 when it cannot start."""
+        try:
+            child = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL)
+        except OSError as e:
+            signals.emit("failed", reason=f"cannot start {self.argv[0]}: {e.strerror or e}")
+            return 127
+
+        # The agent's stop signals our whole group, torchrun too; a signal to us alone is passed on. Either
+        # way we wait for torchrun to end and report its status.
+        def pass_on(_signum: int, _frame: object) -> None:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, pass_on)
+        _disk_lines(self.disk, self.done, signals.emit)
+        try:
+            code = child.wait()
+        finally:
+            self.done.set()
+        if self.disk is not None:  # what the attempt wrote in the end, whatever the interval
+            signals.emit("progress", **self.disk.fields())
+        return 128 - code if code < 0 else code
 
 
 class PairRunner:
     """Server, readiness, client, teardown; every child line relayed to stdout behind its tag."""
 
-    def __init__(self, plan: PairPlan, out: IO[bytes] | None = None) -> None:
+    def __init__(self, plan: PairPlan, out: IO[bytes] | None = None, disk: DiskWatch | None = None) -> None:
         self.plan = plan
+        self.disk = disk
+        self.done = threading.Event()
         self.out = out or sys.stdout.buffer
         self.lock = threading.Lock()
         self.children: list[subprocess.Popen[bytes]] = []
@@ -169,6 +242,7 @@ class PairRunner:
             self.emit("failed", reason=f"cannot start {e.filename or 'a process'}: {e.strerror or e}")
             return 127
         finally:
+            self.done.set()
             self._terminate()
             if self.teardown is not None:
                 self.teardown.close()
@@ -181,6 +255,7 @@ class PairRunner:
             return 1
         self.emit("engine_config", rule="pipeline_server_ready", process="server", url=self.plan.health_url)
         client = self.start(self.plan.client)
+        _disk_lines(self.disk, self.done, self.emit)
         while (code := client.poll()) is None:
             if server.poll() is not None and not self.stopping:
                 self.emit(
@@ -190,6 +265,9 @@ class PairRunner:
                 )
                 return 1
             time.sleep(0.2)
+        self.done.set()
+        if self.disk is not None:  # what the attempt wrote in the end, whatever the interval
+            self.emit("progress", **self.disk.fields())
         if not self.stopping:
             name = os.path.abspath(TEARDOWN_LOG)
             self.say(f"client exited with status {code}; stopping the server (its last lines: {name})")

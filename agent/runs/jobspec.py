@@ -19,7 +19,7 @@ from agent import limits
 from agent.runs.outdir import output_dir_error
 
 BACKENDS = ("worker-extension", "vllm-native", "command", "speculators", "specforge")
-#: Backends running a user's own tool (agent/extract/pipeline_run.py): no eaglewatch manifest, no forecast.
+#: Backends running a user's own tool (agent/extract/pipeline_run.py): no eaglewatch manifest.
 PIPELINE_BACKENDS = ("speculators", "specforge")
 #: The fields a launch refuses when they are wrong; the rest only inform watching and checking.
 LAUNCH_FIELDS = frozenset(

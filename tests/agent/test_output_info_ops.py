@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from agent.extract.forecast import file_bytes
+from agent.extract.pipeline_forecast import specforge_file_bytes
 from tests.helpers.agentjobs import printer
 from tests.helpers.agentproc import AgentClient, AgentProc, agent_daemon
 
@@ -35,6 +36,11 @@ def test_forecast_op(agent_daemon: AgentProc, tmp_path: Path) -> None:
         cmd = c.request("forecast", spec={"host": "local", "backend": "command", "command": ["true"]})
         assert cmd["code"] == "bad_args" and "no forecast" in cmd["message"]
         assert c.request("forecast")["code"] == "bad_args"
+        sf = _spec(tmp_path, backend="specforge", specforge={"scripts_dir": "/opt/SpecForge/scripts"})
+        got = c.result("forecast", spec={**sf, "seq_len": 100})
+        # no tokenizer in the model folder: each row counts at most --max-length (seq_len) tokens
+        assert got["estimated"] is True and got["samples"] == 2 and got["tokens"] == 100 + 100
+        assert got["bytes"] == 2 * specforge_file_bytes(100, 32, 2)
     assert not list(agent_daemon.state_dir.glob("forecast-*"))  # the spec file is gone
 
 

@@ -185,3 +185,50 @@ def test_check_of_a_specforge_dir_expects_eagle3_aux_width_without_being_told(tm
     (problem,) = report["problems"]
     assert problem["code"] == "layer_count_mismatch" and problem["file"].endswith("rows_0-2000/data_1.ckpt")
     assert "expected 3 (+ hidden_state as layer 4)" in problem["message"]
+
+
+SLEEPER = """
+import json, os, sys, time
+open(os.environ["STANDIN_PID"], "w").write(json.dumps(os.getpid()))
+print("rank 0: Dataset prepared with 2 samples", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+def test_stop_ends_torchrun_and_its_worker(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    """torchrun runs as the job's child in its process group: the agent's stop ends it and its worker."""
+    import os
+    import time
+
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "prepare_hidden_states.py").write_text(SLEEPER)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "hidden_size": HIDDEN}))
+    (tmp_path / "data.jsonl").write_text('{"conversations": []}\n' * 2)
+    pid_file = tmp_path / "worker.pid"
+    spec = {"name": "sfstop", "host": "local", "backend": "specforge", "model": str(model),
+            "dataset": str(tmp_path / "data.jsonl"), "output_dir": str(tmp_path / "hs"),
+            "env": {"STANDIN_PID": str(pid_file), "OMP_NUM_THREADS": "1"},
+            "specforge": {"scripts_dir": str(scripts), "python": sys.executable}}  # fmt: skip
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="sfstop", spec=spec)
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        worker = json.loads(pid_file.read_text())
+        assert c.result("stop", run="sfstop")["confirmed"] is True
+        c.result("follow", run="sfstop", after_seq=0)
+        got = c.wait_for(lambda m: terminal_event(m) and m["run"] == "sfstop", timeout=60)
+    events = [m["event"] for m in got if m.get("type") == "event" and m.get("run") == "sfstop"]
+    assert events[-1]["state"] == "stopped"
+    totals = [p["fields"] for p in _ms(events, "progress") if p["fields"].get("rule") == "pipeline_total"]
+    assert totals and totals[0]["samples_total"] == 2
+    try:
+        os.kill(worker, 0)
+    except ProcessLookupError:
+        pass
+    else:
+        raise AssertionError(f"torchrun's worker {worker} is still running")

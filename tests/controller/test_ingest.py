@@ -267,3 +267,22 @@ def test_plan_transition(
     expected: StateChange | None,
 ) -> None:
     assert plan_transition(run(state=state), event, at=50.0, exit=exit, reason=reason) == expected
+
+
+def test_progress_keeps_the_last_known_samples_total() -> None:
+    """A pipeline's bar without a total (SpecForge's) does not hide the total its job printed before."""
+    stored = run(last_seq=1, progress_json=json.dumps({"samples_done": 0, "samples_total": 6}))
+    events = [ms(2, "progress", 10.0, samples_done=2, batches_done=1),
+              ms(3, "progress", 11.0, samples_total=9), ms(4, "progress", 12.0, samples_done=4)]  # fmt: skip
+    got = [e.fields for e in plan_events(stored, events, NOW).effects if isinstance(e, SetProgress)]
+    assert got == [
+        {"samples_done": 2, "batches_done": 1, "samples_total": 6},
+        {"samples_total": 9},
+        {"samples_done": 4, "samples_total": 9},
+    ]
+    # stored fields stay as the job sent them: only the run's latest progress carries the total
+    stored_ms = [e.fields for e in plan_events(stored, events, NOW).effects if isinstance(e, StoreMilestone)]
+    assert stored_ms[0] == {"samples_done": 2, "batches_done": 1}
+    assert [e.fields for e in plan_events(run(), events[:1], NOW).effects if isinstance(e, SetProgress)] == [
+        {"samples_done": 2, "batches_done": 1}
+    ]

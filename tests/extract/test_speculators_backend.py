@@ -114,3 +114,14 @@ def test_speculators_client_and_vllm_server_run_and_are_watched(
         got_file = load_file(str(out / f"hs_{i}.safetensors"))
         assert got_file["token_ids"].tolist() == ids
         assert tuple(got_file["hidden_states"].shape) == (len(ids), 4, 128)
+    # the job's forecast before launch is what speculators then wrote (its header bytes are rounded up)
+    (forecast,) = _milestones(events, "forecast")
+    actual = sum((out / f"hs_{i}.safetensors").stat().st_size for i in range(len(SAMPLES)))
+    assert forecast["fields"]["estimated"] is False and forecast["fields"]["samples"] == len(SAMPLES)
+    assert actual <= forecast["fields"]["bytes"] <= actual + 256 * len(SAMPLES), (actual, forecast)
+    # and the job's disk progress counts those files, with the free space of the output dir
+    disk = [
+        m["fields"] for m in _milestones(events, "progress") if m["fields"].get("rule") == "pipeline_disk"
+    ]
+    assert disk and disk[-1]["files_written"] == len(SAMPLES) and disk[-1]["bytes_written"] == actual
+    assert disk[-1]["free_bytes"] > 0 and disk[-1]["disk_low"] is False

@@ -60,3 +60,38 @@ def test_form_forecast_button(c: httpx.Client, tmp_path: Path) -> None:
         and "fits (with a 10 % margin)" in text
     )
     assert c.get("/api/runs").json() == []
+
+
+def test_api_forecast_of_a_speculators_run(c: httpx.Client, tmp_path: Path) -> None:
+    """speculators' --preprocessed-data is a folder saved by datasets: read as its client reads it."""
+    from datasets import Dataset
+
+    paths = _paths(tmp_path)
+    data = tmp_path / "prep"
+    Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5]]}).save_to_disk(str(data))
+    spec = {"host": "local", **paths, "dataset": str(data), "backend": "speculators"}
+    r = c.post("/api/forecast", json=spec)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert (
+        got["bytes"] == 2 * 256 + 5 * (8 + 4 * 32 * 2) and got["fits"] is True and got["estimated"] is False
+    )
+    r = c.post("/api/forecast", json={**spec, "dataset": paths["dataset"]})  # a JSONL file is not its format
+    assert r.status_code == 422 and "not a directory saved by datasets" in r.json()["message"]
+    assert c.get("/api/runs").json() == []
+
+
+def test_form_forecast_button_for_a_specforge_run(c: httpx.Client, tmp_path: Path) -> None:
+    paths = _paths(tmp_path)
+    Path(paths["dataset"]).write_text(
+        json.dumps({"conversations": [{"role": "user", "content": "hi"}]}) + "\n"
+    )  # no tokenizer in the model folder: the row counts seq_len tokens at most
+    form = {"csrf_token": c.headers["x-csrf-token"], "action": "forecast", "host": "local",
+            "backend": "specforge", "seq_len": "64", "pipeline_scripts_dir": "/opt/SpecForge/scripts",
+            **paths}  # fmt: skip
+    r = c.post("/runs/new", data=form)
+    assert r.status_code == 200, r.text
+    text = re.sub(r"\s+", " ", r.text)
+    # 2560 + 64 × (16 + 4 × 32 × 2) = 19968 bytes
+    assert 'id="forecast"' in text and "Forecast: 19.5 KiB to write (an estimate" in text, text[-3000:]
+    assert c.get("/api/runs").json() == []
