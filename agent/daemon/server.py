@@ -194,7 +194,7 @@ class Daemon:
             if array:
                 watcher.merger = LogMerger(paths, array)
             if not paths.exit.exists():  # re-adopted by job id after a restart, or just submitted
-                self.slurm.track(paths.run, str(job.get("job_id")), array)
+                self.slurm.track(paths.run, str(job.get("job_id")), sched_jobs.expected_tasks(job))
         watcher.start()
         if watcher.task is not None and self.inotify is not None:
             key = f"run:{paths.run}"

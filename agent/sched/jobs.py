@@ -12,6 +12,14 @@ from agent.sched.slurmstate import JobView, combine
 from agent.sched.tracking import advance, exit_record
 
 
+def expected_tasks(job: dict[str, Any]) -> int | list[int] | None:
+    """What ``combine`` waits for: the recorded task ids of an array (its size before they were kept)."""
+    tasks = job.get("tasks")
+    if isinstance(tasks, list) and all(isinstance(t, int) for t in tasks):
+        return tasks
+    return job.get("array") if isinstance(job.get("array"), int) else None
+
+
 def submit(
     paths: RunPaths,
     argv: list[str],
@@ -37,6 +45,7 @@ def submit(
         "scheduler": "slurm",
         "job_id": job_id,
         "array": opts.shards,
+        "tasks": opts.task_ids(),
         "argv": argv,
         "sbatch": sbatch,
         "submitted_at": time.time(),
@@ -51,7 +60,8 @@ def apply_look(
 ) -> tuple[list[dict[str, Any]], bool]:
     """Take one look of the poller into the run dir; (events to journal, True once the job has ended)."""
     prev = read_json(paths.sched)
-    rec, events, exit_rec = advance(prev if isinstance(prev, dict) else {}, view, error, line, time.time())
+    prev = prev if isinstance(prev, dict) else {}
+    rec, events, exit_rec = advance(prev, view, error, line, time.time(), paths.stop.exists())
     atomic_write_json(paths.sched, rec, fsync=False)
     if exit_rec is not None and not paths.exit.exists():
         atomic_write_json(paths.exit, exit_rec)
@@ -62,7 +72,7 @@ def stop(paths: RunPaths, grace_s: float, poll_s: float = 2.0) -> dict[str, Any]
     """scancel the whole job, then wait until Slurm says it ended (sacct where kept, else squeue)."""
     job = read_json(paths.job)
     job = job if isinstance(job, dict) else {}
-    job_id, array = str(job.get("job_id")), job.get("array")
+    job_id, array = str(job.get("job_id")), expected_tasks(job)
     result: dict[str, Any] = {
         "run": paths.run,
         "killed": [],

@@ -173,8 +173,10 @@ def _position(rows: list[TaskRow], mine: TaskRow) -> int:
     return len(ahead) + 1
 
 
-def combine(job_id: str, rows: list[TaskRow], array: int | None) -> JobView | None:
-    """The view of job ``job_id`` from all squeue rows; None when squeue no longer lists it."""
+def combine(job_id: str, rows: list[TaskRow], array: int | list[int] | None) -> JobView | None:
+    """The view of job ``job_id`` from all squeue rows; None when squeue no longer lists it.
+
+    ``array``: the array's size (tasks 0 to N-1) or its task ids, None for a plain job."""
     mine = [r for r in rows if r.job_id == job_id]
     if not mine:
         return None
@@ -186,7 +188,8 @@ def combine(job_id: str, rows: list[TaskRow], array: int | None) -> JobView | No
     if _P in phases:
         pending = next(r for r in mine if state_of(r.state).phase == _P)
         return JobView(job_id, _P, pending.state, pending.reason, _position(rows, pending), tasks=tasks)
-    if array is not None and any(str(i) not in tasks for i in range(array)):
+    expected = range(array) if isinstance(array, int) else array or []
+    if any(str(i) not in tasks for i in expected):
         # Every listed task has ended but one squeue does not list has not been seen to: not over yet.
         last = mine[-1]
         return JobView(job_id, _R, last.state, last.reason, None, tasks=tasks)

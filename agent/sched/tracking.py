@@ -28,11 +28,54 @@ def exit_record(view: JobView, now: float) -> dict[str, Any]:
     }
 
 
+def task_outcome(slurm_state: str, stopping: bool) -> str:
+    """The run state one ended array task stands for: completed, failed, or stopped (cancelled by a stop;
+    a task cancelled otherwise, e.g. ``scancel JOB_TASK`` by hand or by an admin, failed)."""
+    outcome = state_of(slurm_state).outcome
+    if outcome == "cancelled":
+        return "stopped" if stopping else "failed"
+    return outcome or "failed"
+
+
+def ended_tasks(prev: dict[str, Any], view: JobView, line: int, stopping: bool) -> list[dict[str, Any]]:
+    """A ``task_ended`` milestone (fields ``shard``, ``slurm_state``, ``outcome``) for each array task that
+    has ended since the last look: what lets the controller show each shard's own state."""
+    given = prev.get("tasks")
+    seen: dict[str, Any] = given if isinstance(given, dict) else {}
+    events = []
+    for task, state in sorted(view.tasks.items()):
+        if not task.isdigit() or state_of(state).phase != "ended":
+            continue
+        if task in seen and state_of(str(seen[task])).phase == "ended":
+            continue
+        outcome = task_outcome(state, stopping)
+        meaning = state_of(state).meaning
+        events.append(
+            milestone_event(
+                "task_ended",
+                line,
+                f"Slurm job {view.job_id} task {task} {state}: {meaning}",
+                job_id=view.job_id,
+                shard=int(task),
+                slurm_state=state,
+                outcome=outcome,
+                reason=f"{state}: {meaning}",
+            )
+        )
+    return events
+
+
 def advance(
-    prev: dict[str, Any], view: JobView | None, error: str | None, line: int, now: float
+    prev: dict[str, Any],
+    view: JobView | None,
+    error: str | None,
+    line: int,
+    now: float,
+    stopping: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
     """(record, events, exit record or None) after a look that found ``view`` (None: not listed any more)
-    or failed with ``error`` (Slurm not reachable: the job is left as it was, never called lost)."""
+    or failed with ``error`` (Slurm not reachable: the job is left as it was, never called lost).
+    ``stopping``: a stop was asked for (a cancelled task was stopped, not failed)."""
     rec = dict(prev)
     events: list[dict[str, Any]] = []
     job = str(prev.get("job_id"))
@@ -87,6 +130,8 @@ def advance(
                 tasks=view.tasks,
             )
         )
+    if prev.get("array") is not None:
+        events.extend(ended_tasks(prev, view, line, stopping))
     if view.phase == "ended":
         return rec, events, exit_record(view, now)
     return rec, events, None
