@@ -194,7 +194,7 @@ class Daemon:
             if array:
                 watcher.merger = LogMerger(paths, array)
             if not paths.exit.exists():  # re-adopted by job id after a restart, or just submitted
-                self.slurm.track(paths.run, str(job.get("job_id")), sched_jobs.expected_tasks(job))
+                self.slurm.track(paths.run, str(job.get("job_id")), sched_jobs.expected_tasks(paths))
         watcher.start()
         if watcher.task is not None and self.inotify is not None:
             key = f"run:{paths.run}"
@@ -211,6 +211,9 @@ class Daemon:
         events, over = sched_jobs.apply_look(watcher.paths, view, error, getattr(watcher, "line", 0))
         if over:
             self.slurm.untrack(run)
+        elif view is not None and any(e.get("kind") == "task_ended" for e in events):
+            # tasks that left the queue unseen are no longer waited for (the next look, not an extra one)
+            self.slurm.track(run, view.job_id, sched_jobs.expected_tasks(watcher.paths))
         watcher.note(events)
 
     def _unwatch(self, key: str) -> None:

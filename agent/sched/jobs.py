@@ -12,12 +12,17 @@ from agent.sched.slurmstate import JobView, combine
 from agent.sched.tracking import advance, exit_record
 
 
-def expected_tasks(job: dict[str, Any]) -> int | list[int] | None:
-    """What ``combine`` waits for: the recorded task ids of an array (its size before they were kept)."""
+def expected_tasks(paths: RunPaths) -> int | list[int] | None:
+    """What ``combine`` waits for: an array's recorded task ids (its size before they were recorded) less
+    those that left the queue unseen (sched.json ``gone``); None for a plain job."""
+    job = read_json(paths.job)
+    job = job if isinstance(job, dict) else {}
     tasks = job.get("tasks")
-    if isinstance(tasks, list) and all(isinstance(t, int) for t in tasks):
-        return tasks
-    return job.get("array") if isinstance(job.get("array"), int) else None
+    if not (isinstance(tasks, list) and all(isinstance(t, int) for t in tasks)):
+        return job.get("array") if isinstance(job.get("array"), int) else None
+    sched = read_json(paths.sched)
+    gone = sched.get("gone") if isinstance(sched, dict) else None
+    return [t for t in tasks if t not in (gone or [])]
 
 
 def submit(
@@ -51,7 +56,11 @@ def submit(
         "submitted_at": time.time(),
     }
     atomic_write_json(paths.job, record)
-    atomic_write_json(paths.sched, {"job_id": job_id, "array": opts.shards, "phase": "submitted"})
+    # Every task starts out pending: one that leaves the queue before a look sees it is still noticed.
+    pending = {str(t): "PENDING" for t in opts.task_ids() or []}
+    atomic_write_json(
+        paths.sched, {"job_id": job_id, "array": opts.shards, "phase": "submitted", "tasks": pending}
+    )
     return record
 
 
@@ -72,7 +81,7 @@ def stop(paths: RunPaths, grace_s: float, poll_s: float = 2.0) -> dict[str, Any]
     """scancel the whole job, then wait until Slurm says it ended (sacct where kept, else squeue)."""
     job = read_json(paths.job)
     job = job if isinstance(job, dict) else {}
-    job_id, array = str(job.get("job_id")), expected_tasks(job)
+    job_id, array = str(job.get("job_id")), expected_tasks(paths)
     result: dict[str, Any] = {
         "run": paths.run,
         "killed": [],

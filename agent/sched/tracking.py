@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.runs.summary import milestone_event
-from agent.sched.slurmstate import JobView, exit_fields, state_of
+from agent.sched.slurmstate import JobView, exit_fields, state_of, task_states
 
 
 def exit_record(view: JobView, now: float) -> dict[str, Any]:
@@ -37,32 +37,53 @@ def task_outcome(slurm_state: str, stopping: bool) -> str:
     return outcome or "failed"
 
 
-def ended_tasks(prev: dict[str, Any], view: JobView, line: int, stopping: bool) -> list[dict[str, Any]]:
-    """A ``task_ended`` milestone (fields ``shard``, ``slurm_state``, ``outcome``) for each array task that
-    has ended since the last look: what lets the controller show each shard's own state."""
+def _task_event(job_id: str, task: int, state: str, outcome: str, reason: str, line: int) -> dict[str, Any]:
+    return milestone_event(
+        "task_ended",
+        line,
+        f"Slurm job {job_id} task {task} {reason}",
+        job_id=job_id,
+        shard=task,
+        slurm_state=state,
+        outcome=outcome,
+        reason=reason,
+    )
+
+
+def ended_tasks(
+    prev: dict[str, Any], view: JobView, line: int, stopping: bool
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """A ``task_ended`` milestone (fields ``shard``, ``slurm_state``, ``outcome``, ``reason``) for each array
+    task that has ended since the last look (what lets the controller show each shard's own state), and
+    the ids of tasks that left the queue unseen (``gone``).
+
+    A pending task cancelled on its own (``scancel JOB_TASK``) leaves no record: it only drops out of the
+    array's pending range, so it is taken as cancelled. A running task that vanished without its end seen
+    (past MinJobAge while the daemon was down) is taken as failed, its outcome unknown."""
     given = prev.get("tasks")
-    seen: dict[str, Any] = given if isinstance(given, dict) else {}
+    before = task_states(given if isinstance(given, dict) else {})
+    now = task_states(view.tasks)
+    gone_before = {int(t) for t in prev.get("gone") or [] if isinstance(t, int)}
     events = []
-    for task, state in sorted(view.tasks.items()):
-        if not task.isdigit() or state_of(state).phase != "ended":
+    for task, state in sorted(now.items()):
+        if state_of(state).phase != "ended" or state_of(before.get(task, "")).phase == "ended":
             continue
-        if task in seen and state_of(str(seen[task])).phase == "ended":
+        reason = f"{state}: {state_of(state).meaning}"
+        events.append(_task_event(view.job_id, task, state, task_outcome(state, stopping), reason, line))
+    gone = []
+    for task, state in sorted(before.items()):
+        if task in now or task in gone_before or state_of(state).phase == "ended":
             continue
-        outcome = task_outcome(state, stopping)
-        meaning = state_of(state).meaning
-        events.append(
-            milestone_event(
-                "task_ended",
-                line,
-                f"Slurm job {view.job_id} task {task} {state}: {meaning}",
-                job_id=view.job_id,
-                shard=int(task),
-                slurm_state=state,
-                outcome=outcome,
-                reason=f"{state}: {meaning}",
+        gone.append(task)
+        if state_of(state).phase == "pending":
+            reason = "CANCELLED: left the queue before it started (cancelled)"
+            events.append(
+                _task_event(view.job_id, task, "CANCELLED", task_outcome("CANCELLED", stopping), reason, line)
             )
-        )
-    return events
+        else:
+            reason = f"left the queue in state {state} without its end being seen: outcome unknown"
+            events.append(_task_event(view.job_id, task, state, "failed", reason, line))
+    return events, gone
 
 
 def advance(
@@ -131,7 +152,10 @@ def advance(
             )
         )
     if prev.get("array") is not None:
-        events.extend(ended_tasks(prev, view, line, stopping))
+        said, gone = ended_tasks(prev, view, line, stopping)
+        events.extend(said)
+        if gone:
+            rec["gone"] = sorted({*(prev.get("gone") or []), *gone})
     if view.phase == "ended":
         return rec, events, exit_record(view, now)
     return rec, events, None

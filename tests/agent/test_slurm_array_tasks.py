@@ -10,7 +10,7 @@ import pytest
 from agent.paths import RunPaths
 from agent.sched.options import SlurmOptions
 from agent.sched.slurm import sbatch_argv
-from agent.sched.slurmstate import combine, parse_squeue
+from agent.sched.slurmstate import combine, parse_squeue, task_ids
 from agent.sched.tracking import advance, task_outcome
 from agent.spec import parse_spec
 from controller.sharding import task_state
@@ -85,3 +85,27 @@ def test_mixed_hosts_the_slurm_hosts_shards_become_one_array_the_others_stay_job
     one = array_spec(spec.model_dump(mode="json"), "hpc")
     assert one["host"] == "hpc" and "shards" not in one and one.get("shard") is None
     assert parse_spec(one).shards == 1
+
+
+def test_a_pending_task_cancelled_alone_leaves_no_record_and_is_taken_as_cancelled() -> None:
+    """Slurm 22.05 drops a pending task cancelled with ``scancel JOB_1`` from the array's pending range."""
+    assert task_ids("[0-1]") == [0, 1] and task_ids("0,2-6:2%1") == [0, 2, 4, 6] and task_ids("N/A") == []
+    rec = {"job_id": "2", "array": 2, "phase": "submitted", "tasks": {"0": "PENDING", "1": "PENDING"}}
+    look = combine("2", parse_squeue("2|[0]|2|PENDING|BeginTime|0|1|d|\n"), [0, 1])
+    assert look is not None and look.phase == "pending"
+    rec, events, ended = advance(rec, look, None, 0, 1.0)
+    (ev,) = [e for e in events if e["kind"] == "task_ended"]
+    assert (ev["fields"]["shard"], ev["fields"]["outcome"]) == (1, "failed") and ended is None
+    assert rec["gone"] == [1]
+    rec, events, _ = advance(rec, look, None, 0, 2.0)
+    assert not [e for e in events if e["kind"] == "task_ended"]  # said once
+    # the whole (pending) rest cancelled by a stop: one range row, every task in it ended
+    gone = combine("2", parse_squeue("2|[0]|2|CANCELLED|None|0|1|d|\n"), [0])
+    assert gone is not None and gone.phase == "ended"
+    rec, events, ended = advance(rec, gone, None, 0, 3.0, stopping=True)
+    assert [(e["fields"]["shard"], e["fields"]["outcome"]) for e in events if e["kind"] == "task_ended"] == [
+        (0, "stopped")
+    ]
+    assert ended is not None and ended["scheduler_state"] == "CANCELLED"
+    both = combine("4", parse_squeue("4|0-1|4|CANCELLED|None|0|1|d|\n"), 2)
+    assert both is not None and both.phase == "ended"  # a cancelled pending range covers both tasks
