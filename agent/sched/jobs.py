@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from agent.paths import RunPaths, atomic_write_json, read_json
 from agent.sched import slurm
 from agent.sched.options import SlurmOptions
-from agent.sched.slurmstate import JobView, combine
+from agent.sched.slurmstate import JobView, combine, state_of, task_states
 from agent.sched.tracking import advance, exit_record
 
 
@@ -23,6 +24,51 @@ def expected_tasks(paths: RunPaths) -> int | list[int] | None:
     sched = read_json(paths.sched)
     gone = sched.get("gone") if isinstance(sched, dict) else None
     return [t for t in tasks if t not in (gone or [])]
+
+
+#: The shards a job writes: (count, shard indices); None for a job of the whole dataset.
+Claim = tuple[int, set[int]] | None
+
+
+def shard_claim(shard: tuple[int, int] | None, opts: SlurmOptions | None) -> Claim:
+    """The shards a new job writes: its spec's one shard, or an array's task ids."""
+    if shard is not None:
+        return shard[1], {shard[0]}
+    if opts is not None and opts.shards:
+        return opts.shards, set(opts.task_ids() or [])
+    return None
+
+
+def live_claim(shard: tuple[int, int] | None, paths: RunPaths) -> Claim:
+    """The shards an active job still writes: its one shard, or its array's tasks not yet ended."""
+    if shard is not None:
+        return shard[1], {shard[0]}
+    job = read_json(paths.job)
+    job = job if isinstance(job, dict) else {}
+    expected = expected_tasks(paths)
+    if not isinstance(job.get("array"), int) or expected is None:
+        return None
+    ids = set(range(expected)) if isinstance(expected, int) else set(expected)
+    sched = read_json(paths.sched)
+    seen = sched.get("tasks") if isinstance(sched, dict) else None
+    ended = {
+        t
+        for t, st in task_states(seen if isinstance(seen, dict) else {}).items()
+        if state_of(st).phase == "ended"
+    }
+    return job["array"], ids - ended
+
+
+def disjoint_shards(mine_dir: str, mine: Claim, other_dir: str | None, other: Claim) -> bool:
+    """True when two jobs write different shards of one sharded run's output_dir (files never collide)."""
+    return (
+        mine is not None
+        and other is not None
+        and mine[0] == other[0]
+        and not mine[1] & other[1]
+        and other_dir is not None
+        and os.path.normpath(mine_dir) == os.path.normpath(other_dir)
+    )
 
 
 def submit(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.paths import RunPaths
+from agent.sched.jobs import disjoint_shards, live_claim, shard_claim
 from agent.sched.options import SlurmOptions
 from agent.sched.slurm import sbatch_argv
 from agent.sched.slurmstate import combine, parse_squeue, task_ids
@@ -109,3 +110,18 @@ def test_a_pending_task_cancelled_alone_leaves_no_record_and_is_taken_as_cancell
     assert ended is not None and ended["scheduler_state"] == "CANCELLED"
     both = combine("4", parse_squeue("4|0-1|4|CANCELLED|None|0|1|d|\n"), 2)
     assert both is not None and both.phase == "ended"  # a cancelled pending range covers both tasks
+
+
+def test_an_array_job_claims_only_its_tasks_still_going_in_the_shared_output_dir(tmp_path: Path) -> None:
+    paths = RunPaths(run="arr", dir=tmp_path)
+    opts = SlurmOptions.parse({**BASE, "shards": 3, "tasks": [0, 2]})
+    assert shard_claim(None, opts) == (3, {0, 2}) and shard_claim((1, 3), None) == (3, {1})
+    assert shard_claim(None, None) is None
+    (tmp_path / "job.json").write_text(json.dumps({"job_id": "5", "array": 3, "tasks": [0, 2]}))
+    (tmp_path / "sched.json").write_text(json.dumps({"tasks": {"0": "RUNNING", "2": "FAILED"}}))
+    going = live_claim(None, paths)
+    assert going == (3, {0})  # task 2 has ended: a new job of shard 2 may write there
+    assert disjoint_shards("/o/", (3, {2}), "/o", going)
+    assert not disjoint_shards("/o", (3, {0}), "/o", going)  # shard 0 still being written
+    assert not disjoint_shards("/o", (2, {1}), "/o", going)  # another split of the data
+    assert not disjoint_shards("/o", None, "/o", going)  # the whole dataset

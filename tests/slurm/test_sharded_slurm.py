@@ -121,8 +121,10 @@ async def _scenario(tmp: Path, settings: Settings) -> dict[str, Any]:
 
 
 async def submitted_job(ctl: Controller, job_id: str) -> str | None:
-    """The Slurm job id of a job row once its sbatch has answered."""
-    return (await ctl.get_run(job_id)).scheduler_job or None
+    """The Slurm job id of a job row once its sbatch has answered (an AssertionError if its launch failed)."""
+    job = await ctl.get_run(job_id)
+    assert job.state != "failed", job.failure_reason
+    return job.scheduler_job or None
 
 
 @pytest.fixture(scope="module")
