@@ -57,12 +57,23 @@ def replace_job(tx_conn: sqlite3.Connection, run_id: str, idx: int, job_id: str)
 
 def note_tasks(
     tx_conn: sqlite3.Connection, job_id: str, milestones: list[tuple[str, dict[str, Any]]]
-) -> None:
+) -> list[dict[str, Any]]:
     """What an array job's milestones (kind, fields with ``shard``) say of each task's own shard row:
-    its progress, its last milestone and, from ``task_ended``, its state and reason."""
+    its progress, its last milestone and, from ``task_ended``, its state and reason.
+
+    Returns the tasks that have just failed, as run-like rows (id: the array job, name naming the shard
+    and the run, host) for their ``run_failed`` alert: the array job itself goes on."""
+    failed = []
     for kind, fields in milestones:
         task = fields.get("shard")
         if type(task) is not int:
+            continue
+        row = tx_conn.execute(
+            "SELECT s.task_state, s.host, r.name, r.shards FROM run_shards s JOIN runs r ON r.id = s.run_id"
+            " WHERE s.job_id=? AND s.task=?",
+            (job_id, task),
+        ).fetchone()
+        if row is None:  # no shard's latest attempt is this task any more (it was resumed as its own job)
             continue
         cols: dict[str, Any] = {"task_milestone": kind}
         if kind == "progress":
@@ -70,11 +81,17 @@ def note_tasks(
         elif kind == "task_ended" and fields.get("outcome") in ("completed", "failed", "stopped"):
             cols["task_state"] = fields["outcome"]
             cols["task_reason"] = str(fields.get("reason") or "")[:500] or None
+            if fields["outcome"] == "failed" and row["task_state"] != "failed":
+                name = f"{row['name']} shard {task}/{row['shards']}"
+                failed.append(
+                    {"id": job_id, "name": name, "host": row["host"], "reason": cols["task_reason"]}
+                )
         sets = ", ".join(f"{k}=:{k}" for k in cols)  # names from the code above, never from data
         tx_conn.execute(
             f"UPDATE run_shards SET {sets} WHERE job_id=:job AND task=:task",
             {**cols, "job": job_id, "task": task},
         )
+    return failed
 
 
 def has_tasks(tx_conn: sqlite3.Connection, job_id: str) -> bool:

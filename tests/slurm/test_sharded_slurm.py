@@ -99,6 +99,7 @@ async def _scenario(tmp: Path, settings: Settings) -> dict[str, Any]:
         res["one_failed"] = await wait_for(
             lambda: shard_state(cancel, 1, "failed"), timeout=60, what="task 1"
         )
+        res["alerts"] = await ctl.list_alerts()
         assert await ctl.resume_run(cancel, shard=1) == cancel  # still active: the same run
         res["resumed"] = resumed = await ctl.get_run(cancel)
         new_job = await wait_for(
@@ -169,6 +170,8 @@ def test_a_cancelled_task_fails_its_shard_alone_and_resume_gives_it_its_own_job(
     assert [s.state for s in failed.shards] == ["pending", "failed"]
     assert failed.state == "pending"  # shard 0 still waits: the run goes on
     assert (failed.shards[1].failure_reason or "").startswith("CANCELLED"), failed.shards[1]
+    (alert,) = [a for a in scenario["alerts"] if a.rule == "run_failed" and "cancel shard 1/2" in a.message]
+    assert "CANCELLED" in alert.message and alert.run_id == failed.shards[1].job_id
     resumed = scenario["resumed"].shards[1]
     assert resumed.task is None and resumed.attempts == 2 and resumed.job_id.endswith("-s1-a2")
     assert scenario["new_job"] != scenario["cancel_array"]
