@@ -208,7 +208,8 @@ class ShardOps:
     async def stop(self, run: dict[str, Any]) -> dict[str, Any]:
         """Stop every shard's job that is still going; the run ends once they all have."""
         rows = await self.ops.store.read(shard_store.shards, run["id"])
-        going = [r for r in rows if not is_terminal(r.state) and (r.state != "pending" or r.task is not None)]
+        # pending too: a shard's Slurm job (or array) waiting in the queue is scancelled there
+        going = [r for r in rows if not is_terminal(r.state)]
         # An array job's tasks share it: one stop (one scancel) for all of them.
         job_ids = list(dict.fromkeys(r.job_id for r in going))
         results = await asyncio.gather(*(self.ops.stop(j) for j in job_ids), return_exceptions=True)
