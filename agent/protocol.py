@@ -30,10 +30,13 @@ Requests (args → result):
 - ``launch {run, spec}`` → ``{"run", "pid", "start_time", "argv"}``; ``spec`` is a run spec dict
   (agent/spec.py); backend ``command`` runs ``spec.command``, the others run ``eaglewatch-agent extract``.
   Optional ``scheduler``: ``{"kind": "slurm", "partition"?, "account"?, "sbatch_args"?: [str],
-  "gpus"?: "gpus-per-task" | "gres" | "none", "shards"?: N}`` (agent/sched/options.py) submits the run with
-  ``sbatch`` instead of starting it; the result is then ``{"run", "pid": null, "start_time": null, "argv",
-  "scheduler": "slurm", "job_id"}``. With ``shards`` (and no ``spec.shard``) it is one array job of N tasks,
-  task i running the spec with ``shard {"index": i, "count": N}``; its milestones carry ``fields.shard``.
+  "gpus"?: "gpus-per-task" | "gres" | "none", "shards"?: N, "tasks"?: [i...]}`` (agent/sched/options.py)
+  submits the run with ``sbatch`` instead of starting it; the result is then ``{"run", "pid": null,
+  "start_time": null, "argv", "scheduler": "slurm", "job_id"}``. With ``shards`` (and no ``spec.shard``) it
+  is one array job of N tasks (only the task ids ``tasks`` where given: a cluster's share of a sharded run),
+  task i running the spec with ``shard {"index": i, "count": N}``; its milestones carry ``fields.shard``,
+  and each task that ends gets a ``task_ended`` milestone (``shard``, ``slurm_state``, ``outcome``:
+  completed | failed | stopped, ``reason``).
 - ``stop {run, grace_s?}`` → ``{"run", "killed": [{"pid", "cmdline", "signal"}], "remaining": [pid...],
   "confirmed": bool, "gpu_released": bool | null}`` (``gpu_released``: no killed pid still holds GPU memory
   according to nvidia-smi; null where there is no GPU)

@@ -224,6 +224,12 @@ def apply_events(*, tx: Tx, run_id: str, events: list[dict[str, Any]], policy: A
             case _:
                 _apply(tx, run, effect, policy)
     _set_run(tx, run_id, cols, last_seq=plan.last_seq)
+    said = [(e.kind, e.fields) for e in plan.effects if isinstance(e, ingest.StoreMilestone)]
+    if said and run["shard_of"] and shard_store.has_tasks(tx.conn, run_id):
+        # an array job: each task's own shard row, and an alert for a task that failed (the others go on)
+        for task in shard_store.note_tasks(tx.conn, run_id, said):
+            for draft in alerts.rules_for_state(task, "failed", task["reason"]):
+                raise_alert(tx=tx, draft=draft, policy=policy)
     if plan.run_changed:
         publish_run(tx=tx, run_id=run_id)
     return plan.applied

@@ -96,6 +96,13 @@ class RunShard(SQLModel, table=True):
     gpus_json: str = "null"
     job_id: str = Field(index=True)
     attempts: int = 1
+    #: A task of a Slurm array job (job_id runs the tasks of several shards): its task id (= the index),
+    #: and what the job's journal said of this task alone (task_ended, its progress, its last milestone).
+    task: int | None = None
+    task_state: str | None = None
+    task_reason: str | None = None
+    task_progress_json: str | None = None
+    task_milestone: str | None = None
 
 
 class Event(SQLModel, table=True):
@@ -346,6 +353,8 @@ class ShardPublic(BaseModel):
     progress: dict[str, Any] | None
     last_milestone: str | None
     failure_reason: str | None
+    #: The Slurm array task id when the shard is one task of an array job (``job_id`` shared), else None.
+    task: int | None = None
 
 
 class RunDetail(RunPublic):

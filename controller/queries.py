@@ -207,19 +207,24 @@ def get_run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
     shard_of = {
         r[0]: r[1] for r in conn.execute(f"SELECT id, shard_index FROM runs WHERE id IN {_in(ids)}", ids)
     }
-    milestones = [
-        MilestonePublic(
-            shard=shard_of.get(m["run_id"]),
-            seq=m["seq"],
-            kind=m["kind"],
-            at=m["at"],
-            line=m["line"],
-            rank=m["rank"],
-            fields=json.loads(m["fields_json"] or "{}"),
-            text=m["text"],
+    milestones = []
+    for m in conn.execute(f"SELECT * FROM milestones WHERE run_id IN {_in(ids)} ORDER BY {order}seq", ids):
+        fields = json.loads(m["fields_json"] or "{}")
+        shard = shard_of.get(m["run_id"])
+        if shard is None and row["shards"] and type(fields.get("shard")) is int:
+            shard = fields["shard"]  # an array job runs several shards: its milestones say whose they are
+        milestones.append(
+            MilestonePublic(
+                shard=shard,
+                seq=m["seq"],
+                kind=m["kind"],
+                at=m["at"],
+                line=m["line"],
+                rank=m["rank"],
+                fields=fields,
+                text=m["text"],
+            )
         )
-        for m in conn.execute(f"SELECT * FROM milestones WHERE run_id IN {_in(ids)} ORDER BY {order}seq", ids)
-    ]
     alerts = [
         _alert(a) for a in conn.execute(f"SELECT * FROM alerts WHERE run_id IN {_in(ids)} ORDER BY id", ids)
     ]

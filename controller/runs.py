@@ -169,13 +169,19 @@ class RunOps:
         await self.launch(run_id, parsed.hosts[0], spec_dict)
         return run_id
 
-    async def launch(self, run_id: str, host: str, spec_dict: dict[str, Any]) -> None:
-        """Ask ``host``'s agent to launch a written (starting) run; a refusal fails it with the reason."""
+    async def launch(
+        self, run_id: str, host: str, spec_dict: dict[str, Any], array: tuple[int, list[int]] | None = None
+    ) -> None:
+        """Ask ``host``'s agent to launch a written (starting) run; a refusal fails it with the reason.
+
+        ``array`` (shards, task ids): on a Slurm host, one array job running those shards of the run."""
         try:
             row = await self.store.read(queries.host_row, host)
         except NotFound:
             row = {}
         extra = {"scheduler": sched} if (sched := scheduler_args(row)) else {}
+        if sched is not None and array is not None:
+            sched.update(shards=array[0], tasks=array[1])
         try:
             async with self.supervisors.link_for(host) as link:
                 result = await link.request("launch", run=run_id, spec=spec_dict, timeout=120, **extra)

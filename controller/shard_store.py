@@ -16,21 +16,91 @@ from controller import sharding
 from controller.lifecycle import is_terminal
 from controller.models import ShardPublic
 
+#: A shard row's own columns for a task of an array job (copied with the row when a new run carries it).
+TASK_COLUMNS = ("task", "task_state", "task_reason", "task_progress_json", "task_milestone")
+
 
 def insert_shard(
-    tx_conn: sqlite3.Connection, run_id: str, idx: int, host: str, gpus: Any, job_id: str, attempts: int = 1
+    tx_conn: sqlite3.Connection,
+    run_id: str,
+    idx: int,
+    host: str,
+    gpus: Any,
+    job_id: str,
+    attempts: int = 1,
+    task: int | None = None,
 ) -> None:
-    """The shard row of a new sharded run (its first attempt, or one carried over from the run it resumes)."""
+    """The shard row of a new sharded run (its first attempt; ``task``: its task id in the array job)."""
     tx_conn.execute(
-        "INSERT INTO run_shards(run_id, idx, host, gpus_json, job_id, attempts) VALUES (?,?,?,?,?,?)",
-        (run_id, idx, host, json.dumps(gpus), job_id, attempts),
+        "INSERT INTO run_shards(run_id, idx, host, gpus_json, job_id, attempts, task) VALUES (?,?,?,?,?,?,?)",
+        (run_id, idx, host, json.dumps(gpus), job_id, attempts, task),
+    )
+
+
+def carry_shard(tx_conn: sqlite3.Connection, from_run: str, run_id: str, idx: int) -> None:
+    """A shard of the run a new one resumes, carried over as it is (its job, attempts and task record)."""
+    cols = ", ".join(("idx", "host", "gpus_json", "job_id", "attempts", *TASK_COLUMNS))
+    tx_conn.execute(
+        f"INSERT INTO run_shards(run_id, {cols}) SELECT ?, {cols} FROM run_shards WHERE run_id=? AND idx=?",
+        (run_id, from_run, idx),
     )
 
 
 def replace_job(tx_conn: sqlite3.Connection, run_id: str, idx: int, job_id: str) -> None:
-    """A shard's new attempt: its row names the new job."""
+    """A shard's new attempt: its row names the new job (a job of its own, no longer an array's task)."""
     tx_conn.execute(
-        "UPDATE run_shards SET job_id=?, attempts=attempts+1 WHERE run_id=? AND idx=?", (job_id, run_id, idx)
+        "UPDATE run_shards SET job_id=?, attempts=attempts+1, task=NULL, task_state=NULL, task_reason=NULL,"
+        " task_progress_json=NULL, task_milestone=NULL WHERE run_id=? AND idx=?",
+        (job_id, run_id, idx),
+    )
+
+
+def note_tasks(
+    tx_conn: sqlite3.Connection, job_id: str, milestones: list[tuple[str, dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """What an array job's milestones (kind, fields with ``shard``) say of each task's own shard row:
+    its progress, its last milestone and, from ``task_ended``, its state and reason.
+
+    Returns the tasks that have just failed, as run-like rows (id: the array job, name naming the shard
+    and the run, host) for their ``run_failed`` alert: the array job itself goes on."""
+    failed = []
+    for kind, fields in milestones:
+        task = fields.get("shard")
+        if type(task) is not int:
+            continue
+        row = tx_conn.execute(
+            "SELECT s.task_state, s.host, r.name, r.shards FROM run_shards s JOIN runs r ON r.id = s.run_id"
+            " WHERE s.job_id=? AND s.task=?",
+            (job_id, task),
+        ).fetchone()
+        if row is None:  # no shard's latest attempt is this task any more (it was resumed as its own job)
+            continue
+        cols: dict[str, Any] = {"task_milestone": kind}
+        if kind == "progress":
+            cols["task_progress_json"] = json.dumps(fields)
+        elif kind == "task_ended" and fields.get("outcome") in ("completed", "failed", "stopped"):
+            cols["task_state"] = fields["outcome"]
+            cols["task_reason"] = str(fields.get("reason") or "")[:500] or None
+            if fields["outcome"] == "failed" and row["task_state"] != "failed":
+                name = f"{row['name']} shard {task}/{row['shards']}"
+                failed.append(
+                    {"id": job_id, "name": name, "host": row["host"], "reason": cols["task_reason"]}
+                )
+        sets = ", ".join(f"{k}=:{k}" for k in cols)  # names from the code above, never from data
+        tx_conn.execute(
+            f"UPDATE run_shards SET {sets} WHERE job_id=:job AND task=:task",
+            {**cols, "job": job_id, "task": task},
+        )
+    return failed
+
+
+def has_tasks(tx_conn: sqlite3.Connection, job_id: str) -> bool:
+    """Whether some shard row is a task of this (array) job."""
+    return (
+        tx_conn.execute(
+            "SELECT 1 FROM run_shards WHERE job_id=? AND task IS NOT NULL LIMIT 1", (job_id,)
+        ).fetchone()
+        is not None
     )
 
 
@@ -42,28 +112,55 @@ def parents_of(conn: sqlite3.Connection, job_id: str) -> list[str]:
 def _current(conn: sqlite3.Connection, run_id: str) -> list[sqlite3.Row]:
     return conn.execute(
         "SELECT s.idx, s.host, s.gpus_json, s.job_id, s.attempts, r.state, r.progress_json, r.last_milestone,"
-        " r.failure_reason, r.started_at FROM run_shards s JOIN runs r ON r.id = s.job_id"
+        " r.failure_reason, r.started_at, s.task, s.task_state, s.task_reason, s.task_progress_json,"
+        " s.task_milestone FROM run_shards s JOIN runs r ON r.id = s.job_id"
         " WHERE s.run_id=? ORDER BY s.idx",
         (run_id,),
     ).fetchall()
 
 
+def _own(r: sqlite3.Row) -> dict[str, Any]:
+    """A shard's state, progress, last milestone and failure reason: its job's, or for a task of an array
+    job (sharding.task_state) what the job's journal said of that task."""
+    if r["task"] is None:
+        return {
+            "state": r["state"],
+            "progress_json": r["progress_json"],
+            "last_milestone": r["last_milestone"],
+            "failure_reason": r["failure_reason"],
+        }
+    state = sharding.task_state(r["state"], r["task_state"])
+    reason = None
+    if state != "completed" and is_terminal(state):
+        reason = r["task_reason"] if r["task_state"] else r["failure_reason"]
+    return {
+        "state": state,
+        "progress_json": r["task_progress_json"],
+        "last_milestone": r["task_milestone"] or r["last_milestone"],
+        "failure_reason": reason,
+    }
+
+
 def shards(conn: sqlite3.Connection, run_id: str) -> list[ShardPublic]:
     """A sharded run's shard table (empty for an ordinary run)."""
-    return [
-        ShardPublic(
-            index=r["idx"],
-            host=r["host"],
-            gpus=json.loads(r["gpus_json"]),
-            job_id=r["job_id"],
-            attempts=r["attempts"],
-            state=r["state"],
-            progress=json.loads(r["progress_json"]) if r["progress_json"] else None,
-            last_milestone=r["last_milestone"],
-            failure_reason=r["failure_reason"],
+    out = []
+    for r in _current(conn, run_id):
+        own = _own(r)
+        out.append(
+            ShardPublic(
+                index=r["idx"],
+                host=r["host"],
+                gpus=json.loads(r["gpus_json"]),
+                job_id=r["job_id"],
+                attempts=r["attempts"],
+                state=own["state"],
+                progress=json.loads(own["progress_json"]) if own["progress_json"] else None,
+                last_milestone=own["last_milestone"],
+                failure_reason=own["failure_reason"],
+                task=r["task"],
+            )
         )
-        for r in _current(conn, run_id)
-    ]
+    return out
 
 
 def job_ids(conn: sqlite3.Connection, run_id: str) -> list[str]:
@@ -76,10 +173,9 @@ def job_ids(conn: sqlite3.Connection, run_id: str) -> list[str]:
 
 
 def current_job_ids(conn: sqlite3.Connection, run_id: str) -> list[str]:
-    """The job of each shard's latest attempt (what the run's verdict judges)."""
-    return [
-        r[0] for r in conn.execute("SELECT job_id FROM run_shards WHERE run_id=? ORDER BY idx", (run_id,))
-    ]
+    """The job of each shard's latest attempt, each once (what the run's verdict judges)."""
+    rows = conn.execute("SELECT job_id FROM run_shards WHERE run_id=? ORDER BY idx", (run_id,))
+    return list(dict.fromkeys(r[0] for r in rows))
 
 
 def aggregate(conn: sqlite3.Connection, run_id: str, now: float, changed_job: str | None) -> bool:
@@ -89,9 +185,10 @@ def aggregate(conn: sqlite3.Connection, run_id: str, now: float, changed_job: st
     Returns whether the row changed.
     """
     run = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
-    rows = _current(conn, run_id)
-    if run is None or not rows:
+    found = _current(conn, run_id)
+    if run is None or not found:
         return False
+    rows = [{**dict(r), **_own(r)} for r in found]
     progress = sharding.run_progress(
         [json.loads(r["progress_json"]) if r["progress_json"] else None for r in rows]
     )

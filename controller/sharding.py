@@ -124,6 +124,15 @@ def run_state(shard_states: list[str]) -> str:
     return S.COMPLETED.value
 
 
+def task_state(job_state: str, ended_as: str | None) -> str:
+    """The state of a shard run as one task of an array job: how its task ended (``task_ended``: completed,
+    failed or stopped) once it has, else its job's state (pending, running, … or, for a job that ended with
+    no word on this task, the job's end: stopped, lost)."""
+    if ended_as in (S.COMPLETED.value, S.FAILED.value, S.STOPPED.value):
+        return ended_as
+    return job_state
+
+
 def run_progress(shard_progress: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     """Sum of the shards' last progress: samples done and total, tokens/s, files and bytes written; the ETA
     is the slowest shard's (they run side by side)."""

@@ -2,6 +2,8 @@
 
 Each shard is an ordinary agent job (a hidden run row) with its own spec: ``shard`` and, on a GPU host,
 ``CUDA_VISIBLE_DEVICES`` naming its GPU group.  ``shard_jobs`` is the one place a run becomes per-host jobs.
+The shards placed on a Slurm host are instead one array job there (``slurm_arrays``): one hidden job row,
+one sbatch, its task i being shard i; each shard row names that job and its task.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from controller import crud, queries, shard_store
 from controller.errors import Conflict, NotFound, SpecInvalid
 from controller.lifecycle import RunEvent, is_terminal
 from controller.models import ShardPublic
-from controller.sharding import PlacementError, cpu_groups, gpu_indices, place, shard_spec
+from controller.sharding import Placement, PlacementError, cpu_groups, gpu_indices, place, shard_spec
 from controller.store import Tx
 
 if TYPE_CHECKING:
@@ -36,11 +38,16 @@ class ShardJob:
 def shard_jobs(parsed: RunSpec, hosts: dict[str, dict[str, Any]]) -> list[ShardJob]:
     """The jobs of a sharded run: its shards placed round-robin over its hosts' GPU groups.
 
-    The one place a run turns into per-host jobs (a scheduler host would take the whole spec as one job
-    here instead).  PlacementError when the shards do not fit the hosts' GPUs.
+    The one place a run turns into per-host jobs (a Slurm host's then become one array job:
+    slurm_arrays).  PlacementError when the shards do not fit the hosts' GPUs.
     """
-    groups = [
-        (name, gpu_indices(json.loads(hosts[name].get("gpus_json") or "[]"), parsed.env))
+    groups = [  # a Slurm login node's own GPUs are not its compute nodes': Slurm hands those out
+        (
+            name,
+            []
+            if is_slurm(hosts[name])
+            else gpu_indices(json.loads(hosts[name].get("gpus_json") or "[]"), parsed.env),
+        )
         for name in parsed.hosts
     ]
     spec = parsed.model_dump(mode="json")
@@ -48,6 +55,26 @@ def shard_jobs(parsed: RunSpec, hosts: dict[str, dict[str, Any]]) -> list[ShardJ
         ShardJob(p.index, p.host, p.gpus, shard_spec(spec, p, parsed.shards))
         for p in place(parsed.shards, groups, parsed.tensor_parallel_size, cpu_groups(parsed.env))
     ]
+
+
+def is_slurm(host: dict[str, Any]) -> bool:
+    """Whether runs on this host are Slurm jobs (its shards are then one array job)."""
+    return host.get("scheduler") == "slurm"
+
+
+def slurm_arrays(jobs: list[ShardJob], hosts: dict[str, dict[str, Any]]) -> dict[str, list[ShardJob]]:
+    """The shards each Slurm host gets, in host order (one array job each); the other hosts' are left out."""
+    out: dict[str, list[ShardJob]] = {}
+    for job in jobs:
+        if is_slurm(hosts.get(job.host) or {}):
+            out.setdefault(job.host, []).append(job)
+    return out
+
+
+def array_spec(spec: dict[str, Any], host: str) -> dict[str, Any]:
+    """The spec of one Slurm host's array job: the run's, on that host, without ``shards`` (each task gets
+    its ``shard`` from its task id on the cluster, agent/sched/task.py)."""
+    return {**{k: v for k, v in spec.items() if k != "shards"}, "host": host}
 
 
 class ShardOps:
@@ -63,7 +90,7 @@ class ShardOps:
             jobs = shard_jobs(parsed, hosts)
         except PlacementError as exc:
             raise SpecInvalid([{"field": "shards", "message": str(exc)}]) from None
-        return await self._start(parsed, jobs, [], None, {})
+        return await self._start(parsed, jobs, [], None, {}, arrays=slurm_arrays(jobs, hosts))
 
     async def _start(
         self,
@@ -73,11 +100,15 @@ class ShardOps:
         resumed_from: str | None,
         previous: dict[int, str],
         attempts: dict[int, int] | None = None,
+        arrays: dict[str, list[ShardJob]] | None = None,
     ) -> str:
         attempts = attempts or {}
+        arrays = arrays or {}
         run_id = self.ops.new_id()
         spec_dict = parsed.model_dump(mode="json")
-        launch = [(f"{run_id}-s{j.index}", j) for j in jobs]
+        in_array = {j.index for tasks in arrays.values() for j in tasks}
+        launch = [(f"{run_id}-s{j.index}", j) for j in jobs if j.index not in in_array]
+        array_jobs = [(f"{run_id}-array{k}", host, tasks) for k, (host, tasks) in enumerate(arrays.items())]
 
         def insert(tx: Tx) -> None:
             crud.insert_run(
@@ -86,7 +117,17 @@ class ShardOps:
                 shards=parsed.shards,
             )  # fmt: skip
             for s in keep:  # completed shards of the run this one resumes: their jobs count here too
-                shard_store.insert_shard(tx.conn, run_id, s.index, s.host, s.gpus, s.job_id, s.attempts)
+                shard_store.carry_shard(tx.conn, resumed_from or "", run_id, s.index)
+            for job_id, host, tasks in array_jobs:
+                spec = array_spec(spec_dict, host)
+                crud.insert_run(
+                    tx=tx, run_id=job_id, name=f"{parsed.name} shards {','.join(str(j.index) for j in tasks)}"
+                    f"/{parsed.shards} (Slurm array)", host=host, backend=parsed.backend, model=parsed.model,
+                    spec_json=json.dumps(spec), resumed_from=None, shard_of=run_id,
+                )  # fmt: skip
+                for j in tasks:
+                    shard_store.insert_shard(tx.conn, run_id, j.index, host, None, job_id, 1, task=j.index)
+                crud.transition(tx=tx, run_id=job_id, event=RunEvent.LAUNCH, policy=self.ops.policy)
             for job_id, job in launch:
                 self._insert_job(tx, run_id, job_id, job, parsed.shards, previous.get(job.index))
                 shard_store.insert_shard(
@@ -97,7 +138,15 @@ class ShardOps:
                 crud.publish_run(tx=tx, run_id=run_id)
 
         await self.ops.store.write(insert)
-        await asyncio.gather(*(self.ops.launch(job_id, job.host, job.spec) for job_id, job in launch))
+        await asyncio.gather(
+            *(self.ops.launch(job_id, job.host, job.spec) for job_id, job in launch),
+            *(
+                self.ops.launch(
+                    job_id, host, array_spec(spec_dict, host), array=(parsed.shards, [j.index for j in tasks])
+                )
+                for job_id, host, tasks in array_jobs
+            ),
+        )
         return run_id
 
     def _insert_job(
@@ -131,9 +180,10 @@ class ShardOps:
         jobs = []
         for r in targets:
             old = await self.ops.store.read(queries.run_row, r.job_id)
-            jobs.append(
-                ShardJob(r.index, r.host, tuple(r.gpus) if r.gpus else None, json.loads(old["spec_json"]))
-            )
+            spec = json.loads(old["spec_json"])
+            if r.task is not None:  # a task of an array job: now a job of its own, one sbatch of its shard
+                spec = shard_spec(spec, Placement(r.index, r.host, None), len(rows))
+            jobs.append(ShardJob(r.index, r.host, tuple(r.gpus) if r.gpus else None, spec))
         previous = {r.index: r.job_id for r in targets}
         attempts = {r.index: r.attempts for r in targets}
         if is_terminal(run["state"]):
@@ -158,16 +208,16 @@ class ShardOps:
     async def stop(self, run: dict[str, Any]) -> dict[str, Any]:
         """Stop every shard's job that is still going; the run ends once they all have."""
         rows = await self.ops.store.read(shard_store.shards, run["id"])
-        going = [r for r in rows if not is_terminal(r.state) and r.state != "pending"]
-        results = await asyncio.gather(*(self.ops.stop(r.job_id) for r in going), return_exceptions=True)
-        failed = [(r, e) for r, e in zip(going, results, strict=True) if isinstance(e, BaseException)]
-        if failed and len(failed) == len(going):
+        # pending too: a shard's Slurm job (or array) waiting in the queue is scancelled there
+        going = [r for r in rows if not is_terminal(r.state)]
+        # An array job's tasks share it: one stop (one scancel) for all of them.
+        job_ids = list(dict.fromkeys(r.job_id for r in going))
+        results = await asyncio.gather(*(self.ops.stop(j) for j in job_ids), return_exceptions=True)
+        failed = [(j, e) for j, e in zip(job_ids, results, strict=True) if isinstance(e, BaseException)]
+        if failed and len(failed) == len(job_ids):
             raise failed[0][1]
-        return {
-            "stopped": [
-                r.index for r, e in zip(going, results, strict=True) if not isinstance(e, BaseException)
-            ]
-        }
+        stopped = {j for j, e in zip(job_ids, results, strict=True) if not isinstance(e, BaseException)}
+        return {"stopped": [r.index for r in going if r.job_id in stopped]}
 
     async def card(self, run: dict[str, Any]) -> dict[str, Any]:
         """The merged manifest.json (all shards, totals) from the first host whose output dir has it."""

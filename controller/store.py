@@ -106,6 +106,11 @@ ADDED_COLUMNS = (
     ("hosts", "account", "VARCHAR"),
     ("hosts", "sbatch_args_json", "VARCHAR"),
     ("hosts", "slurm_gpus", "VARCHAR"),
+    ("run_shards", "task", "INTEGER"),
+    ("run_shards", "task_state", "VARCHAR"),
+    ("run_shards", "task_reason", "VARCHAR"),
+    ("run_shards", "task_progress_json", "VARCHAR"),
+    ("run_shards", "task_milestone", "VARCHAR"),
 )
 
 

@@ -194,7 +194,7 @@ class Daemon:
             if array:
                 watcher.merger = LogMerger(paths, array)
             if not paths.exit.exists():  # re-adopted by job id after a restart, or just submitted
-                self.slurm.track(paths.run, str(job.get("job_id")), array)
+                self.slurm.track(paths.run, str(job.get("job_id")), sched_jobs.expected_tasks(paths))
         watcher.start()
         if watcher.task is not None and self.inotify is not None:
             key = f"run:{paths.run}"
@@ -211,6 +211,9 @@ class Daemon:
         events, over = sched_jobs.apply_look(watcher.paths, view, error, getattr(watcher, "line", 0))
         if over:
             self.slurm.untrack(run)
+        elif view is not None and any(e.get("kind") == "task_ended" for e in events):
+            # tasks that left the queue unseen are no longer waited for (the next look, not an extra one)
+            self.slurm.track(run, view.job_id, sched_jobs.expected_tasks(watcher.paths))
         watcher.note(events)
 
     def _unwatch(self, key: str) -> None:
@@ -250,19 +253,6 @@ class Daemon:
             view = JobSpec.parse(spec)
         except SpecError as exc:
             raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
-        if view.output_dir is not None:
-            # Only active runs claim their directory: a later run may resume into an ended run's output.
-            # Other shards of the same sharded run share it: their jobs write disjoint files and manifests.
-            active = [
-                (r, w.spec.output_dir or "")
-                for r, w in self.runs.items()
-                if w.summary.terminal is None and not view.sibling_shard(w.spec)
-            ]
-            err = await asyncio.to_thread(
-                launch_output_dir_error, view.output_dir, str(self.state_dir), active
-            )
-            if err is not None:
-                raise OpError(ErrorCode.BAD_ARGS, f"spec.{err}")
         opts = None
         if scheduler is not None:
             try:
@@ -271,6 +261,24 @@ class Daemon:
                 raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
             if opts.shards and view.shard is not None:
                 raise OpError(ErrorCode.BAD_ARGS, "spec.shard and scheduler.shards exclude each other")
+        if view.output_dir is not None:
+            # Only active runs claim their directory: a later run may resume into an ended run's output.
+            # Other shards of the same sharded run share it (a shard's job, or an array job's tasks still
+            # going): their jobs write disjoint files and manifests.
+            mine = sched_jobs.shard_claim(view.shard, opts)
+            active = [
+                (r, w.spec.output_dir or "")
+                for r, w in self.runs.items()
+                if w.summary.terminal is None
+                and not sched_jobs.disjoint_shards(
+                    view.output_dir, mine, w.spec.output_dir, sched_jobs.live_claim(w.spec.shard, w.paths)
+                )
+            ]
+            err = await asyncio.to_thread(
+                launch_output_dir_error, view.output_dir, str(self.state_dir), active
+            )
+            if err is not None:
+                raise OpError(ErrorCode.BAD_ARGS, f"spec.{err}")
         argv, env = launch_argv(run, view, self.state_dir)
         try:
             load_rules(extra=view.rules)

@@ -10,7 +10,6 @@ it cannot be read.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -222,18 +221,6 @@ class JobSpec:
             time_limit_minutes=get(
                 "time_limit_minutes", _positive("time_limit_minutes"), spec.get("time_limit_minutes")
             ),
-        )
-
-    def sibling_shard(self, other: JobSpec) -> bool:
-        """True when both are different shards of one sharded run's output_dir (their files never collide)."""
-        return (
-            self.shard is not None
-            and other.shard is not None
-            and self.shard[1] == other.shard[1]
-            and self.shard[0] != other.shard[0]
-            and self.output_dir is not None
-            and other.output_dir is not None
-            and os.path.normpath(self.output_dir) == os.path.normpath(other.output_dir)
         )
 
     @property

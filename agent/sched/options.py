@@ -29,13 +29,15 @@ class SlurmOptions:
     sbatch_args: list[str] = field(default_factory=list)
     gpus: str = "gpus-per-task"
     shards: int | None = None  # submit as one array job of this many tasks (spec shard index = task id)
+    #: Only these task ids (shard indices) of the ``shards``, e.g. a cluster's share of a sharded run.
+    tasks: list[int] | None = None
 
     @classmethod
     def parse(cls, raw: Any) -> SlurmOptions:
         """The options of a launch's ``scheduler`` object; ValueError naming the bad field."""
         if not isinstance(raw, dict) or raw.get("kind") != "slurm":
             raise ValueError("'scheduler' must be an object with kind 'slurm'")
-        unknown = set(raw) - {"kind", "partition", "account", "sbatch_args", "gpus", "shards"}
+        unknown = set(raw) - {"kind", "partition", "account", "sbatch_args", "gpus", "shards", "tasks"}
         if unknown:
             raise ValueError(f"scheduler: unknown field(s) {', '.join(sorted(unknown))}")
         for name in ("partition", "account"):
@@ -55,7 +57,22 @@ class SlurmOptions:
         shards = raw.get("shards")
         if shards is not None and (type(shards) is not int or not 1 <= shards <= 4096):
             raise ValueError("scheduler.shards must be an integer in [1, 4096]")
-        return cls(raw.get("partition"), raw.get("account"), list(args), gpus, shards)
+        tasks = raw.get("tasks")
+        if tasks is not None and (
+            shards is None
+            or not isinstance(tasks, list)
+            or not tasks
+            or any(type(t) is not int or not 0 <= t < shards for t in tasks)
+            or len(set(tasks)) != len(tasks)
+        ):
+            raise ValueError("scheduler.tasks must be distinct task ids in [0, scheduler.shards)")
+        return cls(raw.get("partition"), raw.get("account"), list(args), gpus, shards, tasks)
+
+    def task_ids(self) -> list[int] | None:
+        """The array's task ids (every shard unless ``tasks`` picks some); None for a plain job."""
+        if not self.shards:
+            return None
+        return sorted(self.tasks) if self.tasks else list(range(self.shards))
 
 
 def sbatch_arg_problem(arg: Any) -> str | None:

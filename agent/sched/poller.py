@@ -25,17 +25,17 @@ Look = Callable[[str, JobView | None, str | None], None]
 
 
 class SlurmPoller:
-    """Tracks run → (job id, array size); calls ``on_look(run, view, error)`` after each squeue call."""
+    """Tracks run → (job id, array size or task ids); calls ``on_look(run, view, error)`` after each look."""
 
     def __init__(self, on_look: Look, interval_s: float | None = None) -> None:
         self.on_look = on_look
         self.interval_s = poll_interval_s() if interval_s is None else interval_s
-        self.jobs: dict[str, tuple[str, int | None]] = {}
+        self.jobs: dict[str, tuple[str, int | list[int] | None]] = {}
         self.calls = 0
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
-    def track(self, run: str, job_id: str, array: int | None) -> None:
+    def track(self, run: str, job_id: str, array: int | list[int] | None) -> None:
         """Watch ``job_id`` for ``run`` (a new submission or one re-adopted after a restart)."""
         self.jobs[run] = (job_id, array)
         if self._task is None:

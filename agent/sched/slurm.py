@@ -50,7 +50,9 @@ def sbatch_argv(
         "--open-mode=append",
     ]
     if opts.shards:
-        argv.append(f"--array=0-{opts.shards - 1}")
+        ids = opts.task_ids() or []
+        spread = ids == list(range(opts.shards))
+        argv.append(f"--array=0-{opts.shards - 1}" if spread else f"--array={','.join(map(str, ids))}")
     if opts.partition:
         argv.append(f"--partition={opts.partition}")
     if opts.account:

@@ -173,8 +173,27 @@ def _position(rows: list[TaskRow], mine: TaskRow) -> int:
     return len(ahead) + 1
 
 
-def combine(job_id: str, rows: list[TaskRow], array: int | None) -> JobView | None:
-    """The view of job ``job_id`` from all squeue rows; None when squeue no longer lists it."""
+def task_ids(field: str) -> list[int]:
+    """The array task ids a squeue task field names: ``3``, ``0-1``, ``[0,2-5:2%1]``; [] for none."""
+    out: list[int] = []
+    for part in field.strip().strip("[]").split("%")[0].split(","):
+        first, _, rest = part.partition("-")
+        last, _, step = rest.partition(":")
+        if first.isdigit() and (not last or last.isdigit()) and (not step or step.isdigit()):
+            out.extend(range(int(first), int(last or first) + 1, int(step or 1) or 1))
+    return out
+
+
+def task_states(tasks: dict[str, str]) -> dict[int, str]:
+    """Each array task id → its Slurm state, from a view's ``tasks`` (a pending range names all its ids)."""
+    return {i: str(state) for key, state in tasks.items() for i in task_ids(str(key))}
+
+
+def combine(job_id: str, rows: list[TaskRow], array: int | list[int] | None) -> JobView | None:
+    """The view of job ``job_id`` from all squeue rows; None when squeue no longer lists it.
+
+    ``array``: the array's size (tasks 0 to N-1) or the task ids still to be seen to end (tasks that left
+    the queue unseen are taken out: tracking.ended_tasks), None for a plain job."""
     mine = [r for r in rows if r.job_id == job_id]
     if not mine:
         return None
@@ -186,7 +205,9 @@ def combine(job_id: str, rows: list[TaskRow], array: int | None) -> JobView | No
     if _P in phases:
         pending = next(r for r in mine if state_of(r.state).phase == _P)
         return JobView(job_id, _P, pending.state, pending.reason, _position(rows, pending), tasks=tasks)
-    if array is not None and any(str(i) not in tasks for i in range(array)):
+    expected = range(array) if isinstance(array, int) else array or []
+    covered = task_states(tasks)
+    if any(i not in covered for i in expected):
         # Every listed task has ended but one squeue does not list has not been seen to: not over yet.
         last = mine[-1]
         return JobView(job_id, _R, last.state, last.reason, None, tasks=tasks)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.runs.summary import milestone_event
-from agent.sched.slurmstate import JobView, exit_fields, state_of
+from agent.sched.slurmstate import JobView, exit_fields, state_of, task_states
 
 
 def exit_record(view: JobView, now: float) -> dict[str, Any]:
@@ -28,11 +28,75 @@ def exit_record(view: JobView, now: float) -> dict[str, Any]:
     }
 
 
+def task_outcome(slurm_state: str, stopping: bool) -> str:
+    """The run state one ended array task stands for: completed, failed, or stopped (cancelled by a stop;
+    a task cancelled otherwise, e.g. ``scancel JOB_TASK`` by hand or by an admin, failed)."""
+    outcome = state_of(slurm_state).outcome
+    if outcome == "cancelled":
+        return "stopped" if stopping else "failed"
+    return outcome or "failed"
+
+
+def _task_event(job_id: str, task: int, state: str, outcome: str, reason: str, line: int) -> dict[str, Any]:
+    return milestone_event(
+        "task_ended",
+        line,
+        f"Slurm job {job_id} task {task} {reason}",
+        job_id=job_id,
+        shard=task,
+        slurm_state=state,
+        outcome=outcome,
+        reason=reason,
+    )
+
+
+def ended_tasks(
+    prev: dict[str, Any], view: JobView, line: int, stopping: bool
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """A ``task_ended`` milestone (fields ``shard``, ``slurm_state``, ``outcome``, ``reason``) for each array
+    task that has ended since the last look (what lets the controller show each shard's own state), and
+    the ids of tasks that left the queue unseen (``gone``).
+
+    A pending task cancelled on its own (``scancel JOB_TASK``) leaves no record: it only drops out of the
+    array's pending range, so it is taken as cancelled. A running task that vanished without its end seen
+    (past MinJobAge while the daemon was down) is taken as failed, its outcome unknown."""
+    given = prev.get("tasks")
+    before = task_states(given if isinstance(given, dict) else {})
+    now = task_states(view.tasks)
+    gone_before = {int(t) for t in prev.get("gone") or [] if isinstance(t, int)}
+    events = []
+    for task, state in sorted(now.items()):
+        if state_of(state).phase != "ended" or state_of(before.get(task, "")).phase == "ended":
+            continue
+        reason = f"{state}: {state_of(state).meaning}"
+        events.append(_task_event(view.job_id, task, state, task_outcome(state, stopping), reason, line))
+    gone = []
+    for task, state in sorted(before.items()):
+        if task in now or task in gone_before or state_of(state).phase == "ended":
+            continue
+        gone.append(task)
+        if state_of(state).phase == "pending":
+            reason = "CANCELLED: left the queue before it started (cancelled)"
+            events.append(
+                _task_event(view.job_id, task, "CANCELLED", task_outcome("CANCELLED", stopping), reason, line)
+            )
+        else:
+            reason = f"left the queue in state {state} without its end being seen: outcome unknown"
+            events.append(_task_event(view.job_id, task, state, "failed", reason, line))
+    return events, gone
+
+
 def advance(
-    prev: dict[str, Any], view: JobView | None, error: str | None, line: int, now: float
+    prev: dict[str, Any],
+    view: JobView | None,
+    error: str | None,
+    line: int,
+    now: float,
+    stopping: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
     """(record, events, exit record or None) after a look that found ``view`` (None: not listed any more)
-    or failed with ``error`` (Slurm not reachable: the job is left as it was, never called lost)."""
+    or failed with ``error`` (Slurm not reachable: the job is left as it was, never called lost).
+    ``stopping``: a stop was asked for (a cancelled task was stopped, not failed)."""
     rec = dict(prev)
     events: list[dict[str, Any]] = []
     job = str(prev.get("job_id"))
@@ -87,6 +151,11 @@ def advance(
                 tasks=view.tasks,
             )
         )
+    if prev.get("array") is not None:
+        said, gone = ended_tasks(prev, view, line, stopping)
+        events.extend(said)
+        if gone:
+            rec["gone"] = sorted({*(prev.get("gone") or []), *gone})
     if view.phase == "ended":
         return rec, events, exit_record(view, now)
     return rec, events, None
