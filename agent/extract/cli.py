@@ -78,7 +78,7 @@ def _print_forecast(path: str) -> int:
 
 def _run(plan: object, samples: list[Any], window: tuple[int, int] | None = None) -> int:
     from agent.extract import engine, signals
-    from agent.extract.forecast import FIT_MARGIN_PCT, engine_dtype, forecast_lengths
+    from agent.extract.forecast import engine_dtype, forecast_lengths, refuse_overrun
     from agent.extract.preflight import Plan
     from agent.extract.stats import RunStats
     from agent.extract.writer import (
@@ -131,13 +131,7 @@ def _run(plan: object, samples: list[Any], window: tuple[int, int] | None = None
         [len(s.token_ids) for s in todo], len(plan.layer_ids), plan.hidden_size, dtype, out
     )
     signals.emit("forecast", **need.to_dict())
-    if not need.fits and not spec.allow_disk_overrun:
-        reason = (
-            f"the output will not fit: {need.bytes} bytes to write (+{FIT_MARGIN_PCT}% margin) but {out} has "
-            f"{need.free_bytes} bytes free; free space, or set allow_disk_overrun in the spec to try anyway"
-        )
-        print(f"eaglewatch extract: error: {reason}", file=sys.stderr, flush=True)
-        signals.emit("failed", reason=reason)
+    if refuse_overrun(need, out, spec.allow_disk_overrun):
         return 2
     prog = engine.Progress(
         total=len(samples),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -106,10 +107,9 @@ def count_rows(path: Path, max_rows: int | None) -> int:
     return n
 
 
-def token_counts(path: Path, model_dir: Path, seq_len: int, rows: int, pick: set[int]) -> list[int]:
-    """Token counts (truncated to seq_len) of the picked rows among the first `rows` non-empty rows."""
-    tokenizer: Any = None
-    counts: list[int] = []
+def picked_rows(path: Path, rows: int, pick: set[int]) -> Iterator[Any]:
+    """The JSON values of the picked rows among the first `rows` non-empty lines (unreadable ones skipped:
+    the job's own loader names bad lines; a forecast counts what it can read)."""
     n = -1
     with path.open(encoding="utf-8") as fh:
         for raw in fh:
@@ -121,11 +121,32 @@ def token_counts(path: Path, model_dir: Path, seq_len: int, rows: int, pick: set
             if n not in pick:
                 continue
             try:
-                row = json.loads(raw)
+                yield json.loads(raw)
             except json.JSONDecodeError:
-                continue  # the job's own loader names bad lines; a forecast counts what it can read
-            if not isinstance(row, dict):
                 continue
+
+
+def refuse_overrun(need: Forecast, out: str, allowed: bool) -> bool:
+    """Say why the run cannot start (stderr and a `failed` line) when its output will not fit; True then."""
+    if need.fits or allowed:
+        return False
+    from agent.extract import signals
+
+    reason = (
+        f"the output will not fit: {need.bytes} bytes to write (+{FIT_MARGIN_PCT}% margin) but {out} has "
+        f"{need.free_bytes} bytes free; free space, or set allow_disk_overrun in the spec to try anyway"
+    )
+    print(f"eaglewatch extract: error: {reason}", file=sys.stderr, flush=True)
+    signals.emit("failed", reason=reason)
+    return True
+
+
+def token_counts(path: Path, model_dir: Path, seq_len: int, rows: int, pick: set[int]) -> list[int]:
+    """Token counts (truncated to seq_len) of the picked rows among the first `rows` non-empty rows."""
+    tokenizer: Any = None
+    counts: list[int] = []
+    for row in picked_rows(path, rows, pick):
+        if isinstance(row, dict):
             if isinstance(row.get("token_ids"), list):
                 counts.append(min(len(row["token_ids"]), seq_len))
             elif isinstance(row.get("text"), str):

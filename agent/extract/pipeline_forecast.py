@@ -12,7 +12,6 @@ chat template, so its token counts here are estimates (never above ``--max-lengt
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from agent.extract.forecast import (
     file_bytes,
     forecast_sizes,
     free_bytes,
+    picked_rows,
     sample_indices,
 )
 from agent.extract.pipeline_plan import capture_layers
@@ -89,14 +89,7 @@ def existing_indices(out: Path, prefix: str, suffix: str) -> set[int]:
 
 def speculators_lengths(path: Path, indices: list[int]) -> list[int]:
     """Token counts of the given rows of a dataset saved by `datasets` (seq_len, else len(input_ids))."""
-    try:
-        from datasets import load_from_disk
-    except ImportError:
-        raise SpecError("reading speculators' --preprocessed-data needs the datasets package") from None
-    try:
-        ds: Any = load_from_disk(str(path)).with_format(None)
-    except (OSError, ValueError) as e:
-        raise SpecError(f"dataset {path} is not a dataset saved by datasets' save_to_disk: {e}") from None
+    ds: Any = load_dataset(path).with_format(None)
     if "seq_len" not in ds.column_names and "input_ids" not in ds.column_names:
         raise SpecError(f"dataset {path} has no input_ids column (columns: {ds.column_names})")
     if not indices:
@@ -111,12 +104,17 @@ def dataset_rows(path: Path) -> int:
     """Rows of a dataset saved by `datasets` (its length), SpecError when it cannot be read."""
     if not path.is_dir():
         raise SpecError(f"dataset {path} is not a directory saved by datasets' save_to_disk")
+    return len(load_dataset(path))
+
+
+def load_dataset(path: Path) -> Any:
+    """A dataset saved by `datasets`' save_to_disk; SpecError when the package or the dataset is missing."""
     try:
         from datasets import load_from_disk
-    except ImportError:
+    except ImportError:  # the agent's Python on a GPU host need not have it
         raise SpecError("reading speculators' --preprocessed-data needs the datasets package") from None
     try:
-        return len(load_from_disk(str(path)))
+        return load_from_disk(str(path))
     except (OSError, ValueError) as e:
         raise SpecError(f"dataset {path} is not a dataset saved by datasets' save_to_disk: {e}") from None
 
@@ -165,37 +163,23 @@ def specforge_counts(path: Path, model_dir: Path, max_length: int, rows: int) ->
     Rows that already carry input_ids count those; without a loadable tokenizer, or for a row of another
     shape, a row counts max_length.
     """
-    pick = sample_indices(rows, SAMPLE_ROWS)
     tokenizer: Any = None
     counts: list[int] = []
-    n = -1
-    with path.open(encoding="utf-8") as fh:
-        for raw in fh:
-            if not raw.strip():
-                continue
-            n += 1
-            if n >= rows:
-                break
-            if n not in pick:
-                continue
-            try:
-                row = json.loads(raw)
-            except json.JSONDecodeError:
-                continue  # SpecForge's own loader names bad lines
-            ids = row.get("input_ids") if isinstance(row, dict) else None
-            texts = conversation_texts(row) if isinstance(row, dict) else None
-            if isinstance(ids, list):
-                counts.append(min(len(ids), max_length))
-            elif texts is not None:
-                if tokenizer is None:
-                    tokenizer = _tokenizer(model_dir)
-                if tokenizer is False:
-                    counts.append(max_length)
-                    continue
-                used = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
-                counts.append(min(used + TEMPLATE_TOKENS_PER_TURN * len(texts), max_length))
-            else:  # a row shape not known here: the most SpecForge keeps of any row
+    for row in picked_rows(path, rows, set(sample_indices(rows, SAMPLE_ROWS))):
+        ids = row.get("input_ids") if isinstance(row, dict) else None
+        texts = conversation_texts(row) if isinstance(row, dict) else None
+        if isinstance(ids, list):
+            counts.append(min(len(ids), max_length))
+        elif texts is not None:
+            if tokenizer is None:
+                tokenizer = _tokenizer(model_dir)
+            if tokenizer is False:
                 counts.append(max_length)
+                continue
+            used = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
+            counts.append(min(used + TEMPLATE_TOKENS_PER_TURN * len(texts), max_length))
+        else:  # a row shape not known here: the most SpecForge keeps of any row
+            counts.append(max_length)
     return counts
 
 

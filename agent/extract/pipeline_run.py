@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from agent.extract import signals
-from agent.extract.forecast import FIT_MARGIN_PCT, Forecast
+from agent.extract.forecast import Forecast, refuse_overrun
 from agent.extract.pipeline_disk import PROGRESS_INTERVAL_S, DiskWatch
 from agent.extract.pipeline_forecast import forecast_pipeline, specforge_total
 from agent.extract.pipeline_plan import PairPlan, Process, specforge_argv, speculators_plan
@@ -49,13 +49,7 @@ def run_pipeline(spec: RunSpec) -> int:
     out = spec.output_dir or ""
     os.makedirs(out, exist_ok=True)
     need = _forecast(spec)
-    if need is not None and not need.fits and not spec.allow_disk_overrun:
-        reason = (
-            f"the output will not fit: {need.bytes} bytes to write (+{FIT_MARGIN_PCT}% margin) but {out} has "
-            f"{need.free_bytes} bytes free; free space, or set allow_disk_overrun in the spec to try anyway"
-        )
-        print(f"eaglewatch extract: error: {reason}", file=sys.stderr, flush=True)
-        signals.emit("failed", reason=reason)
+    if need is not None and refuse_overrun(need, out, spec.allow_disk_overrun):
         return 2
     total = need.samples if need is not None else None
     if spec.backend == "specforge":
