@@ -69,6 +69,10 @@ ERROR_CLASSES = frozenset(
 SEVERITIES = ("info", "warning", "error", "critical")
 BUILTIN_DIR = Path(__file__).with_name("rules")
 BUILTIN_FILES = ("vllm.toml", "errors.toml", "eaglewatch.toml", "speculators.toml", "specforge.toml")
+#: Rule files for lines only the users' own pipelines print: a run of eaglewatch's own vLLM backends never
+#: reads them (they would double its tail+rules cost: tests/bench/bench_ingest.py).
+PIPELINE_FILES = {"speculators.toml", "specforge.toml"}
+OWN_BACKENDS = ("worker-extension", "vllm-native")
 
 
 class RuleError(ValueError):
@@ -473,9 +477,15 @@ def merge(layers: Iterable[list[Rule]]) -> RuleSet:
     return RuleSet(tuple(by_name[n] for n in order if by_name[n].enabled))
 
 
-def load_rules(extra: list[dict[str, Any]] | None = None, files: Sequence[Path] = ()) -> RuleSet:
-    """Built-in rules, then rule files, then ``extra`` (a run spec's rules); raises RuleError."""
-    layers = [read_rule_file(BUILTIN_DIR / name) for name in BUILTIN_FILES]
+def load_rules(
+    extra: list[dict[str, Any]] | None = None, files: Sequence[Path] = (), backend: str | None = None
+) -> RuleSet:
+    """Built-in rules, then rule files, then ``extra`` (a run spec's rules); raises RuleError.
+
+    ``backend``: the run's; eaglewatch's own backends skip the rules for the users' pipelines' lines (None,
+    e.g. reading any log: every built-in file)."""
+    names = [n for n in BUILTIN_FILES if backend not in OWN_BACKENDS or n not in PIPELINE_FILES]
+    layers = [read_rule_file(BUILTIN_DIR / name) for name in names]
     layers += [read_rule_file(Path(f)) for f in files]
     if extra:
         layers.append(validate_rules(extra, "spec.rules", user=True))

@@ -136,9 +136,9 @@ class RunWatcher(OutputChecks):
 
     def _restore_cursor(self) -> None:
         try:
-            self._rules = load_rules(extra=self.spec.rules)
+            self._rules = load_rules(extra=self.spec.rules, backend=self.spec.backend)
         except (RuleError, TypeError):  # checked at launch; a spec edited on disk falls back to built-ins
-            self._rules = load_rules()
+            self._rules = load_rules(backend=self.spec.backend)
         cur = read_json(self.paths.cursor)
         cur = cur if isinstance(cur, dict) else {}
         self.offset = int(cur.get("offset", 0))

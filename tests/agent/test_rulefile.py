@@ -218,3 +218,17 @@ def test_gate_has_no_false_negatives(wrap: tuple[str, str]) -> None:
             assert gate.passes(text) and rule in gate.candidates(text), (rule.name, word)
     assert gate.passes("xxTraceback (most recent call last):")
     assert not gate.passes("Captured hidden states for batch 4: 4096 tokens")
+
+
+@pytest.mark.parametrize(
+    ("backend", "pipeline_rules"),
+    [("worker-extension", False), ("vllm-native", False), ("speculators", True), ("specforge", True),
+     ("command", True), (None, True)],
+)  # fmt: skip
+def test_pipeline_rules_load_only_where_their_lines_can_appear(
+    backend: str | None, pipeline_rules: bool
+) -> None:
+    names = {r.name for r in load_rules(backend=backend).rules}
+    assert ("speculators_client_start" in names) is pipeline_rules
+    assert ("specforge_capture_plan" in names) is pipeline_rules
+    assert "graph_capture" in names  # vLLM's own rules always
