@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,6 +16,7 @@ import torch
 
 from agent.extract.canary import compare_with_file
 from agent.extract.checks import apply_fault, check_sample, token_flags
+from agent.extract.costs import CaptureCosts
 from agent.extract.stats import file_stats, maybe_token_stats
 from agent.extract.writer import sample_path, write_sample
 
@@ -97,6 +99,7 @@ class CaptureSink:
 
     def __init__(self, cfg: SinkConfig) -> None:
         self.cfg = cfg
+        self.costs = CaptureCosts()
         self._reqs: dict[str, _Request] = {}
         self._q: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self._results: list[dict[str, Any]] = []
@@ -118,9 +121,13 @@ class CaptureSink:
         release: Callable[[], None] | None = None,
         flags: torch.Tensor | None = None,
         stats: torch.Tensor | None = None,
+        timing: tuple[Any, ...] | None = None,
     ) -> None:
-        """Rows [tokens, L, H] of a step (+ token_flags, token_stats); waits on event; release() frees it."""
-        self._q.put(("step", host, spans, event, release, flags, stats))
+        """Rows [tokens, L, H] of a step (+ token_flags, token_stats); waits on event; release() frees it.
+
+        timing: the step's CUDA timing events (costs.CaptureCosts.add_step_timing), read once event is done.
+        """
+        self._q.put(("step", host, spans, event, release, flags, stats, timing))
 
     def drain(self, wait: bool = True) -> list[dict[str, Any]]:
         """Return (and forget) the finished-sample results; wait: first let everything submitted finish."""
@@ -172,9 +179,11 @@ class CaptureSink:
         release: Any,
         flags: torch.Tensor | None,
         stats: torch.Tensor | None = None,
+        timing: tuple[Any, ...] | None = None,
     ) -> None:
         if event is not None:
             event.synchronize()
+        self.costs.add_step_timing(timing)
         ref = _Ref(release)
         try:
             if flags is None:
@@ -244,7 +253,9 @@ class CaptureSink:
             findings = check_sample(name, token_ids, hidden, req.prompt, cfg.layers, cfg.hidden_size, flags)
             written, nbytes = False, 0
             if not (findings and cfg.stop_on_failure):
+                t0 = time.perf_counter()
                 _, nbytes = write_sample(cfg.output_dir, req.idx, token_ids, hidden)
+                self.costs.add(write_s=time.perf_counter() - t0, files=1)
                 written = True
             result = {
                 "idx": req.idx,

@@ -165,6 +165,8 @@ def _run(plan: object, samples: list[Any], window: tuple[int, int] | None = None
     extra: dict[str, Any] = {}
     if shard is not None:
         extra = {"shard": shard, "merged": _merge_if_last(out)}
+    if prog.capture_costs:
+        extra["capture_costs"] = prog.capture_costs
     signals.emit(
         "completed",
         samples=len(manifest.sample_tokens),

@@ -174,6 +174,7 @@ class Progress:
     bytes_todo: int = 0  # bytes this attempt writes in all (the forecast)
     disk_low_bytes: int = 0  # the spec's disk_low_gib threshold
     stats: RunStats | None = None  # per-layer statistics (worker-extension backend)
+    capture_costs: dict[str, Any] | None = None  # where the capture's time went (costs.CaptureCosts)
     collapses: list[dict[str, Any]] = field(default_factory=list)  # findings not yet reported
 
     def restart_clock(self) -> None:
@@ -283,12 +284,10 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         "model_runner": info.get("model_runner"),
         "writer": info.get("writer"),
         "capture": info.get("capture"),
+        "stats_kernel": info.get("stats_kernel"),
     }
     configured(plan, info["dtype"], info["layer_class"], **found)
     prog.restart_clock()
-    # a writer process overlaps a batch's last writes with the next batch's steps; writer threads would
-    # contend with the forward for the GIL, so with them each batch is waited for
-    pipelined = info.get("writer") == "process"
     outstanding: list[list[Sample]] = []
     seen: set[int] = set()
     starts = range(0, len(todo), spec.batch_size)
@@ -303,8 +302,9 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         prog.engine_s += time.monotonic() - t0
         outstanding.append(batch)
         first = start == starts[0]
-        # the canary compares with the first batch's files: they must all be written first
-        collect(llm, plan, manifest, prog, outstanding, seen, wait=first or not pipelined)
+        # a batch's last writes overlap the next batch's steps (a full pool of pinned buffers holds the
+        # forward back); the canary compares with the first batch's files, so those are waited for
+        collect(llm, plan, manifest, prog, outstanding, seen, wait=first)
         if first:
             canary_round(llm, plan, batch, manifest.dtype, "first batch")
     collect(llm, plan, manifest, prog, outstanding, seen, wait=True)
@@ -367,6 +367,7 @@ def collect(
     drained = one_result(llm.collective_rpc("eaglewatch_drain", args=(wait,)))
     prog.drain_s += time.monotonic() - t0
     prog.sp_gathers = int(drained.get("gathers", 0))
+    prog.capture_costs = drained.get("costs") or prog.capture_costs
     seen.update(r["idx"] for r in drained["results"] if "idx" in r)
     handle_results(drained["results"], plan, manifest, prog)
     while outstanding and all(s.idx in seen for s in outstanding[0]):
@@ -383,9 +384,12 @@ def configured(
     model_runner: str | None = None,
     writer: str | None = None,
     capture: str | None = None,
+    stats_kernel: str | None = None,
 ) -> None:
-    """The capture_configured milestone: the runner, writer and capture path the worker chose."""
+    """The capture_configured milestone: the runner, writer, capture path and statistics kernel the worker
+    chose."""
     spec = plan.spec
+    extra: dict[str, Any] = {"stats_kernel": stats_kernel} if stats_kernel else {}
     signals.emit(
         "capture_configured",
         layers=plan.layer_ids,
@@ -398,6 +402,7 @@ def configured(
         tensor_parallel_size=spec.tensor_parallel_size,
         writer=writer,
         capture=capture,
+        **extra,
     )
     runner = f", model runner {model_runner}" if model_runner else ""
     signals.say(

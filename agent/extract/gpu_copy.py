@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -37,6 +38,7 @@ class PinnedCopier:
         self._free: queue.Queue[torch.Tensor] = queue.Queue()
         self._count = 0
         self._lock = threading.Lock()
+        self.waited_s = 0.0  # blocked in copy_async waiting for a buffer the writer had not handed back
 
     def _buffer(self, nbytes: int) -> torch.Tensor:
         with self._lock:
@@ -59,25 +61,33 @@ class PinnedCopier:
 
     def copy_async(
         self, *tensors: torch.Tensor
-    ) -> tuple[list[torch.Tensor], torch.cuda.Event, Callable[[], None]]:
-        """Start copying tensors (current stream's work) to one pinned buffer; (host views, done, release)."""
+    ) -> tuple[list[torch.Tensor], torch.cuda.Event, Callable[[], None], tuple[torch.cuda.Event, ...]]:
+        """Start copying tensors (current stream's work) to one pinned buffer.
+
+        Returns (host views, done event, release, (ready, copy_start, done)): the last three are timing
+        events (the compute stream's work up to here, the copy's start and end on the side stream).
+        """
         sizes = [t.numel() * t.element_size() for t in tensors]
         starts, total = [], 0
         for n in sizes:
             starts.append(total)
             total += n + (-n % 64)  # keep every view aligned
+        t0 = time.perf_counter()
         buf = self._buffer(total)
-        ready = torch.cuda.Event()
+        self.waited_s += time.perf_counter() - t0
+        ready = torch.cuda.Event(enable_timing=True)
         ready.record(torch.cuda.current_stream(self.device))
         hosts = []
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(ready)
+            began = torch.cuda.Event(enable_timing=True)
+            began.record(self.stream)
             for t, at, n in zip(tensors, starts, sizes, strict=True):
                 host = buf[at : at + n].view(t.dtype).view(t.shape)
                 host.copy_(t, non_blocking=True)
                 hosts.append(host)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(enable_timing=True)
             done.record(self.stream)
         for t in tensors:
             t.record_stream(self.stream)  # keep the allocator from reusing t before the copy ran
-        return hosts, done, lambda: self._free.put(buf)
+        return hosts, done, lambda: self._free.put(buf), (ready, began, done)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,41 @@ def flags_from_stats(stats: torch.Tensor, hidden_size: int) -> torch.Tensor:
     finite = stats[..., 3].sum(dim=-1) == 0
     nonzero = (stats[..., 2] < hidden_size).any(dim=-1)
     return torch.stack([finite, nonzero], dim=1)
+
+
+def step_stats(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """token_stats and flags_from_stats of one step's [T, L, H] rows."""
+    stats = token_stats(rows)
+    return stats, flags_from_stats(stats, rows.shape[-1])
+
+
+StepStats = Callable[["torch.Tensor"], tuple["torch.Tensor", "torch.Tensor"]]
+
+
+def fused_step_stats(sample: torch.Tensor, force: bool = False) -> tuple[StepStats, str]:
+    """step_stats compiled into fused kernels for tensors like sample (CUDA; any device with force), with
+    how it runs: 'compiled', or 'eager: <why>' when compiling fails or gives other values than eager.
+
+    Eager, the statistics make four passes over the step and two of them write a bool copy of it (1.75 ms per
+    8192 tokens x 4 x 4096 bf16 on an H200, about 1 % of the step); compiled, one pass (0.37 ms). Compiled
+    here, once, on sample: shapes are dynamic, so the steps' token counts reuse this one compile.
+    """
+    import torch
+
+    if sample.device.type != "cuda" and not force:
+        return step_stats, f"eager: {sample.device.type} device"
+    try:
+        fused = torch.compile(step_stats, dynamic=True)
+        probe = sample.clone()
+        probe.view(-1)[:: max(probe.numel() // 7, 1)] = 0  # zeros and a NaN row exercise every column
+        probe[0, 0, 0] = float("nan")
+        got, want = fused(probe), step_stats(probe)
+        pairs = zip(got, want, strict=True)
+        if not all(torch.allclose(g.float(), w.float(), rtol=1e-4, atol=1e-3) for g, w in pairs):
+            return step_stats, "eager: the compiled statistics differed from eager ones"
+    except Exception as e:  # no compiler/Triton here: correct but slower
+        return step_stats, f"eager: compiling failed ({type(e).__name__}: {str(e)[:200]})"
+    return fused, "compiled"
 
 
 def maybe_token_stats(hidden: torch.Tensor) -> torch.Tensor | None:

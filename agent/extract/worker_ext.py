@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from agent.extract import aux_capture
 from agent.extract.canary import CANARY_KEY
 from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
 from agent.extract.gpu_copy import PinnedCopier
-from agent.extract.stats import flags_from_stats, token_stats
+from agent.extract.stats import StepStats, fused_step_stats, step_stats
 from agent.extract.writer_proc import ProcessSink, choose_writer
 
 IDX_KEY = "eaglewatch_idx"
@@ -98,6 +99,8 @@ class EagleWatchCapture:
         self._ew_active: _Step | None = None  # the step being run; None outside real steps
         self._ew_copier: PinnedCopier | None = None
         self._ew_aux_slots: list[int] = []  # aux path: per slot, its position in the model's aux list
+        self._ew_stats: StepStats = step_stats
+        self._ew_stats_how = "eager"
 
     def eaglewatch_setup(self, cfg: dict[str, Any]) -> dict[str, Any] | None:
         """Install the hooks; cfg: layer_ids, convention, output_dir, fault, stop_on_failure."""
@@ -135,6 +138,9 @@ class EagleWatchCapture:
             # per token: the states, token_flags (2 bools) and token_stats ([L, 4] float32); 3 × 64 alignment
             step_bytes = int(sched.max_num_batched_tokens) * (nl * hidden * elt + 2 + 16 * nl) + 192
             self._ew_copier.reserve(step_bytes)
+            dtype = self.vllm_config.model_config.dtype  # type: ignore[attr-defined]
+            sample = torch.randn((16, nl, hidden), dtype=dtype, device=device)
+            self._ew_stats, self._ew_stats_how = fused_step_stats(sample)
         capture = cfg.get("capture") or "hooks"
         if capture == "aux":
             if kind != "v1":
@@ -163,6 +169,7 @@ class EagleWatchCapture:
             "device": str(device),
             "writer": writer,
             "capture": capture,
+            "stats_kernel": self._ew_stats_how,
             "model_runner": kind,
             "runner_class": f"{type(runner).__module__}.{type(runner).__name__}",
         }
@@ -223,6 +230,7 @@ class EagleWatchCapture:
         results = self._ew_sink.drain(wait)
         return {
             "results": results,
+            "costs": self._ew_sink.costs.fields(),
             "pending": self._ew_sink.pending(),
             "tokens": self._ew_tokens,
             "gathers": self._ew_gathers,
@@ -230,6 +238,14 @@ class EagleWatchCapture:
 
     # -- per step -------------------------------------------------------------------------------------
     def _ew_begin(self, so: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._ew_begin_step(so)
+        finally:
+            if self._ew_sink is not None:
+                self._ew_sink.costs.add(forward_thread_s=time.perf_counter() - t0)
+
+    def _ew_begin_step(self, so: Any) -> None:
         if so.total_num_scheduled_tokens <= 0:
             self._ew_active = None
             return
@@ -279,16 +295,28 @@ class EagleWatchCapture:
             return
         if step.order is None or any(c is None for c in step.caps):
             return  # no forward ran in this step (e.g. an empty or failed step)
+        t0 = time.perf_counter()
+        copier, costs = self._ew_copier, self._ew_sink.costs
         spans = spans_for_step(step.order, dict(step.so.num_scheduled_tokens), step.starts)
+        start = None
+        if copier is not None:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
         rows = torch.stack(step.caps, dim=1)  # type: ignore[arg-type]  # [tokens, L, H] on the model's device
-        stats = token_stats(rows)  # per-token layer sums for layer_stats, computed where the data is
-        flags = flags_from_stats(stats, rows.shape[-1])  # finite / non-zero per token: no second pass
+        # per-token layer sums for layer_stats and the finite / non-zero flags, computed where the data is
+        stats, flags = self._ew_stats(rows)
         self._ew_tokens += rows.shape[0]
-        if self._ew_copier is not None:
-            (host, host_flags, host_stats), event, release = self._ew_copier.copy_async(rows, flags, stats)
-            self._ew_sink.submit(host, spans, event, release, host_flags, host_stats)
+        if copier is not None and start is not None:
+            waited = copier.waited_s
+            (host, host_flags, host_stats), event, release, (ready, began, done) = copier.copy_async(
+                rows, flags, stats
+            )
+            timing = (start, ready, began, done)
+            self._ew_sink.submit(host, spans, event, release, host_flags, host_stats, timing=timing)
+            costs.add(buffer_wait_s=copier.waited_s - waited)
         else:
             self._ew_sink.submit(rows, spans, flags=flags, stats=stats)
+        costs.add(steps=1, forward_thread_s=time.perf_counter() - t0)
 
 
 if os.environ.get(aux_capture.ENV):  # the job asked for aux outputs: workers import this before loading

@@ -31,6 +31,7 @@ from typing import IO, Any
 import torch
 
 from agent.extract.capture import CaptureSink, SinkConfig, Span
+from agent.extract.costs import CaptureCosts
 
 WRITERS = ("process", "thread")
 ENV = "EAGLEWATCH_WRITER"
@@ -86,6 +87,7 @@ class ProcessSink:
 
     def __init__(self, cfg: SinkConfig, pin: bool = False, max_buffers: int = 6) -> None:
         self.cfg = cfg
+        self.costs = CaptureCosts()  # the child's write time arrives with each drain
         self.pin = pin
         self._segments: dict[int, _Segment] = {}  # base pointer -> segment
         self._free: queue.Queue[torch.Tensor] = queue.Queue()  # staging buffers for host-side submits
@@ -174,6 +176,7 @@ class ProcessSink:
         release: Callable[[], None] | None = None,
         flags: torch.Tensor | None = None,
         stats: torch.Tensor | None = None,
+        timing: tuple[Any, ...] | None = None,
     ) -> None:
         """Rows [tokens, L, H] (+ token_flags, token_stats); staged into shared memory unless already so."""
         if flags is None:
@@ -188,7 +191,7 @@ class ProcessSink:
             where = self._where(host)
         # descriptors are made here, on the one thread that adds and drops segments
         stats_where = None if stats is None else self._where(stats)
-        self._q.put(("step", where, self._where(flags), spans, event, release, stats_where))
+        self._q.put(("step", where, self._where(flags), spans, event, release, stats_where, timing))
 
     def drain(self, wait: bool = True) -> list[dict[str, Any]]:
         """The child's finished-sample results; wait: once it has written everything submitted."""
@@ -203,6 +206,8 @@ class ProcessSink:
         if "error" in reply:
             raise RuntimeError(str(reply["error"]))
         self._pending = int(reply["pending"])
+        child = reply.get("costs") or {}
+        self.costs.write_s, self.costs.files = float(child.get("write_s", 0)), int(child.get("files", 0))
         return list(reply["results"])
 
     def pending(self) -> int:
@@ -238,9 +243,10 @@ class ProcessSink:
             try:
                 op = item[0]
                 if op == "step":
-                    _, where, flags_where, spans, event, release, stats_where = item
+                    _, where, flags_where, spans, event, release, stats_where, timing = item
                     if event is not None:
                         event.synchronize()  # the copy has landed; waits without the GIL
+                    self.costs.add_step_timing(timing)
                     k = next(self._ids)
                     self._releases[k] = release
                     rows = [[s.req_id, s.offset, s.start, s.n] for s in spans]
@@ -346,7 +352,8 @@ class _Child:
             )
         elif op == "drain":
             results = self.sink.drain(wait=bool(msg.get("wait", True)))
-            self.send({"op": "drained", "results": results, "pending": self.sink.pending()})
+            costs = self.sink.costs.fields()
+            self.send({"op": "drained", "results": results, "pending": self.sink.pending(), "costs": costs})
         elif op == "forget":
             self.maps.pop(int(msg["seg"]), None)
         elif op == "close":

@@ -11,7 +11,16 @@ import torch
 
 from agent.extract.capture import CaptureSink, SinkConfig, Span
 from agent.extract.checks import ZERO_LAYER_FROM, ZERO_LAYER_SLOT, apply_fault
-from agent.extract.stats import RunStats, append_file, file_stats, judge, summary, token_stats
+from agent.extract.stats import (
+    RunStats,
+    append_file,
+    file_stats,
+    fused_step_stats,
+    judge,
+    step_stats,
+    summary,
+    token_stats,
+)
 
 L, H = 3, 8
 
@@ -166,3 +175,30 @@ def test_flags_from_stats_equal_token_flags() -> None:
         [True, True],
         [True, True],
     ]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_the_fused_statistics_equal_eager_ones_for_every_step_size() -> None:
+    """The compiled statistics a CUDA worker runs (compiled here for the CPU with force=True: the same
+    torch.compile of the same function) give the eager values at token counts other than the warm-up's,
+    zeros, Inf and NaN rows included."""
+    torch.manual_seed(0)
+    fn, how = fused_step_stats(torch.randn(16, 3, 64, dtype=torch.bfloat16), force=True)
+    assert how == "compiled"
+    for t in (5, 16, 333):
+        rows = torch.randn(t, 3, 64, dtype=torch.bfloat16)
+        rows[1, 2] = 0
+        rows[2, 0, 5] = float("inf")
+        rows[3, 1, 7] = float("nan")
+        (got, got_flags), (want, want_flags) = fn(rows), step_stats(rows)
+        assert got.shape == (t, 3, 4)
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-3)
+        assert torch.equal(got_flags, want_flags)
+        assert not bool(got_flags[2, 0]) and not bool(got_flags[3, 0]) and bool(got_flags[0, 0])
+
+
+def test_the_statistics_stay_eager_off_cuda() -> None:
+    """Without CUDA (the CPU engine) nothing is compiled, and the reason is given."""
+    fn, how = fused_step_stats(torch.zeros(2, 2, 2))
+    assert fn is step_stats
+    assert how == "eager: cpu device"

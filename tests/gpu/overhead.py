@@ -200,11 +200,13 @@ def overhead(
                 "overhead_ratio": round(tps / same["tokens_per_s"], 4) if tps else None,
                 "ok": res["rc"] == 0 and files == PROMPTS,
                 "note": (
-                    f"{tag}: writer {conf.get('writer')}, capture path {conf.get('capture')}; "
+                    f"{tag}: writer {conf.get('writer')}, capture path {conf.get('capture')}, "
+                    f"statistics {conf.get('stats_kernel')}; "
                     f"capture {tps} tok/s vs plain "
                     f"{'graphs' if graphs else 'eager'} {same['tokens_per_s']:.0f} tok/s; time in generate "
                     f"{engine_s} s vs plain {same['seconds']:.2f} s (per-step ratio {step_ratio}), waiting "
                     f"for writes after batches {done.get('drain_seconds')} s; "
+                    f"capture costs {done.get('capture_costs')}; "
                     f"{PROMPTS} prompts x {TOKENS} tokens, batches of {BATCH}, {size / 1e9:.1f} GB "
                     f"written to {'/dev/shm' if tmpfs else 'disk'}; dummy weights, no HF reference; "
                     f"milestones {ms['kinds']}; {res['seconds']} s"
