@@ -155,6 +155,16 @@ def one_result(results: Any) -> Any:
 
 
 @dataclass
+class CanaryRound:
+    """A canary round whose re-captures are submitted; its comparisons come back with later drains."""
+
+    when: str
+    expected: int
+    dtype: str
+    diffs: list[float | None] = field(default_factory=list)
+
+
+@dataclass
 class Progress:
     """Counters for progress lines."""
 
@@ -175,6 +185,7 @@ class Progress:
     disk_low_bytes: int = 0  # the spec's disk_low_gib threshold
     stats: RunStats | None = None  # per-layer statistics (worker-extension backend)
     capture_costs: dict[str, Any] | None = None  # where the capture's time went (costs.CaptureCosts)
+    canaries: list[CanaryRound] = field(default_factory=list)  # rounds awaiting their comparisons
     collapses: list[dict[str, Any]] = field(default_factory=list)  # findings not yet reported
 
     def restart_clock(self) -> None:
@@ -288,8 +299,12 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     }
     configured(plan, info["dtype"], info["layer_class"], **found)
     prog.restart_clock()
+    # a writer process overlaps a batch's last writes with the next batch's steps; writer threads would
+    # contend with the forward for the GIL, so with them each batch is waited for
+    pipelined = info.get("writer") == "process"
     outstanding: list[list[Sample]] = []
     seen: set[int] = set()
+    first: list[Sample] | None = None  # the first batch, until its canary round has started
     starts = range(0, len(todo), spec.batch_size)
     for start in starts:
         batch = todo[start : start + spec.batch_size]
@@ -301,41 +316,57 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         llm.generate(prompts, params, use_tqdm=False)
         prog.engine_s += time.monotonic() - t0
         outstanding.append(batch)
-        first = start == starts[0]
-        # a batch's last writes overlap the next batch's steps (a full pool of pinned buffers holds the
-        # forward back); the canary compares with the first batch's files, so those are waited for
-        collect(llm, plan, manifest, prog, outstanding, seen, wait=first)
-        if first:
-            canary_round(llm, plan, batch, manifest.dtype, "first batch")
+        if start == starts[0]:
+            first = batch
+        collect(llm, plan, manifest, prog, outstanding, seen, wait=not pipelined)
+        # the canary compares with the first batch's files: it starts once they are all written
+        if first is not None and all(s.idx in seen for s in first):
+            start_canary(llm, plan, first, manifest.dtype, "first batch", prog)
+            first = None
     collect(llm, plan, manifest, prog, outstanding, seen, wait=True)
+    if first is not None:
+        start_canary(llm, plan, first, manifest.dtype, "first batch", prog)
     end = canary.end_batch(todo, spec.batch_size)
     if end is not None:
-        canary_round(llm, plan, end, manifest.dtype, "end")
+        start_canary(llm, plan, end, manifest.dtype, "end", prog)
+    if prog.canaries:
+        collect(llm, plan, manifest, prog, outstanding, seen, wait=True)
+    if prog.canaries:
+        late = ", ".join(r.when for r in prog.canaries)
+        raise CaptureFailed(f"canary ({late}): its re-captures did not all come back")
 
 
-def canary_round(llm: Any, plan: Plan, batch: list[Sample], dtype: str, when: str) -> None:
-    """Capture a few samples of a batch again, alone, and compare with their batched files (canary_checked).
-
-    Raises CaptureFailed on a mismatch under on_shape_failure=stop.
-    """
+def start_canary(llm: Any, plan: Plan, batch: list[Sample], dtype: str, when: str, prog: Progress) -> None:
+    """Capture a few samples of a batch again, alone; collect() compares them with their batched files as
+    the writer finishes them and then reports the round (canary_checked)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     chosen = canary.pick(batch, plan.spec.canary_samples)
     if len(batch) < 2 or not chosen:
         return  # a batch of one was captured alone already
-    diffs: list[float | None] = []
     for s in chosen:  # one generate call each: nothing else is scheduled beside it
         extra = {"eaglewatch_idx": s.idx, canary.CANARY_KEY: True}
         params = SamplingParams(max_tokens=1, temperature=0.0, extra_args=extra)
         llm.generate([TokensPrompt(prompt_token_ids=list(s.token_ids))], [params], use_tqdm=False)
-        drained = one_result(llm.collective_rpc("eaglewatch_drain"))
-        for r in drained["results"]:
-            if "error" in r:
-                raise CaptureFailed(f"capture writer failed: {r['error']}")
-            if r.get("canary"):
-                diffs.append(r["rel_diff"])
-    report_canary(plan, diffs, dtype, when)
+    prog.canaries.append(CanaryRound(when, len(chosen), dtype))
+
+
+def canary_results(results: list[dict[str, Any]], plan: Plan, prog: Progress) -> list[dict[str, Any]]:
+    """Take the canary comparisons out of a drain into their rounds (oldest first), report every round
+    that is complete; returns the other results. Raises CaptureFailed on a mismatch under stop."""
+    rest = []
+    for r in results:
+        if not r.get("canary"):
+            rest.append(r)
+            continue
+        open_rounds = [c for c in prog.canaries if len(c.diffs) < c.expected]
+        if open_rounds:
+            open_rounds[0].diffs.append(r.get("rel_diff"))
+    while prog.canaries and len(prog.canaries[0].diffs) >= prog.canaries[0].expected:
+        done = prog.canaries.pop(0)
+        report_canary(plan, done.diffs, done.dtype, done.when)
+    return rest
 
 
 def report_canary(plan: Plan, diffs: list[float | None], dtype: str, when: str) -> None:
@@ -368,8 +399,12 @@ def collect(
     prog.drain_s += time.monotonic() - t0
     prog.sp_gathers = int(drained.get("gathers", 0))
     prog.capture_costs = drained.get("costs") or prog.capture_costs
-    seen.update(r["idx"] for r in drained["results"] if "idx" in r)
-    handle_results(drained["results"], plan, manifest, prog)
+    for r in drained["results"]:
+        if "error" in r:
+            raise CaptureFailed(f"capture writer failed: {r['error']}")
+    results = canary_results(drained["results"], plan, prog)
+    seen.update(r["idx"] for r in results if "idx" in r)
+    handle_results(results, plan, manifest, prog)
     while outstanding and all(s.idx in seen for s in outstanding[0]):
         batch_done(outstanding.pop(0), prog)
     if wait and outstanding:

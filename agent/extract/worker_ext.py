@@ -74,15 +74,17 @@ def runner_kind(runner: Any) -> str:
 
 
 class _Step:
-    """One scheduler step in flight: its output, request start positions, captured slots, batch order."""
+    """One scheduler step in flight: its output, request start positions, captured slots, batch order, and
+    its launched capture (host rows, flags, stats, done event, release, timing) once all slots are in."""
 
-    __slots__ = ("caps", "order", "so", "starts")
+    __slots__ = ("caps", "launched", "order", "so", "starts")
 
     def __init__(self, so: Any, starts: dict[str, int], nslots: int) -> None:
         self.so = so
         self.starts = starts
         self.caps: list[torch.Tensor | None] = [None] * nslots
         self.order: list[str] | None = None
+        self.launched: tuple[Any, ...] | None = None
 
 
 class EagleWatchCapture:
@@ -279,6 +281,8 @@ class EagleWatchCapture:
             self._ew_gathers += 1
         if self._ew_rank0:
             step.caps[slot] = state[:total]
+            if step.launched is None and all(c is not None for c in step.caps):
+                self._ew_launch(step)
 
     def _ew_pre(self, slot: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         hidden = args[1] if len(args) > 1 else kwargs["hidden_states"]
@@ -289,15 +293,16 @@ class EagleWatchCapture:
         hidden, residual = output[0], output[1]
         self._ew_record(slot, hidden, residual)
 
-    def _ew_end(self) -> None:
-        step, self._ew_active = self._ew_active, None
-        if step is None or self._ew_sink is None:
-            return
-        if step.order is None or any(c is None for c in step.caps):
-            return  # no forward ran in this step (e.g. an empty or failed step)
+    def _ew_launch(self, step: _Step) -> None:
+        """Queue the step's stack, statistics and device->host copy right behind its forward.
+
+        Called as the last slot is recorded, while the host is still ahead of the GPU: launched at the end
+        of execute_model instead (after the runner has waited for the sampled tokens), this host work would
+        hold the GPU idle between steps.
+        """
         t0 = time.perf_counter()
+        assert self._ew_sink is not None
         copier, costs = self._ew_copier, self._ew_sink.costs
-        spans = spans_for_step(step.order, dict(step.so.num_scheduled_tokens), step.starts)
         start = None
         if copier is not None:
             start = torch.cuda.Event(enable_timing=True)
@@ -311,12 +316,23 @@ class EagleWatchCapture:
             (host, host_flags, host_stats), event, release, (ready, began, done) = copier.copy_async(
                 rows, flags, stats
             )
-            timing = (start, ready, began, done)
-            self._ew_sink.submit(host, spans, event, release, host_flags, host_stats, timing=timing)
+            step.launched = (host, host_flags, host_stats, event, release, (start, ready, began, done))
             costs.add(buffer_wait_s=copier.waited_s - waited)
         else:
-            self._ew_sink.submit(rows, spans, flags=flags, stats=stats)
-        costs.add(steps=1, forward_thread_s=time.perf_counter() - t0)
+            step.launched = (rows, flags, stats, None, None, None)
+        costs.add(forward_thread_s=time.perf_counter() - t0)
+
+    def _ew_end(self) -> None:
+        step, self._ew_active = self._ew_active, None
+        if step is None or self._ew_sink is None:
+            return
+        if step.order is None or step.launched is None:
+            return  # no forward ran in this step (e.g. an empty or failed step)
+        t0 = time.perf_counter()
+        spans = spans_for_step(step.order, dict(step.so.num_scheduled_tokens), step.starts)
+        host, flags, stats, event, release, timing = step.launched
+        self._ew_sink.submit(host, spans, event, release, flags, stats, timing=timing)
+        self._ew_sink.costs.add(steps=1, forward_thread_s=time.perf_counter() - t0)
 
 
 if os.environ.get(aux_capture.ENV):  # the job asked for aux outputs: workers import this before loading

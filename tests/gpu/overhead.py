@@ -39,6 +39,9 @@ LLAMA_8B = {
     "eos_token_id": 2,
 }
 PROMPTS, TOKENS, BATCH = 512, 1024, 64
+#: mode long: twice the prompts (34 GB written), so the run's fixed costs (the canary rounds, the last
+#: batch's writes) weigh half as much as in the 12-second runs
+LONG_PROMPTS = 1024
 ARGS = ["--load-format", "dummy", "--dtype", "bfloat16", "--gpu-memory-utilization", "0.85"]
 PLAIN = """
 import json, sys, time
@@ -121,15 +124,20 @@ def overhead(
     eager and the worker extension; writer: plain eager and the worker extension with writer threads, with
     the writer process (the default on CUDA) and with the writer process into /dev/shm (no disk); graphs:
     plain with CUDA graphs against the capture with CUDA graphs (aux path), plain measured again mid-way;
-    runners: plain with graphs under the V1 runner, then the graphs capture (V1) against it.
+    runners: plain with graphs under the V1 runner, then the graphs capture (V1) against it; long: plain V1
+    with graphs and the graphs capture with the writer process, on twice the prompts.
     """
     from tests.gpu.run_gpu import make_data, milestones, run_job
 
-    data = work / "8b.jsonl"
-    make_data(data, [TOKENS] * PROMPTS, 128000, 5)
+    prompts = LONG_PROMPTS if mode == "long" else PROMPTS
+    data = work / f"8b-{prompts}.jsonl"
+    make_data(data, [TOKENS] * prompts, 128000, 5)
     env = env_for({"CUDA_VISIBLE_DEVICES": "0"})
     if mode == "graphs":
         base = {"graphs": plain(work, data, False, env, logs)}
+        base["eager"] = base["graphs"]
+    elif mode == "long":  # the capture runs V1 with graphs: plain V1 against it
+        base = {"graphs": plain(work, data, False, {**env, "VLLM_USE_V2_MODEL_RUNNER": "0"}, logs, tag="-v1")}
         base["eager"] = base["graphs"]
     elif (
         mode == "runners"
@@ -149,6 +157,7 @@ def overhead(
         "writer": WRITER,
         "graphs": GRAPHS,
         "runners": GRAPHS[:2],
+        "long": GRAPHS[1:2],
     }[mode]
     records = []
     for n, (tag, backend, graphs, extra, tmpfs) in enumerate(variants):
@@ -198,7 +207,7 @@ def overhead(
                 "max_rel_err": None,
                 "tp1_max_abs_diff": None,
                 "overhead_ratio": round(tps / same["tokens_per_s"], 4) if tps else None,
-                "ok": res["rc"] == 0 and files == PROMPTS,
+                "ok": res["rc"] == 0 and files == prompts,
                 "note": (
                     f"{tag}: writer {conf.get('writer')}, capture path {conf.get('capture')}, "
                     f"statistics {conf.get('stats_kernel')}; "
@@ -207,7 +216,7 @@ def overhead(
                     f"{engine_s} s vs plain {same['seconds']:.2f} s (per-step ratio {step_ratio}), waiting "
                     f"for writes after batches {done.get('drain_seconds')} s; "
                     f"capture costs {done.get('capture_costs')}; "
-                    f"{PROMPTS} prompts x {TOKENS} tokens, batches of {BATCH}, {size / 1e9:.1f} GB "
+                    f"{prompts} prompts x {TOKENS} tokens, batches of {BATCH}, {size / 1e9:.1f} GB "
                     f"written to {'/dev/shm' if tmpfs else 'disk'}; dummy weights, no HF reference; "
                     f"milestones {ms['kinds']}; {res['seconds']} s"
                 ),

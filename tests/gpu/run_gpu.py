@@ -351,6 +351,7 @@ def main() -> int:
             "overhead-writer",
             "overhead-graphs",
             "overhead-runners",
+            "overhead-long",
         ],
     )
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
