@@ -302,6 +302,7 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     # a writer process overlaps a batch's last writes with the next batch's steps; writer threads would
     # contend with the forward for the GIL, so with them each batch is waited for
     pipelined = info.get("writer") == "process"
+    stop = spec.on_shape_failure == "stop"
     outstanding: list[list[Sample]] = []
     seen: set[int] = set()
     first: list[Sample] | None = None  # the first batch, until its canary round has started
@@ -318,11 +319,15 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         outstanding.append(batch)
         if start == starts[0]:
             first = batch
-        collect(llm, plan, manifest, prog, outstanding, seen, wait=not pipelined)
-        # the canary compares with the first batch's files: it starts once they are all written
+        # the canary compares with the first batch's files: it starts once they are all written; under
+        # on_shape_failure=stop it is waited for, so a mismatch stops the run after the first batch
+        wait = not pipelined or (first is not None and stop)
+        collect(llm, plan, manifest, prog, outstanding, seen, wait=wait)
         if first is not None and all(s.idx in seen for s in first):
             start_canary(llm, plan, first, manifest.dtype, "first batch", prog)
             first = None
+            if stop and prog.canaries:
+                collect(llm, plan, manifest, prog, outstanding, seen, wait=True)
     collect(llm, plan, manifest, prog, outstanding, seen, wait=True)
     if first is not None:
         start_canary(llm, plan, first, manifest.dtype, "first batch", prog)

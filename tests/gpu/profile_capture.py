@@ -107,6 +107,60 @@ def device_costs(t: int) -> dict[str, Any]:
     return res
 
 
+def host_costs(t: int, steps: int = 20) -> dict[str, Any]:
+    """Host (forward thread) milliseconds per step of each capture call, the way worker_ext._ew_launch makes
+    them, each right behind a stand-in forward that keeps the GPU busy; alone, and beside a thread that
+    keeps taking the GIL (a writer thread's Python work)."""
+    import threading
+
+    from agent.extract.gpu_copy import PinnedCopier
+
+    dev = torch.device("cuda")
+    layers = [torch.randn(t, H, device=dev, dtype=torch.bfloat16) for _ in range(L)]
+    fused, how = stats.fused_step_stats(torch.randn(16, L, H, device=dev, dtype=torch.bfloat16))
+    copier = PinnedCopier(dev)
+    copier.reserve(t * L * H * 2 + t * (2 + 16 * L) + 192)
+    x = torch.randn(t, H, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(H, H, device=dev, dtype=torch.bfloat16) * 0.01
+
+    def run(label: str) -> dict[str, float]:
+        parts: dict[str, list[float]] = {"stack": [], "stats": [], "copy": [], "total": []}
+        for i in range(steps + 3):
+            y = x
+            for _ in range(40):  # ~40 ms of GPU work queued ahead, as a forward would be
+                y = y @ w
+            t0 = time.perf_counter()
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            rows = torch.stack(layers, dim=1)
+            t1 = time.perf_counter()
+            st, flags = fused(rows)
+            t2 = time.perf_counter()
+            _, done, release, _ = copier.copy_async(rows, flags, st)
+            t3 = time.perf_counter()
+            done.synchronize()
+            release()
+            if i >= 3:
+                for k, v in (("stack", t1 - t0), ("stats", t2 - t1), ("copy", t3 - t2), ("total", t3 - t0)):
+                    parts[k].append(1000 * v)
+        return {f"{label}_{k}_ms": round(statistics.median(v), 3) for k, v in parts.items()}
+
+    res: dict[str, Any] = {"tokens": t, "stats_kernel": how, **run("alone")}
+    stop = threading.Event()
+
+    def busy() -> None:  # Python work between short sleeps, like a writer between its syscalls
+        while not stop.is_set():
+            sum(range(20000))
+            time.sleep(0.0005)
+
+    th = threading.Thread(target=busy, daemon=True)
+    th.start()
+    res.update(run("gil"))
+    stop.set()
+    th.join()
+    return res
+
+
 def disk(work: Path, files: int = 64, writers: int = 4) -> dict[str, Any]:
     """Write `files` 8B-shaped samples (1024 tokens) with `writers` threads, like the writer pool."""
     out = work / "disk"
@@ -132,8 +186,15 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--work", type=Path, default=Path("/tmp/ew-gpu"))
+    p.add_argument("--host-only", action="store_true", help="only the forward thread's host costs")
     args = p.parse_args()
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    res["host"] = [host_costs(16384)]
+    print(json.dumps(res["host"], indent=1), flush=True)
+    if args.host_only:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "profile-host.json").write_text(json.dumps(res, indent=1) + "\n")
+        return 0
     res["steps"] = [device_costs(t) for t in (8192, 16384)]
     print(json.dumps(res["steps"], indent=1), flush=True)
     res["disk"] = [disk(args.work, 64, w) for w in (4, 8)] + [disk(args.work, 256, 4)]
