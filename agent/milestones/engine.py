@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agent.logs.block import Block, BlockLines
 from agent.milestones.logline import Gate, ParsedLine, Prefilter, parse_line, process_tag
 from agent.milestones.records import decode_marker, json_record_lines, record_exception
 from agent.milestones.rootcause import RootCauses
@@ -151,6 +152,7 @@ class MilestoneEngine:
         self._gate_literals = self._gate.literals
         self._gate_always = bool(self._gate.always)
         self._prefilter = Prefilter(self._gate)
+        self._shapes = self._prefilter.usable  # the gate's answers can be remembered per line shape
         self._error_rules = [r for r in rules.rules if r.kind == "error"]
         self._groups: dict[str, _Group] = {}
         self._traces: dict[str, _Trace] = {}
@@ -194,15 +196,25 @@ class MilestoneEngine:
         """
         if not self._prefilter.usable:
             return [m for i, text in enumerate(texts) for m in self.feed(text, first + i)]
+        return self._feed_hits(texts, self._prefilter.hits(texts), first)
+
+    def feed_block(self, block: Block, first: int) -> list[Milestone]:
+        """``feed_many`` for a Block of raw lines: only the lines that may match are ever decoded."""
+        if not self._prefilter.usable:
+            return self.feed_many(block.texts(), first)
+        return self._feed_hits(BlockLines(block), self._prefilter.hits_of(block.shapes), first)
+
+    def _feed_hits(self, texts: Sequence[str], hits: list[int], first: int) -> list[Milestone]:
+        """Feed the lines ``hits`` of ``texts`` (and every line while a traceback is open)."""
         out: list[Milestone] = []
         feed, traces, n, i = self.feed, self._traces, len(texts), 0
-        hits = iter(self._prefilter.hits(texts))
+        it = iter(hits)
         while i < n:
             if traces:  # an open traceback sees every line (its process's frames and exception)
                 out += feed(texts[i], first + i)
                 i += 1
                 continue
-            h = next(hits, n)
+            h = next(it, n)
             if h < i:
                 continue  # fed already, while a traceback was open
             if h >= n:
@@ -223,6 +235,11 @@ class MilestoneEngine:
                 if trace is not None and self._trace_line(trace, parsed, text, line):
                     return self._release()
                 return self._classify(text, line, parsed)
+        if self._shapes:
+            rules = self._prefilter.rules_for(text)
+            if rules is None:
+                return self._release() if self._held else []
+            return self._classify(text, line, None, rules)
         # The gate, inlined: this is the per-line hot path.
         if not self._gate_always and self._gate_words.isdisjoint(text.split()):
             for lit in self._gate_literals:
@@ -302,7 +319,9 @@ class MilestoneEngine:
         return eng
 
     # ---- classification -----------------------------------------------------------------------------
-    def _classify(self, text: str, line: int, parsed: ParsedLine | None) -> list[Milestone]:
+    def _classify(
+        self, text: str, line: int, parsed: ParsedLine | None, rules: list[Rule] | None = None
+    ) -> list[Milestone]:
         if parsed is None:
             parsed = parse_line(text)
         msg = parsed.message
@@ -312,7 +331,9 @@ class MilestoneEngine:
                 line=line, rank=parsed.rank, proc=parsed.proc, last_line=line, indent=indent
             )
             return self._release()
-        for rule in self._gate.candidates(text):
+        if rules is None:
+            rules = (self._prefilter.rules_for(text) or []) if self._shapes else self._gate.candidates(text)
+        for rule in rules:
             m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
             if m is not None:
                 if rule.once:

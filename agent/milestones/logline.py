@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
 
+from agent.logs.block import DIGIT_FOLD
 from agent.milestones.rulefile import Rule, RuleSet
 
 # "(Worker_TP3 pid=7) ", "(VllmWorker rank=3 pid=7) ", Ray's "(RayWorkerWrapper pid=7, ip=10.0.0.2) "
@@ -127,20 +128,21 @@ class Gate:
 
 
 #: Timestamps, pids, counters: digits make nearly every log line unique, and no gate word holds one.
-DIGITS = b"0123456789"
 MEMO_MAX = 1 << 16
+_UNKNOWN: list[Rule] = []
 
 
 class Prefilter:
-    """Which lines of a batch may pass the gate, from the gate's remembered answer per digit-free line.
+    """Which lines of a batch may pass the gate, from the gate's remembered answer per line shape.
 
-    Sound (never rejects a line the gate passes) while no gate word or literal holds an ASCII digit:
-    deleting digits leaves whitespace alone, so a gate word that is a whole word of the line stays one and
-    a literal stays a substring; it may make a new one (a false positive, which the gate then rejects).
-    ``usable`` is False otherwise, and for a rule set with a rule that has no prefilter at all.
-    The keys are made for the whole batch at once in C (join, encode, ``bytes.translate``, split: ASCII
-    digit bytes never occur inside a multi-byte UTF-8 character, so a key decodes to its line without
-    digits) and looked up with ``map``/``compress``: no Python code runs per line that is skipped.
+    A line's shape (its memo key) is its UTF-8 bytes with every ASCII digit folded to ``0``
+    (``DIGIT_FOLD``).  Sound (never rejects a line the gate passes) while no gate word or literal holds an
+    ASCII digit: folding digits leaves every other byte where it was, so a gate word that is a whole word of
+    the line stays one and a literal stays a substring; it may make a new one (a false positive, which the
+    gate then rejects).  ``usable`` is False otherwise, and for a rule set with a rule that has no prefilter.
+    The shapes are made for a whole batch at once in C (``bytes.translate`` and one split; an ASCII digit
+    byte never occurs inside a multi-byte UTF-8 character, so a shape decodes to its line, digits folded)
+    and looked up with ``map``/``compress``: no Python code runs per line that is skipped.
     """
 
     def __init__(self, gate: Gate) -> None:
@@ -149,19 +151,38 @@ class Prefilter:
             ch in "0123456789" for w in (*gate.words, *gate.literals) for ch in w
         )
         self.memo: dict[bytes, bool] = {}
+        self._rules: dict[bytes, list[Rule] | None] = {}
+
+    def rules_for(self, text: str) -> list[Rule] | None:
+        """``gate.candidates(text)``, or None when the gate rejects ``text``; remembered per line shape.
+
+        Exact, not only sound: a gate word or literal holds no digit, so it is a word or substring of the
+        shape exactly where it is one of the line (callers check ``usable`` first).
+        """
+        key = text.encode("utf-8", "surrogatepass").translate(DIGIT_FOLD)
+        rules = self._rules.get(key, _UNKNOWN)
+        if rules is _UNKNOWN:
+            if len(self._rules) >= MEMO_MAX:
+                self._rules.clear()
+            rules = self._rules[key] = self.gate.candidates(text) if self.gate.passes(text) else None
+        return rules
 
     def key(self, text: str) -> bytes:
-        """The memo key of a line: its UTF-8 text without ASCII digits."""
-        return text.encode("utf-8", "surrogatepass").translate(None, DIGITS)
+        """The memo key of a line: its shape (UTF-8 bytes, ASCII digits folded to ``0``)."""
+        return text.encode("utf-8", "surrogatepass").translate(DIGIT_FOLD)
 
     def hits(self, texts: Sequence[str]) -> list[int]:
         """Indices (ascending) of the lines of ``texts`` that may pass the gate."""
-        keys = "\n".join(texts).encode("utf-8", "surrogatepass").translate(None, DIGITS).split(b"\n")
+        keys = "\n".join(texts).encode("utf-8", "surrogatepass").translate(DIGIT_FOLD).split(b"\n")
         if len(keys) != len(texts):  # a text holding "\n" (the splitter never makes one): key by key
             keys = [self.key(t) for t in texts]
+        return self.hits_of(keys)
+
+    def hits_of(self, keys: list[bytes]) -> list[int]:
+        """Indices (ascending) of the lines whose shapes are ``keys`` that may pass the gate."""
         memo = self.memo
-        new = set(keys).difference(memo)
-        if new:
+        if not memo.keys() >= set(keys):
+            new = set(keys).difference(memo)
             if len(memo) + len(new) > MEMO_MAX:  # bounded: lines of free text (prompts, paths) never repeat
                 memo.clear()
                 new = set(keys)

@@ -19,6 +19,7 @@ from typing import Any
 
 from agent.jobs import control as jobs
 from agent.jobs import procfs
+from agent.logs.block import Block
 from agent.logs.generations import MOVED, TRUNCATED, LogChain
 from agent.logs.linebuffer import LineBuffer
 from agent.logs.splitter import Line, LineSplitter
@@ -309,7 +310,11 @@ class RunWatcher(OutputChecks):
                 break
             got = True
             self.fed += len(data)
-            self._feed_lines(self.splitter.feed(data), self.splitter.pending_offset)
+            if self.merger is None:  # complete lines stay one raw block: rules decode only likely lines
+                head, block = self.splitter.feed_block(data)
+            else:  # merged lines carry a shard tag each: split them one by one
+                head, block = self.splitter.feed(data), None
+            self._feed_lines(head, self.splitter.pending_offset, block)
             # Followers send these lines now, before the journal fsync and cursor write; and a long backlog
             # must not starve the other runs and clients.
             await asyncio.sleep(0)
@@ -322,8 +327,9 @@ class RunWatcher(OutputChecks):
             self._save_cursor()
         return got
 
-    def _feed_lines(self, lines: list[Line], end: int) -> None:
-        """Split lines: to the rules, then to the followers (``end``: where splitting goes on)."""
+    def _feed_lines(self, lines: list[Line], end: int, block: Block | None = None) -> None:
+        """Split lines, then a raw block's: to the rules, then to the followers (``end``: where splitting
+        goes on)."""
         texts = [ln.text for ln in lines]
         if self.merger is not None:  # "[shard I] " tags the merged lines: the rules see the job's own text
             for i, text in enumerate(texts):
@@ -335,7 +341,11 @@ class RunWatcher(OutputChecks):
                 self._shard_lines = {k: v for k, v in self._shard_lines.items() if k > keep}
         self._journal_milestones(self.engine.feed_many(texts, self.line + 1))
         self.line += len(lines)
-        self.lines.append(lines, end)
+        self.lines.append(lines, end if block is None else block.offset)
+        if block is not None:
+            self._journal_milestones(self.engine.feed_block(block, self.line + 1))
+            self.line += len(block.shapes)
+            self.lines.append_block(block, end)
         self.log_changed.notify()
 
     def _log_seam(self, seam: str) -> None:
