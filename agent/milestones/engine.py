@@ -130,6 +130,13 @@ class _Trace:
     indent: int = 0
 
 
+def _may_matter(text: str) -> bool:
+    """Whether a line that no rule can match may still make a milestone (``_classify`` without rules):
+    a traceback's first line, or an ERROR/CRITICAL record holding an exception.  The same for a line and
+    its shape (digits folded): the header's and prefix's digits are ``\\d`` in their patterns."""
+    return TRACEBACK_START in text or parse_line(text).level in ("ERROR", "CRITICAL")
+
+
 def _tagged(out: list[Milestone]) -> list[Milestone]:
     """A two-process job's lines carry their process: ``fields.process`` says which."""
     for ms in out:
@@ -151,7 +158,7 @@ class MilestoneEngine:
         self._gate_words = self._gate.words
         self._gate_literals = self._gate.literals
         self._gate_always = bool(self._gate.always)
-        self._prefilter = Prefilter(self._gate)
+        self._prefilter = Prefilter(self._gate, _may_matter)
         self._shapes = self._prefilter.usable  # the gate's answers can be remembered per line shape
         self._error_rules = [r for r in rules.rules if r.kind == "error"]
         self._groups: dict[str, _Group] = {}

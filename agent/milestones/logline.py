@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress
 
@@ -129,7 +129,8 @@ class Gate:
 
 #: Timestamps, pids, counters: digits make nearly every log line unique, and no gate word holds one.
 MEMO_MAX = 1 << 16
-_UNKNOWN: list[Rule] = []
+_UNKNOWN: list[Rule] = []  # not looked at yet
+_PER_LINE: list[Rule] = []  # answered line by line (a literal with a digit decides)
 
 
 class Prefilter:
@@ -145,27 +146,42 @@ class Prefilter:
     and looked up with ``map``/``compress``: no Python code runs per line that is skipped.
     """
 
-    def __init__(self, gate: Gate) -> None:
+    def __init__(self, gate: Gate, keep: Callable[[str], bool] | None = None) -> None:
         self.gate = gate
+        #: whether a line the gate passes but no rule can match still matters (a traceback's first line)
+        self.keep = keep or (lambda _text: True)
         self.usable = not gate.always and not any(
             ch in "0123456789" for w in (*gate.words, *gate.literals) for ch in w
         )
         self.memo: dict[bytes, bool] = {}
         self._rules: dict[bytes, list[Rule] | None] = {}
+        self._digit_anchors = frozenset(
+            word
+            for word, entries in gate.by_word.items()
+            if any(lit is not None and any(ch.isdigit() for ch in lit) for _, lit in entries)
+        )
 
     def rules_for(self, text: str) -> list[Rule] | None:
-        """``gate.candidates(text)``, or None when the gate rejects ``text``; remembered per line shape.
+        """``gate.candidates(text)``, or None when the gate rejects ``text`` or no rule can match it and
+        ``keep`` says it does not matter otherwise; remembered per line shape.
 
         Exact, not only sound: a gate word or literal holds no digit, so it is a word or substring of the
-        shape exactly where it is one of the line (callers check ``usable`` first).
+        shape exactly where it is one of the line (callers check ``usable`` first; ``keep`` must give the
+        same answer for a line and its shape).  A ``contains`` literal that holds a digit is confirmed on
+        each line: shapes holding its anchor word are answered line by line.
         """
         key = text.encode("utf-8", "surrogatepass").translate(DIGIT_FOLD)
         rules = self._rules.get(key, _UNKNOWN)
         if rules is _UNKNOWN:
             if len(self._rules) >= MEMO_MAX:
                 self._rules.clear()
-            rules = self._rules[key] = self.gate.candidates(text) if self.gate.passes(text) else None
-        return rules
+            per_line = bool(self._digit_anchors) and not self._digit_anchors.isdisjoint(text.split())
+            rules = self._rules[key] = _PER_LINE if per_line else self._decide(text)
+        return self._decide(text) if rules is _PER_LINE else rules
+
+    def _decide(self, text: str) -> list[Rule] | None:
+        rules = self.gate.candidates(text) if self.gate.passes(text) else None
+        return None if rules is not None and not rules and not self.keep(text) else rules
 
     def key(self, text: str) -> bytes:
         """The memo key of a line: its shape (UTF-8 bytes, ASCII digits folded to ``0``)."""
@@ -186,9 +202,10 @@ class Prefilter:
             if len(memo) + len(new) > MEMO_MAX:  # bounded: lines of free text (prompts, paths) never repeat
                 memo.clear()
                 new = set(keys)
-            passes = self.gate.passes
+            rules_for = self.rules_for
             for k in new:
-                text = k.decode("utf-8", "surrogatepass")
+                text = k.decode("utf-8", "surrogatepass")  # a shape's answers are its lines' answers
                 # a JSON log record is read as the text lines it stands for: the gate sees those, not this
-                memo[k] = text[:1] == "{" or passes(text)
+                # (a shape answered line by line is a hit: its lines are confirmed one by one)
+                memo[k] = text[:1] == "{" or rules_for(text) is not None or self._rules.get(k) is _PER_LINE
         return list(compress(range(len(keys)), map(memo.__getitem__, keys)))

@@ -18,21 +18,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.logs.splitter import LineSplitter
 from agent.milestones.engine import MilestoneEngine, load_rules
+from agent.runs.watcher import READ_CHUNK
 from tests.bench.run_all import bench_line
 from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent, terminal_event
 from tests.helpers.vllm_log import steady_lines
 
 
 def pure_rate(data: bytes) -> float:
-    """Lines/s of splitter + engine alone, fed as the watcher feeds them (a chunk's lines at a time)."""
-    engine = MilestoneEngine(load_rules())
+    """Lines/s of splitter + engine alone, fed as the watcher feeds them (its read size, raw blocks)."""
+    engine = MilestoneEngine(load_rules(backend="command"))  # the rules the daemon loads for this run
     splitter = LineSplitter()
     n = 0
     t0 = time.perf_counter()
-    for i in range(0, len(data), 1 << 20):
-        lines = splitter.feed(data[i : i + (1 << 20)])
+    for i in range(0, len(data), READ_CHUNK):
+        lines, block = splitter.feed_block(data[i : i + READ_CHUNK])
         engine.feed_many([ln.text for ln in lines], n + 1)
         n += len(lines)
+        if block is not None:
+            engine.feed_block(block, n + 1)
+            n += len(block.shapes)
     engine.flush()
     return n / (time.perf_counter() - t0)
 
