@@ -77,6 +77,13 @@ class Journal:
 
     def append_many(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Append ``events`` with consecutive seqs, one write and one fsync; then tell the listeners."""
+        full = self.write_many(events)
+        self.sync()
+        self.publish(full)
+        return full
+
+    def write_many(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Give ``events`` consecutive seqs and write them (not yet durable: ``sync``, then ``publish``)."""
         ts = round(time.time(), 3)
         full = [{"seq": self.last_seq + 1 + i, "ts": ts, **ev} for i, ev in enumerate(events)]
         data = b"".join(_dumps(ev).encode("utf-8") + b"\n" for ev in full)
@@ -86,13 +93,19 @@ class Journal:
         while view:
             n = os.write(self._fd, view)
             view = view[n:]
-        os.fsync(self._fd)
         if full:
             self.last_seq = full[-1]["seq"]
+        return full
+
+    def sync(self) -> None:
+        """Make everything written so far durable (one fsync; safe to run in a worker thread)."""
+        os.fsync(self._fd)
+
+    def publish(self, full: list[dict[str, Any]]) -> None:
+        """Tell the listeners about events written and synced."""
         for ev in full:
             for listener in list(self._listeners):
                 listener(ev)
-        return full
 
     def close(self) -> None:
         """Close the file descriptor (a later append opens it again)."""
