@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from itertools import compress
+from typing import NamedTuple
 
 from agent.logs.block import DIGIT_FOLD
 from agent.milestones.rulefile import Rule, RuleSet
@@ -29,9 +29,9 @@ def process_tag(text: str) -> str | None:
     return m.group("tag") if m else None
 
 
-@dataclass(frozen=True)
-class ParsedLine:
-    """A log line cut into process prefix, rank, level, source and message."""
+class ParsedLine(NamedTuple):
+    """A log line cut into process prefix, rank, level, source and message (a tuple: made for every line
+    that may match a rule, so cheap to build)."""
 
     proc: str  # "Worker_TP3 pid=7", "" without a prefix; "[server] Worker_TP3 pid=7" behind a process tag
     rank: int | None
@@ -197,8 +197,9 @@ class Prefilter:
     def hits_of(self, keys: list[bytes]) -> list[int]:
         """Indices (ascending) of the lines whose shapes are ``keys`` that may pass the gate."""
         memo = self.memo
-        if not memo.keys() >= set(keys):
-            new = set(keys).difference(memo)
+        answers = list(map(memo.get, keys))
+        if None in answers:  # shapes not seen yet (or forgotten): answer each once
+            new = {k for k, a in zip(keys, answers, strict=True) if a is None}
             if len(memo) + len(new) > MEMO_MAX:  # bounded: lines of free text (prompts, paths) never repeat
                 memo.clear()
                 new = set(keys)
@@ -208,4 +209,5 @@ class Prefilter:
                 # a JSON log record is read as the text lines it stands for: the gate sees those, not this
                 # (a shape answered line by line is a hit: its lines are confirmed one by one)
                 memo[k] = text[:1] == "{" or rules_for(text) is not None or self._rules.get(k) is _PER_LINE
-        return list(compress(range(len(keys)), map(memo.__getitem__, keys)))
+            answers = list(map(memo.__getitem__, keys))
+        return list(compress(range(len(keys)), answers))

@@ -186,6 +186,14 @@ def test_block_lines_decode_any_line_in_any_order() -> None:
         view[4]
 
 
+def test_lines_up_to_the_cap_stay_a_block() -> None:
+    """Lines longer than half the cap fail the cheap window test; each line's length then decides."""
+    for size in (31, 32, 33, 63, 64):
+        data = b"a" * size + b"\nb\n" + b"c" * size + b"\n"
+        block = clean_block(data, 0, 64)
+        assert block is not None and list(map(len, block.shapes)) == [size, 1, size]
+
+
 @pytest.mark.parametrize(
     ("data", "why"),
     [
