@@ -24,12 +24,16 @@ def _finite(value: Any) -> Any:
     return value
 
 
+# One encoder for every line: json.dumps with options builds a new encoder per call.
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
 def _dumps(event: dict[str, Any]) -> str:
     """One journal line: strict JSON, since followers (the controller, SSE) must be able to read it."""
     try:
-        return json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return _encode(event)
     except ValueError:  # a NaN/Infinity from some check or rule: null is the JSON for "no number"
-        return json.dumps(_finite(event), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return _encode(_finite(event))
 
 
 class Journal:
