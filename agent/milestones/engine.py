@@ -140,6 +140,8 @@ def _may_matter(text: str) -> bool:
 def _tagged(out: list[Milestone]) -> list[Milestone]:
     """A two-process job's lines carry their process: ``fields.process`` says which."""
     for ms in out:
+        if ms.text[:1] != "[":  # every tag starts so: most milestones need no regex
+            continue
         tag = process_tag(ms.text)
         if tag is not None:
             ms.fields.setdefault("process", tag)
@@ -360,9 +362,11 @@ class MilestoneEngine:
 
     def _fields(self, rule: Rule, m: re.Match[str]) -> dict[str, Any]:
         fields: dict[str, Any] = {"rule": rule.name}
+        kinds = rule.fields
         for name, value in m.groupdict().items():
             if value is not None:
-                fields[name] = convert(rule.fields.get(name, "str"), value)
+                kind = kinds.get(name)
+                fields[name] = value if kind is None or kind == "str" else convert(kind, value)
         fields.update(rule.set)
         if rule.error_class:
             fields["class"] = rule.error_class
@@ -507,7 +511,7 @@ class MilestoneEngine:
             return []
         opens = [g.first.line for g in self._groups.values()] + [t.line for t in self._traces.values()]
         if not opens:
-            out = sorted(self._held, key=lambda m: m.line)
+            out = self._held if len(self._held) == 1 else sorted(self._held, key=lambda m: m.line)
             self._held = []
             return out
         limit = min(opens)
