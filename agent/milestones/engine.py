@@ -3,8 +3,11 @@
 How it works
 ------------
 Each line goes through a cheap gate first (``logline.Gate``: a split into words and one set test,
-derived from every rule's ``words`` and ``contains`` prefilters and ``Traceback (most recent call last)``).
-Most lines stop there.  A line that passes is parsed into process prefix (``(Worker_TP3 pid=7) ``,
+derived from every rule's ``words`` and ``contains`` prefilters and ``Traceback (most recent call last)``),
+whose answer (and the rules that may match) is remembered per line shape: the line with its digits folded
+to ``0`` (``logline.Prefilter``).  Most lines stop there; ``feed_many`` and ``feed_block`` (a raw block of
+lines, ``agent/logs/block.py``) skip them in bulk and decode only the lines that may match.
+A line that passes is parsed into process prefix (``(Worker_TP3 pid=7) ``,
 ``(VllmWorker rank=3 pid=7) ``, ``(EngineCore_DP0 pid=7) ``…; the TP rank becomes ``Milestone.rank``),
 log header (new ``INFO 02-21 22:48:03 [file.py:12] `` or old ``INFO 02-21 22:48:03 file.py:12] ``) and
 message; rules are tried in order on the message and the first match wins (rulefile.py describes
