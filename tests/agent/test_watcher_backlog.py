@@ -57,3 +57,20 @@ def test_a_backlog_journals_the_line_by_line_milestones(tmp_path: Path) -> None:
     assert got[: len(want)] == want
     assert [e["kind"] for e in got[len(want) :]] == ["failed"]  # the watcher's verdict on the job's end
     assert lines == texts
+
+
+def test_journal_listeners_hear_events_only_once_published(tmp_path: Path) -> None:
+    """The watcher writes events, fsyncs them in a thread, then publishes: listeners hear durable events."""
+    from agent.runs.journal import Journal
+
+    j = Journal(tmp_path / "events.jsonl")
+    heard: list[int] = []
+    j.subscribe(lambda ev: heard.append(ev["seq"]))
+    written = j.write_many([{"type": "x"}, {"type": "y"}])
+    assert [e["seq"] for e in written] == [1, 2] and j.last_seq == 2 and heard == []
+    j.sync()
+    j.publish(written)
+    assert heard == [1, 2]
+    assert [e["seq"] for e in j.append_many([{"type": "z"}])] == [3] and heard == [1, 2, 3]
+    j.close()
+    assert [e["seq"] for e in scan(tmp_path / "events.jsonl")] == [1, 2, 3]
