@@ -2,14 +2,18 @@
 
 How it works
 ------------
-The run's watcher is the only reader and splitter of its log: each line it splits is appended here with
-its stream offset, and ``end`` is the watcher's resume point (the splitter's ``pending_offset``, or the next
-generation's base after a seam).  A follower at stream offset ``pos`` asks ``read(pos, …)``: when ``pos`` is
-the offset of a held line, or ``end`` itself, it gets the lines from there (bounded) and the offset to ask
-for next; otherwise (``None``) ``pos`` is older than what is held, or not a line start the watcher saw,
-and the follower reads the log itself until it reaches an offset the buffer serves.  Lines are the
-watcher's own, so a follower sees exactly the lines the watcher split, once each, in order.
-Memory is bounded: the oldest lines go first once ``max_lines`` or ``max_bytes`` is passed.
+The run's watcher is the only reader and splitter of its log: what it splits is appended here, and ``end``
+is its resume point (the splitter's ``pending_offset``, or the next generation's base after a seam).  Lines
+are held in segments: a raw ``Block`` (complete lines kept as the log's bytes, split only when a follower
+asks for them as separate lines), or ``Line`` objects (lines the splitter had to work on: cut at the cap,
+stripped of colour codes, ended by ``\\r``).  A follower at stream offset ``pos`` asks ``read(pos, …)``
+(lines with their offsets) or ``read_text(pos, …)`` (the lines as one string): when ``pos`` is the offset
+of a held line, or ``end`` itself, it gets the lines from there (bounded) and the offset to ask for next;
+otherwise (``None``) ``pos`` is older than what is held, or not a line start the watcher saw, and the
+follower reads the log itself until it reaches an offset the buffer serves.  Lines are the watcher's own,
+so a follower sees exactly the lines the watcher split, once each, in order.
+Memory is bounded: the oldest lines go first once ``max_lines`` or ``max_bytes`` is passed (a raw block
+that has not been split goes whole).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Iterable
 from itertools import accumulate, islice
 from operator import attrgetter
 
+from agent.logs.block import Block
 from agent.logs.splitter import Line
 
 #: Per-line overhead counted towards a batch's byte budget (offset and JSON framing).
@@ -27,51 +32,168 @@ _offset = attrgetter("offset")
 _text = attrgetter("text")
 
 
+class _Segment:
+    """Consecutive held lines: a raw block until split, then per-line offsets, texts and running sizes."""
+
+    __slots__ = ("base", "count", "cum", "head", "offsets", "raw", "start", "texts")
+
+    def __init__(self, start: int) -> None:
+        self.raw: bytes | None = None  # a Block's bytes, until split
+        self.start = start  # offset of the first live line
+        self.count = 0  # live lines
+        self.offsets: list[int] = []
+        self.texts: list[str] = []
+        self.cum: list[int] = []  # cum[i]: budget bytes of lines [0, i]
+        self.head = 0  # index of the first live line
+        self.base = 0  # cum of the line before head (0 when none)
+
+    @classmethod
+    def of_block(cls, block: Block) -> _Segment:
+        seg = cls(block.offset)
+        seg.raw, seg.count = block.data, len(block.shapes)
+        return seg
+
+    @property
+    def size(self) -> int:
+        """Budget bytes of the live lines."""
+        if self.raw is not None:
+            return len(self.raw) - self.count + LINE_OVERHEAD * self.count
+        return (self.cum[-1] if self.cum else 0) - self.base
+
+    def add(self, lines: list[Line]) -> None:
+        # map/accumulate: no Python code runs per line (this is on every line's path)
+        total = self.cum[-1] if self.cum else 0
+        self.offsets.extend(map(_offset, lines))
+        self.texts.extend(map(_text, lines))
+        sizes = map(LINE_OVERHEAD.__add__, map(len, map(_text, lines)))
+        self.cum.extend(islice(accumulate(sizes, initial=total), 1, None))
+        self.count += len(lines)
+
+    def split(self) -> None:
+        """Turn the raw block into per-line lists (the first time a follower asks for separate lines)."""
+        if self.raw is None:
+            return
+        texts = self.raw.decode("utf-8").split("\n")
+        texts.pop()
+        # offsets count bytes: a line's length in characters is its length in bytes only for ASCII
+        sizes = map(len, texts if self.raw.isascii() else self.raw.split(b"\n"))
+        self.raw = None
+        starts = accumulate(sizes, initial=0)
+        self.offsets = list(map(int.__add__, starts, range(self.start, self.start + len(texts))))
+        self.texts = texts
+        self.cum = list(islice(accumulate(map(LINE_OVERHEAD.__add__, map(len, texts)), initial=0), 1, None))
+
+    def drop(self, n: int) -> None:
+        """Forget the ``n`` oldest live lines (a split segment only)."""
+        self.head += n
+        self.count -= n
+        self.base = self.cum[self.head - 1] if self.head else 0
+        if self.count:
+            self.start = self.offsets[self.head]
+        if self.head > 4096 and self.head * 2 > len(self.offsets):  # compact: drop the dead prefix at once
+            del self.offsets[: self.head], self.texts[: self.head], self.cum[: self.head]
+            self.head = 0
+
+    def index(self, pos: int) -> int:
+        """Index of the split line that starts at ``pos``, or -1."""
+        i = bisect_left(self.offsets, pos, self.head)
+        return i if i < len(self.offsets) and self.offsets[i] == pos else -1
+
+
 class LineBuffer:
     """Recent split lines of one run's log: ``append`` from the watcher, ``read`` from followers."""
 
     def __init__(self, max_lines: int = 100_000, max_bytes: int = 8 << 20) -> None:
         self.max_lines = max_lines
         self.max_bytes = max_bytes
-        self._offsets: list[int] = []
-        self._texts: list[str] = []
-        self._cum: list[int] = []  # _cum[i]: bytes of lines [0, i] (absolute since the last compaction)
-        self._head = 0  # index of the oldest live line
-        self._base = 0  # _cum of the line before _head (0 when none)
+        self._segs: list[_Segment] = []
+        self._lines = 0
+        self._bytes = 0
         self.end = -1  # the offset after the last line; -1: nothing held yet (serve nothing)
 
     def reset(self, offset: int) -> None:
         """Forget every line; the watcher resumes splitting at ``offset``."""
-        self._offsets, self._texts, self._cum = [], [], []
-        self._head = self._base = 0
+        self._segs, self._lines, self._bytes = [], 0, 0
         self.end = offset
 
     def append(self, lines: Iterable[Line], end: int) -> None:
         """Add lines the watcher split (offsets increasing) and its new resume offset ``end``."""
         lines = lines if isinstance(lines, list) else list(lines)
-        if lines:  # map/accumulate: no Python code runs per line (this is on every line's path)
-            total = self._cum[-1] if self._cum else 0
-            self._offsets.extend(map(_offset, lines))
-            self._texts.extend(map(_text, lines))
-            sizes = map(LINE_OVERHEAD.__add__, map(len, map(_text, lines)))
-            self._cum.extend(islice(accumulate(sizes, initial=total), 1, None))
+        if lines:
+            if not self._segs or self._segs[-1].raw is not None:
+                self._segs.append(_Segment(lines[0].offset))
+            seg = self._segs[-1]
+            before = seg.size
+            seg.add(lines)
+            self._lines += len(lines)
+            self._bytes += seg.size - before
+        self.end = end
+        self._trim()
+
+    def append_block(self, block: Block, end: int) -> None:
+        """Add a raw block of complete lines (kept unsplit) and the watcher's new resume offset ``end``."""
+        if block.shapes:
+            seg = _Segment.of_block(block)
+            self._segs.append(seg)
+            self._lines += seg.count
+            self._bytes += seg.size
         self.end = end
         self._trim()
 
     def _trim(self) -> None:
-        n = len(self._offsets)
-        head = max(self._head, n - self.max_lines)
-        if self._cum and self._cum[-1] - self._base > self.max_bytes:
-            head = max(head, bisect_left(self._cum, self._cum[-1] - self.max_bytes) + 1)
-        if head != self._head:
-            self._head = head
-            self._base = self._cum[head - 1] if head > 0 else 0
-        if self._head > 4096 and self._head * 2 > n:  # compact: drop the dead prefix in one go
-            del self._offsets[: self._head], self._texts[: self._head], self._cum[: self._head]
-            self._head = 0
+        segs = self._segs
+        while segs and (self._lines > self.max_lines or self._bytes > self.max_bytes):
+            seg = segs[0]
+            n = seg.count
+            if seg.raw is None:  # split lines go one by one (at least one: the buffer is over a bound)
+                n = max(self._lines - self.max_lines, 0)
+                if self._bytes > self.max_bytes:
+                    m = bisect_left(seg.cum, seg.base + self._bytes - self.max_bytes, seg.head)
+                    n = max(n, m + 1 - seg.head)
+            size = seg.size
+            if n >= seg.count:
+                del segs[0]
+                self._lines -= seg.count
+                self._bytes -= size
+            else:
+                seg.drop(n)
+                self._lines -= n
+                self._bytes -= size - seg.size
+
+    def _split(self, seg: _Segment) -> None:
+        before = seg.size
+        seg.split()
+        self._bytes += seg.size - before  # characters, not bytes, once decoded
 
     def __len__(self) -> int:
-        return len(self._offsets) - self._head
+        return self._lines
+
+    def _find(self, pos: int) -> tuple[int, int] | None:
+        """(segment index, line index in it) of the held line that starts at ``pos``; the line index is -1
+        for a raw segment (``pos`` checked to be a line start of it)."""
+        segs = self._segs
+        lo, hi = 0, len(segs)
+        while lo < hi:  # the last segment that starts at or before pos
+            mid = (lo + hi) // 2
+            if segs[mid].start <= pos:
+                lo = mid + 1
+            else:
+                hi = mid
+        k = lo - 1
+        if k < 0:
+            return None
+        seg = segs[k]
+        if seg.raw is not None:
+            at = pos - seg.start
+            if at < len(seg.raw) and (at == 0 or seg.raw[at - 1] == 0x0A):
+                return k, -1
+            return None
+        i = seg.index(pos)
+        return (k, i) if i >= 0 else None
+
+    def _after(self, k: int) -> int:
+        """The offset after segment ``k``'s last line: the next segment's start, or ``end``."""
+        return self._segs[k + 1].start if k + 1 < len(self._segs) else self.end
 
     def read(self, pos: int, max_lines: int, max_bytes: int) -> tuple[list[tuple[int, str]], int] | None:
         """Lines from stream offset ``pos`` (at most ``max_lines``, about ``max_bytes``) and the offset after
@@ -80,11 +202,45 @@ class LineBuffer:
             return None
         if pos == self.end:
             return [], pos
-        i = bisect_left(self._offsets, pos, self._head)
-        if i >= len(self._offsets) or self._offsets[i] != pos:
+        found = self._find(pos)
+        if found is None:
             return None
-        before = self._cum[i - 1] if i > 0 else 0
-        j = min(i + max_lines, len(self._offsets), bisect_right(self._cum, before + max_bytes, i))
+        k, i = found
+        seg = self._segs[k]
+        if i < 0:
+            self._split(seg)
+            i = seg.index(pos)
+        before = seg.cum[i - 1] if i > 0 else 0
+        j = min(i + max_lines, len(seg.offsets), bisect_right(seg.cum, before + max_bytes, i))
         j = max(j, i + 1)  # one over-long line still goes out alone
-        nxt = self._offsets[j] if j < len(self._offsets) else self.end
-        return list(zip(self._offsets[i:j], self._texts[i:j], strict=True)), nxt
+        nxt = seg.offsets[j] if j < len(seg.offsets) else self._after(k)
+        return list(zip(seg.offsets[i:j], seg.texts[i:j], strict=True)), nxt
+
+    def read_text(self, pos: int, max_bytes: int) -> tuple[str, int] | None:
+        """The complete lines from stream offset ``pos`` as one string, each line followed by ``\\n`` (about
+        ``max_bytes``, at least one line, from one segment: ask again at the offset returned), and the offset
+        after them; ``("", pos)`` at ``end``; ``None`` as for ``read``.  Offsets within the text are not
+        byte offsets of the log where the splitter worked on a line (cut, colour codes, ``\\r``)."""
+        if self.end < 0:
+            return None
+        if pos == self.end:
+            return "", pos
+        found = self._find(pos)
+        if found is None:
+            return None
+        k, i = found
+        seg = self._segs[k]
+        if i < 0:  # a raw block: one slice and one decode, no per-line work
+            raw, at = seg.raw, pos - seg.start
+            assert raw is not None
+            cut = raw.rfind(b"\n", at, at + max_bytes) + 1 if at + max_bytes < len(raw) else len(raw)
+            if cut <= at:  # one over-long line still goes out alone
+                cut = raw.index(b"\n", at) + 1
+            nxt = seg.start + cut if cut < len(raw) else self._after(k)
+            return raw[at:cut].decode("utf-8"), nxt
+        before = seg.cum[i - 1] if i > 0 else 0
+        j = max(min(len(seg.offsets), bisect_right(seg.cum, before + max_bytes, i)), i + 1)
+        nxt = seg.offsets[j] if j < len(seg.offsets) else self._after(k)
+        texts = seg.texts[i:j]
+        texts.append("")
+        return "\n".join(texts), nxt

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from operator import add
 
+from agent.logs.block import Block, clean_block
+
 DEFAULT_MAX_LINE_BYTES = 65536
 
 # CSI (colours, cursor moves), OSC (titles, hyperlinks) and two-byte escapes.
@@ -205,6 +207,22 @@ class LineSplitter:
             self._start = base + cur
         self._append_partial(data[cur:])
         return out
+
+    def feed_block(self, data: bytes) -> tuple[list[Line], Block | None]:
+        """Consume a chunk; return the lines it completed: first as ``Line`` objects, then (when not None) a
+        ``Block`` of the rest.  The same lines as ``feed`` gives, in the same order, with the same texts."""
+        first = data.find(b"\n")
+        last = data.rfind(b"\n")
+        if first == last or self._cr or b"\r" in data:  # a \r anywhere: the general path ends every line
+            return self.feed(data), None
+        head = self.feed(data[: first + 1])  # completes the pending partial line
+        block = clean_block(data[first + 1 : last + 1], self._start, self.max_line_bytes)
+        if block is None:
+            head += self.feed(data[first + 1 :])
+            return head, None
+        self._start = self._pos = block.end
+        self.feed(data[last + 1 :])  # no line ends in it: only kept as the partial line
+        return head, block
 
     def flush(self) -> list[Line]:
         """Emit the unterminated final line, if any (at job end)."""

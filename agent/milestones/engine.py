@@ -3,8 +3,11 @@
 How it works
 ------------
 Each line goes through a cheap gate first (``logline.Gate``: a split into words and one set test,
-derived from every rule's ``words`` and ``contains`` prefilters and ``Traceback (most recent call last)``).
-Most lines stop there.  A line that passes is parsed into process prefix (``(Worker_TP3 pid=7) ``,
+derived from every rule's ``words`` and ``contains`` prefilters and ``Traceback (most recent call last)``),
+whose answer (and the rules that may match) is remembered per line shape: the line with its digits folded
+to ``0`` (``logline.Prefilter``).  Most lines stop there; ``feed_many`` and ``feed_block`` (a raw block of
+lines, ``agent/logs/block.py``) skip them in bulk and decode only the lines that may match.
+A line that passes is parsed into process prefix (``(Worker_TP3 pid=7) ``,
 ``(VllmWorker rank=3 pid=7) ``, ``(EngineCore_DP0 pid=7) ``…; the TP rank becomes ``Milestone.rank``),
 log header (new ``INFO 02-21 22:48:03 [file.py:12] `` or old ``INFO 02-21 22:48:03 file.py:12] ``) and
 message; rules are tried in order on the message and the first match wins (rulefile.py describes
@@ -49,6 +52,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agent.logs.block import Block, BlockLines
 from agent.milestones.logline import Gate, ParsedLine, Prefilter, parse_line, process_tag
 from agent.milestones.records import decode_marker, json_record_lines, record_exception
 from agent.milestones.rootcause import RootCauses
@@ -129,9 +133,18 @@ class _Trace:
     indent: int = 0
 
 
+def _may_matter(text: str) -> bool:
+    """Whether a line that no rule can match may still make a milestone (``_classify`` without rules):
+    a traceback's first line, or an ERROR/CRITICAL record holding an exception.  The same for a line and
+    its shape (digits folded): the header's and prefix's digits are ``\\d`` in their patterns."""
+    return TRACEBACK_START in text or parse_line(text).level in ("ERROR", "CRITICAL")
+
+
 def _tagged(out: list[Milestone]) -> list[Milestone]:
     """A two-process job's lines carry their process: ``fields.process`` says which."""
     for ms in out:
+        if ms.text[:1] != "[":  # every tag starts so: most milestones need no regex
+            continue
         tag = process_tag(ms.text)
         if tag is not None:
             ms.fields.setdefault("process", tag)
@@ -150,7 +163,8 @@ class MilestoneEngine:
         self._gate_words = self._gate.words
         self._gate_literals = self._gate.literals
         self._gate_always = bool(self._gate.always)
-        self._prefilter = Prefilter(self._gate)
+        self._prefilter = Prefilter(self._gate, _may_matter)
+        self._shapes = self._prefilter.usable  # the gate's answers can be remembered per line shape
         self._error_rules = [r for r in rules.rules if r.kind == "error"]
         self._groups: dict[str, _Group] = {}
         self._traces: dict[str, _Trace] = {}
@@ -194,15 +208,25 @@ class MilestoneEngine:
         """
         if not self._prefilter.usable:
             return [m for i, text in enumerate(texts) for m in self.feed(text, first + i)]
+        return self._feed_hits(texts, self._prefilter.hits(texts), first)
+
+    def feed_block(self, block: Block, first: int) -> list[Milestone]:
+        """``feed_many`` for a Block of raw lines: only the lines that may match are ever decoded."""
+        if not self._prefilter.usable:
+            return self.feed_many(block.texts(), first)
+        return self._feed_hits(BlockLines(block), self._prefilter.hits_of(block.shapes), first)
+
+    def _feed_hits(self, texts: Sequence[str], hits: list[int], first: int) -> list[Milestone]:
+        """Feed the lines ``hits`` of ``texts`` (and every line while a traceback is open)."""
         out: list[Milestone] = []
         feed, traces, n, i = self.feed, self._traces, len(texts), 0
-        hits = iter(self._prefilter.hits(texts))
+        it = iter(hits)
         while i < n:
             if traces:  # an open traceback sees every line (its process's frames and exception)
                 out += feed(texts[i], first + i)
                 i += 1
                 continue
-            h = next(hits, n)
+            h = next(it, n)
             if h < i:
                 continue  # fed already, while a traceback was open
             if h >= n:
@@ -223,6 +247,11 @@ class MilestoneEngine:
                 if trace is not None and self._trace_line(trace, parsed, text, line):
                     return self._release()
                 return self._classify(text, line, parsed)
+        if self._shapes:
+            rules = self._prefilter.rules_for(text)
+            if rules is None:
+                return self._release() if self._held else []
+            return self._classify(text, line, None, rules)
         # The gate, inlined: this is the per-line hot path.
         if not self._gate_always and self._gate_words.isdisjoint(text.split()):
             for lit in self._gate_literals:
@@ -302,7 +331,9 @@ class MilestoneEngine:
         return eng
 
     # ---- classification -----------------------------------------------------------------------------
-    def _classify(self, text: str, line: int, parsed: ParsedLine | None) -> list[Milestone]:
+    def _classify(
+        self, text: str, line: int, parsed: ParsedLine | None, rules: list[Rule] | None = None
+    ) -> list[Milestone]:
         if parsed is None:
             parsed = parse_line(text)
         msg = parsed.message
@@ -312,7 +343,9 @@ class MilestoneEngine:
                 line=line, rank=parsed.rank, proc=parsed.proc, last_line=line, indent=indent
             )
             return self._release()
-        for rule in self._gate.candidates(text):
+        if rules is None:
+            rules = (self._prefilter.rules_for(text) or []) if self._shapes else self._gate.candidates(text)
+        for rule in rules:
             m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
             if m is not None:
                 if rule.once:
@@ -332,9 +365,11 @@ class MilestoneEngine:
 
     def _fields(self, rule: Rule, m: re.Match[str]) -> dict[str, Any]:
         fields: dict[str, Any] = {"rule": rule.name}
+        kinds = rule.fields
         for name, value in m.groupdict().items():
             if value is not None:
-                fields[name] = convert(rule.fields.get(name, "str"), value)
+                kind = kinds.get(name)
+                fields[name] = value if kind is None or kind == "str" else convert(kind, value)
         fields.update(rule.set)
         if rule.error_class:
             fields["class"] = rule.error_class
@@ -479,7 +514,7 @@ class MilestoneEngine:
             return []
         opens = [g.first.line for g in self._groups.values()] + [t.line for t in self._traces.values()]
         if not opens:
-            out = sorted(self._held, key=lambda m: m.line)
+            out = self._held if len(self._held) == 1 else sorted(self._held, key=lambda m: m.line)
             self._held = []
             return out
         limit = min(opens)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from itertools import compress
+from typing import NamedTuple
 
+from agent.logs.block import DIGIT_FOLD
 from agent.milestones.rulefile import Rule, RuleSet
 
 # "(Worker_TP3 pid=7) ", "(VllmWorker rank=3 pid=7) ", Ray's "(RayWorkerWrapper pid=7, ip=10.0.0.2) "
@@ -28,9 +29,9 @@ def process_tag(text: str) -> str | None:
     return m.group("tag") if m else None
 
 
-@dataclass(frozen=True)
-class ParsedLine:
-    """A log line cut into process prefix, rank, level, source and message."""
+class ParsedLine(NamedTuple):
+    """A log line cut into process prefix, rank, level, source and message (a tuple: made for every line
+    that may match a rule, so cheap to build)."""
 
     proc: str  # "Worker_TP3 pid=7", "" without a prefix; "[server] Worker_TP3 pid=7" behind a process tag
     rank: int | None
@@ -127,47 +128,86 @@ class Gate:
 
 
 #: Timestamps, pids, counters: digits make nearly every log line unique, and no gate word holds one.
-DIGITS = b"0123456789"
 MEMO_MAX = 1 << 16
+_UNKNOWN: list[Rule] = []  # not looked at yet
+_PER_LINE: list[Rule] = []  # answered line by line (a literal with a digit decides)
 
 
 class Prefilter:
-    """Which lines of a batch may pass the gate, from the gate's remembered answer per digit-free line.
+    """Which lines of a batch may pass the gate, from the gate's remembered answer per line shape.
 
-    Sound (never rejects a line the gate passes) while no gate word or literal holds an ASCII digit:
-    deleting digits leaves whitespace alone, so a gate word that is a whole word of the line stays one and
-    a literal stays a substring; it may make a new one (a false positive, which the gate then rejects).
-    ``usable`` is False otherwise, and for a rule set with a rule that has no prefilter at all.
-    The keys are made for the whole batch at once in C (join, encode, ``bytes.translate``, split: ASCII
-    digit bytes never occur inside a multi-byte UTF-8 character, so a key decodes to its line without
-    digits) and looked up with ``map``/``compress``: no Python code runs per line that is skipped.
+    A line's shape (its memo key) is its UTF-8 bytes with every ASCII digit folded to ``0``
+    (``DIGIT_FOLD``).  Sound (never rejects a line the gate passes) while no gate word or literal holds an
+    ASCII digit: folding digits leaves every other byte where it was, so a gate word that is a whole word of
+    the line stays one and a literal stays a substring; it may make a new one (a false positive, which the
+    gate then rejects).  ``usable`` is False otherwise, and for a rule set with a rule that has no prefilter.
+    The shapes are made for a whole batch at once in C (``bytes.translate`` and one split; an ASCII digit
+    byte never occurs inside a multi-byte UTF-8 character, so a shape decodes to its line, digits folded)
+    and looked up with ``map``/``compress``: no Python code runs per line that is skipped.
     """
 
-    def __init__(self, gate: Gate) -> None:
+    def __init__(self, gate: Gate, keep: Callable[[str], bool] | None = None) -> None:
         self.gate = gate
+        #: whether a line the gate passes but no rule can match still matters (a traceback's first line)
+        self.keep = keep or (lambda _text: True)
         self.usable = not gate.always and not any(
             ch in "0123456789" for w in (*gate.words, *gate.literals) for ch in w
         )
         self.memo: dict[bytes, bool] = {}
+        self._rules: dict[bytes, list[Rule] | None] = {}
+        self._digit_anchors = frozenset(
+            word
+            for word, entries in gate.by_word.items()
+            if any(lit is not None and any(ch.isdigit() for ch in lit) for _, lit in entries)
+        )
+
+    def rules_for(self, text: str) -> list[Rule] | None:
+        """``gate.candidates(text)``, or None when the gate rejects ``text`` or no rule can match it and
+        ``keep`` says it does not matter otherwise; remembered per line shape.
+
+        Exact, not only sound: a gate word or literal holds no digit, so it is a word or substring of the
+        shape exactly where it is one of the line (callers check ``usable`` first; ``keep`` must give the
+        same answer for a line and its shape).  A ``contains`` literal that holds a digit is confirmed on
+        each line: shapes holding its anchor word are answered line by line.
+        """
+        key = text.encode("utf-8", "surrogatepass").translate(DIGIT_FOLD)
+        rules = self._rules.get(key, _UNKNOWN)
+        if rules is _UNKNOWN:
+            if len(self._rules) >= MEMO_MAX:
+                self._rules.clear()
+            per_line = bool(self._digit_anchors) and not self._digit_anchors.isdisjoint(text.split())
+            rules = self._rules[key] = _PER_LINE if per_line else self._decide(text)
+        return self._decide(text) if rules is _PER_LINE else rules
+
+    def _decide(self, text: str) -> list[Rule] | None:
+        rules = self.gate.candidates(text) if self.gate.passes(text) else None
+        return None if rules is not None and not rules and not self.keep(text) else rules
 
     def key(self, text: str) -> bytes:
-        """The memo key of a line: its UTF-8 text without ASCII digits."""
-        return text.encode("utf-8", "surrogatepass").translate(None, DIGITS)
+        """The memo key of a line: its shape (UTF-8 bytes, ASCII digits folded to ``0``)."""
+        return text.encode("utf-8", "surrogatepass").translate(DIGIT_FOLD)
 
     def hits(self, texts: Sequence[str]) -> list[int]:
         """Indices (ascending) of the lines of ``texts`` that may pass the gate."""
-        keys = "\n".join(texts).encode("utf-8", "surrogatepass").translate(None, DIGITS).split(b"\n")
+        keys = "\n".join(texts).encode("utf-8", "surrogatepass").translate(DIGIT_FOLD).split(b"\n")
         if len(keys) != len(texts):  # a text holding "\n" (the splitter never makes one): key by key
             keys = [self.key(t) for t in texts]
+        return self.hits_of(keys)
+
+    def hits_of(self, keys: list[bytes]) -> list[int]:
+        """Indices (ascending) of the lines whose shapes are ``keys`` that may pass the gate."""
         memo = self.memo
-        new = set(keys).difference(memo)
-        if new:
+        answers = list(map(memo.get, keys))
+        if None in answers:  # shapes not seen yet (or forgotten): answer each once
+            new = {k for k, a in zip(keys, answers, strict=True) if a is None}
             if len(memo) + len(new) > MEMO_MAX:  # bounded: lines of free text (prompts, paths) never repeat
                 memo.clear()
                 new = set(keys)
-            passes = self.gate.passes
+            rules_for = self.rules_for
             for k in new:
-                text = k.decode("utf-8", "surrogatepass")
+                text = k.decode("utf-8", "surrogatepass")  # a shape's answers are its lines' answers
                 # a JSON log record is read as the text lines it stands for: the gate sees those, not this
-                memo[k] = text[:1] == "{" or passes(text)
-        return list(compress(range(len(keys)), map(memo.__getitem__, keys)))
+                # (a shape answered line by line is a hit: its lines are confirmed one by one)
+                memo[k] = text[:1] == "{" or rules_for(text) is not None or self._rules.get(k) is _PER_LINE
+            answers = list(map(memo.__getitem__, keys))
+        return list(compress(range(len(keys)), answers))

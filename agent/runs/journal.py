@@ -24,12 +24,16 @@ def _finite(value: Any) -> Any:
     return value
 
 
+# One encoder for every line: json.dumps with options builds a new encoder per call.
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
 def _dumps(event: dict[str, Any]) -> str:
     """One journal line: strict JSON, since followers (the controller, SSE) must be able to read it."""
     try:
-        return json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return _encode(event)
     except ValueError:  # a NaN/Infinity from some check or rule: null is the JSON for "no number"
-        return json.dumps(_finite(event), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return _encode(_finite(event))
 
 
 class Journal:
@@ -77,6 +81,13 @@ class Journal:
 
     def append_many(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Append ``events`` with consecutive seqs, one write and one fsync; then tell the listeners."""
+        full = self.write_many(events)
+        self.sync()
+        self.publish(full)
+        return full
+
+    def write_many(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Give ``events`` consecutive seqs and write them (not yet durable: ``sync``, then ``publish``)."""
         ts = round(time.time(), 3)
         full = [{"seq": self.last_seq + 1 + i, "ts": ts, **ev} for i, ev in enumerate(events)]
         data = b"".join(_dumps(ev).encode("utf-8") + b"\n" for ev in full)
@@ -86,13 +97,19 @@ class Journal:
         while view:
             n = os.write(self._fd, view)
             view = view[n:]
-        os.fsync(self._fd)
         if full:
             self.last_seq = full[-1]["seq"]
+        return full
+
+    def sync(self) -> None:
+        """Make everything written so far durable (one fsync; safe to run in a worker thread)."""
+        os.fsync(self._fd)
+
+    def publish(self, full: list[dict[str, Any]]) -> None:
+        """Tell the listeners about events written and synced."""
         for ev in full:
             for listener in list(self._listeners):
                 listener(ev)
-        return full
 
     def close(self) -> None:
         """Close the file descriptor (a later append opens it again)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from agent.jobs import control as jobs
 from agent.jobs import procfs
+from agent.logs.block import Block
 from agent.logs.generations import MOVED, TRUNCATED, LogChain
 from agent.logs.linebuffer import LineBuffer
 from agent.logs.splitter import Line, LineSplitter
@@ -86,6 +87,8 @@ class RunWatcher(OutputChecks):
         self._last_data = self._dirty_since = time.monotonic()
         self._flushed = True
         self._cursor_at = 0.0
+        self._unsynced: list[dict[str, Any]] = []  # journaled, fsync still running (_commit_behind)
+        self._syncing: asyncio.Task[None] | None = None
         self._pending_files: dict[str, tuple[int, int]] = {}
         self._checking = False
         self._stop_requested = False
@@ -206,11 +209,50 @@ class RunWatcher(OutputChecks):
         self._outbox.append(ev)
 
     def _commit(self) -> None:
-        """Write the queued events (one fsync) and take them into the summary."""
+        """Write the queued events (one fsync, which also covers any still syncing in a thread), tell the
+        listeners and take them into the summary."""
+        written, self._unsynced = self._unsynced, []
         if self._outbox:
             events, self._outbox = self._outbox, []
-            for ev in self.journal.append_many(events):
-                self.summary.observe(ev)
+            written += self.journal.write_many(events)
+        if written:
+            self.journal.sync()
+            self._publish(written)
+
+    def _publish(self, written: list[dict[str, Any]]) -> None:
+        self.journal.publish(written)
+        for ev in written:
+            self.summary.observe(ev)
+
+    async def _commit_behind(self) -> None:
+        """While catching up on a backlog: write the queued events now and fsync them in a worker thread
+        while the next chunk is split (an fsync is a wait, not work); they reach the listeners and the
+        summary once durable.  The cursor is only written by ``_save_cursor``, after a full ``_commit``."""
+        await self._settle()
+        if not self._outbox:
+            return
+        events, self._outbox = self._outbox, []
+        batch = self.journal.write_many(events)
+        self._unsynced += batch
+        last = batch[-1]["seq"]
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(self.journal.sync))
+
+        def synced(t: asyncio.Task[None]) -> None:
+            self._syncing = None
+            if t.cancelled() or t.exception() is not None:
+                return  # the next _commit syncs them
+            done = [ev for ev in self._unsynced if ev["seq"] <= last]  # none when _commit came first
+            self._unsynced = self._unsynced[len(done) :]
+            self._publish(done)
+
+        task.add_done_callback(synced)
+        self._syncing = task
+
+    async def _settle(self) -> None:
+        """Wait for an fsync still running in a thread (before the journal is closed)."""
+        if self._syncing is not None:
+            with contextlib.suppress(OSError):
+                await asyncio.shield(self._syncing)
 
     def note(self, events: list[dict[str, Any]]) -> None:
         """Journal events from outside the log (the scheduler's word on the job) and look again soon."""
@@ -309,21 +351,30 @@ class RunWatcher(OutputChecks):
                 break
             got = True
             self.fed += len(data)
-            self._feed_lines(self.splitter.feed(data), self.splitter.pending_offset)
+            if self.merger is None:  # complete lines stay one raw block: rules decode only likely lines
+                head, block = self.splitter.feed_block(data)
+            else:  # merged lines carry a shard tag each: split them one by one
+                head, block = self.splitter.feed(data), None
+            self._feed_lines(head, self.splitter.pending_offset, block)
             # Followers send these lines now, before the journal fsync and cursor write; and a long backlog
             # must not starve the other runs and clients.
             await asyncio.sleep(0)
             if len(data) < READ_CHUNK:
                 break
-            if time.monotonic() - started >= COMMIT_EVERY_S:
-                self._save_cursor()
+            now = time.monotonic()
+            if now - started >= COMMIT_EVERY_S:
+                if now - self._cursor_at >= CURSOR_EVERY_S:
+                    self._save_cursor()
+                else:
+                    await self._commit_behind()
                 started = time.monotonic()
         if got:
             self._save_cursor()
         return got
 
-    def _feed_lines(self, lines: list[Line], end: int) -> None:
-        """Split lines: to the rules, then to the followers (``end``: where splitting goes on)."""
+    def _feed_lines(self, lines: list[Line], end: int, block: Block | None = None) -> None:
+        """Split lines, then a raw block's: to the rules, then to the followers (``end``: where splitting
+        goes on)."""
         texts = [ln.text for ln in lines]
         if self.merger is not None:  # "[shard I] " tags the merged lines: the rules see the job's own text
             for i, text in enumerate(texts):
@@ -335,7 +386,11 @@ class RunWatcher(OutputChecks):
                 self._shard_lines = {k: v for k, v in self._shard_lines.items() if k > keep}
         self._journal_milestones(self.engine.feed_many(texts, self.line + 1))
         self.line += len(lines)
-        self.lines.append(lines, end)
+        self.lines.append(lines, end if block is None else block.offset)
+        if block is not None:
+            self._journal_milestones(self.engine.feed_block(block, self.line + 1))
+            self.line += len(block.shapes)
+            self.lines.append_block(block, end)
         self.log_changed.notify()
 
     def _log_seam(self, seam: str) -> None:
@@ -410,6 +465,7 @@ class RunWatcher(OutputChecks):
                 ev["exit"] = {"code": exit_rec.get("code"), "signal": exit_rec.get("signal")}
             self._append(ev)
         self._save_cursor(force=True)
+        await self._settle()
         self.journal.close()
         self.chain.close(keep_unnamed=True)  # streams reopen the named file; a renamed one is kept open
         self.log_changed.notify()  # log followers flush the job's unterminated last line now
