@@ -39,6 +39,7 @@ class Journal:
         self.path = path
         self.last_seq = 0
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._unsynced = False  # written by append_many(sync=False), not fsynced yet
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self.last_seq = self._recover()
 
@@ -75,8 +76,12 @@ class Journal:
         """Give ``event`` the next seq and a timestamp, write it durably, then tell the listeners."""
         return self.append_many([event])[0]
 
-    def append_many(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Append ``events`` with consecutive seqs, one write and one fsync; then tell the listeners."""
+    def append_many(self, events: list[dict[str, Any]], *, sync: bool = True) -> list[dict[str, Any]]:
+        """Append ``events`` with consecutive seqs, one write and one fsync; then tell the listeners.
+
+        With ``sync=False`` the fsync is left to a later ``sync()`` and the listeners are told at once: the
+        events are already in the file for every reader (a killed daemon loses nothing written), so
+        followers need not wait for the disk; whoever saves a cursor past them calls ``sync()`` first."""
         ts = round(time.time(), 3)
         full = [{"seq": self.last_seq + 1 + i, "ts": ts, **ev} for i, ev in enumerate(events)]
         data = b"".join(_dumps(ev).encode("utf-8") + b"\n" for ev in full)
@@ -86,13 +91,27 @@ class Journal:
         while view:
             n = os.write(self._fd, view)
             view = view[n:]
-        os.fsync(self._fd)
+        if sync:
+            os.fsync(self._fd)
+        self._unsynced = not sync
         if full:
             self.last_seq = full[-1]["seq"]
         for ev in full:
             for listener in list(self._listeners):
                 listener(ev)
         return full
+
+    @property
+    def unsynced(self) -> bool:
+        """Whether ``append_many(..., sync=False)`` wrote events that no fsync has covered yet."""
+        return self._unsynced
+
+    def sync(self) -> None:
+        """fsync what ``append_many(..., sync=False)`` wrote (a no-op when nothing waits for it)."""
+        fd = self._fd
+        if self._unsynced and fd >= 0:
+            self._unsynced = False
+            os.fsync(fd)
 
     def close(self) -> None:
         """Close the file descriptor (a later append opens it again)."""

@@ -205,12 +205,14 @@ class RunWatcher(OutputChecks):
                 return
         self._outbox.append(ev)
 
-    def _commit(self) -> None:
-        """Write the queued events (one fsync) and take them into the summary."""
+    def _commit(self, sync: bool = True) -> None:
+        """Write the queued events (one fsync, unless ``sync`` is False) and take them into the summary."""
         if self._outbox:
             events, self._outbox = self._outbox, []
-            for ev in self.journal.append_many(events):
+            for ev in self.journal.append_many(events, sync=sync):
                 self.summary.observe(ev)
+        if sync:
+            self.journal.sync()
 
     def note(self, events: list[dict[str, Any]]) -> None:
         """Journal events from outside the log (the scheduler's word on the job) and look again soon."""
@@ -319,6 +321,11 @@ class RunWatcher(OutputChecks):
                 self._save_cursor()
                 started = time.monotonic()
         if got:
+            # Followers send the new events while the disk syncs them (an fsync can take tens of ms), and
+            # the cursor is written only after: it never points past what the journal holds durably.
+            self._commit(sync=False)
+            if self.journal.unsynced:
+                await asyncio.to_thread(self.journal.sync)
             self._save_cursor()
         return got
 
