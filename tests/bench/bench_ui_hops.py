@@ -24,9 +24,7 @@ here too).  Prints p50/p99 of each hop's increment and of the total, one BENCH l
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -49,7 +47,7 @@ from controller.supervisor import HostSupervisor  # noqa: E402
 from tests.bench.bench_ui_latency import CHROMIUM, OBSERVER, pct, start_run  # noqa: E402
 from tests.bench.run_all import SKIP_EXIT, bench_line  # noqa: E402
 from tests.helpers.sshd import SSHD, SSHD_BIN, kill_tree_matching  # noqa: E402
-from tests.web.conftest import CHROMIUM_ARGS, AgentHost, settings_for, start_server  # noqa: E402
+from tests.web.conftest import CHROMIUM_ARGS, AgentHost, settings_for, start_server, wait_until  # noqa: E402
 
 HOPS = ("bump", "line", "journal", "link", "store", "bus", "sse", "socket", "browser", "dom")
 #: The page's EventSource, wrapped before app.js runs: when each progress milestone event arrives.
@@ -123,20 +121,21 @@ def install_hooks() -> None:
     web.sse.to_sse = traced_to_sse
 
 
-def read_stream(url: str, run_id: str, out: Path) -> None:
-    """Stamp each progress milestone as a plain HTTP client (its own process) receives the event stream."""
-    with (
-        contextlib.suppress(httpx.HTTPError, KeyboardInterrupt),
-        open(out, "a") as fh,
-        httpx.Client(base_url=url, timeout=None) as c,
-        c.stream("GET", f"/api/runs/{run_id}/events", params={"after": "now"}) as r,
-    ):
-        for line in r.iter_lines():
-            if line.startswith("data:") and '"progress"' in line:
-                data = json.loads(line[5:])
-                if data.get("kind") == "progress" and (i := _index(data.get("fields"))):
-                    fh.write(f"{i} {time.time() * 1000}\n")
-                    fh.flush()
+#: A plain HTTP client of the run's event stream, in a process of its own (only httpx imported): it says
+#: "ready" once the stream is open, then the wall clock at which each progress milestone arrives.
+READER = """
+import json, sys, time, httpx
+url, run_id, out = sys.argv[1:]
+with open(out, "a") as fh, httpx.Client(base_url=url, timeout=None) as c, c.stream(
+    "GET", f"/api/runs/{run_id}/events", params={"after": "now"}
+) as r:
+    fh.write(f"ready {r.status_code}\\n"); fh.flush()
+    for line in r.iter_lines():
+        if line.startswith("data:") and '"progress"' in line:
+            d = json.loads(line[5:])
+            if d.get("kind") == "progress":
+                fh.write(f"{d['fields']['samples_done'] // 8} {time.time() * 1000}\\n"); fh.flush()
+"""
 
 
 def measure(c: httpx.Client, browser: Any, url: str, agent: AgentHost, tmp: Path, n: int, ssh: str) -> None:
@@ -148,7 +147,8 @@ def measure(c: httpx.Client, browser: Any, url: str, agent: AgentHost, tmp: Path
         "--stamp", ssh=ssh,
     )  # fmt: skip
     got = tmp / "socket-stamps"
-    reader = subprocess.Popen([sys.executable, __file__, "--read-stream", url, run_id, str(got)])
+    reader = subprocess.Popen([sys.executable, "-c", READER, url, run_id, str(got)])
+    wait_until(lambda: got.exists() and got.read_text().startswith("ready"), 30, what="stream reader")
     page = browser.new_page(base_url=url, bypass_csp=True)
     page.add_init_script(ES_HOOK)
     page.goto(f"/runs/{run_id}")
@@ -172,8 +172,8 @@ def measure(c: httpx.Client, browser: Any, url: str, agent: AgentHost, tmp: Path
     reader.terminate()
     reader.wait()
     c.post(f"/api/runs/{run_id}/stop")
-    for row in got.read_text().split("\n") if got.exists() else []:
-        if row:
+    for row in got.read_text().split("\n"):
+        if row and not row.startswith("ready"):
             num, at = row.split()
             stamps[int(num)]["socket"] = float(at)
     for m in lines:
@@ -204,12 +204,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--milestones", type=int, default=200)
     ap.add_argument("--local", action="store_true", help="the agent over local pipes instead of SSH")
-    ap.add_argument("--read-stream", nargs=3, metavar=("URL", "RUN", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.read_stream:
-        url, run_id, out = args.read_stream
-        read_stream(url, run_id, Path(out))
-        return 0
+    if os.environ.get("EAGLEWATCH_BENCH_QUICK") == "1":
+        args.milestones = 50
     if not Path(CHROMIUM).exists() or (not args.local and not Path(SSHD_BIN).exists()):
         print("cannot run here: needs Chromium and OpenSSH's sshd")
         return SKIP_EXIT
