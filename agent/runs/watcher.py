@@ -312,8 +312,10 @@ class RunWatcher(OutputChecks):
             got = True
             self.fed += len(data)
             self._feed_lines(self.splitter.feed(data), self.splitter.pending_offset)
-            # Followers send these lines now, before the journal fsync and cursor write; and a long backlog
-            # must not starve the other runs and clients.
+            # The lines' milestones are written now too (not fsynced yet): followers send lines and events
+            # together, before the journal fsync and cursor write; and a long backlog must not starve the
+            # other runs and clients.
+            self._commit(sync=False)
             await asyncio.sleep(0)
             if len(data) < READ_CHUNK:
                 break
