@@ -402,12 +402,15 @@
 
     // A milestone's <li> goes in at once; what costs a layout or a redraw (trimming old progress entries,
     // scrolling, the chart) waits for the next frame, once for however many milestones came before it.
-    let tidyPending = 0, progressChanged = false;
+    let tidyPending = 0, progressChanged = false, trim = false;
     function tidyTimeline() {
       tidyPending = 0;
-      // keep the DOM small through a long night: old progress entries live on in the chart
-      const periodic = timeline.querySelectorAll("li.ms-progress, li.ms-throughput, li.ms-batch_captured");
-      for (let k = 0; k < periodic.length - 50; k++) periodic[k].remove();
+      if (trim) {
+        // keep the DOM small through a long night: old progress entries live on in the chart
+        trim = false;
+        const periodic = timeline.querySelectorAll("li.ms-progress, li.ms-throughput, li.ms-batch_captured");
+        for (let k = 0; k < periodic.length - 50; k++) periodic[k].remove();
+      }
       timeline.scrollTop = timeline.scrollHeight;
       if (progressChanged) { progressChanged = false; drawProgress(); }
     }
@@ -434,6 +437,7 @@
       li.append(" ", fields);
       if (m.text && m.text.indexOf("EAGLEWATCH ") !== 0) li.append(el("div", "text", m.text));
       timeline.append(li);
+      if (PERIODIC.has(m.kind)) trim = true;
       const count = data.milestone_count + seqs.size;
       document.getElementById("milestone-count").textContent = String(count);
       window.__ew.milestones = count;
