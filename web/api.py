@@ -221,9 +221,7 @@ async def _existing_run(ctl: ControllerDep, run_id: str) -> RunDetail:
     return run
 
 
-@router.get(
-    "/runs/{run_id}/events", response_class=sse.SSEResponse, responses=_ERRORS, description=_SSE_DOC
-)
+@router.get("/runs/{run_id}/events", response_class=sse.SSEResponse, responses=_ERRORS, description=_SSE_DOC)
 async def run_events(
     ctl: ControllerDep,
     run_id: str,

@@ -195,7 +195,8 @@ def report(n: int) -> None:
     for a, b in [*itertools.pairwise(HOPS), ("line", "dom"), ("bump", "dom")]:
         d = [r[b] - r[a] for r in rows]
         p50, p99 = pct(d, 0.5), pct(d, 0.99)
-        print(f"{a:>8s} -> {b:<8s} p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  max {max(d):7.2f} ms")
+        mean = sum(d) / len(d)  # means add up along the path, quantiles do not
+        print(f"{a:>8s} -> {b:<8s} p50 {p50:7.2f}  mean {mean:7.2f}  p99 {p99:7.2f}  max {max(d):7.2f} ms")
         bench_line("ui_hops", f"{a}->{b} p99", round(p99, 2), "ms", note=f"p50 {p50:.2f}")
 
 
