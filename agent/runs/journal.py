@@ -69,7 +69,7 @@ class Journal:
         return 0
 
     def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
-        """Call ``listener(event)`` after each durable append."""
+        """Call ``listener(event)`` after each append (durable, or written and awaiting ``sync()``)."""
         self._listeners.append(listener)
 
     def append(self, event: dict[str, Any]) -> dict[str, Any]:
