@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query
-from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.sse import ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 import agent
@@ -221,9 +221,7 @@ async def _existing_run(ctl: ControllerDep, run_id: str) -> RunDetail:
     return run
 
 
-@router.get(
-    "/runs/{run_id}/events", response_class=EventSourceResponse, responses=_ERRORS, description=_SSE_DOC
-)
+@router.get("/runs/{run_id}/events", response_class=sse.SSEResponse, responses=_ERRORS, description=_SSE_DOC)
 async def run_events(
     ctl: ControllerDep,
     run_id: str,
@@ -242,13 +240,12 @@ async def run_events(
 
     from_now = cursor == "now"
     cursor = None if from_now else cursor
-    async for item in sse.event_stream(
-        ctl, run_id, cursor, host=run.host, from_now=from_now, run_state=state
-    ):
-        yield item
+    return sse.response(
+        sse.event_stream(ctl, run_id, cursor, host=run.host, from_now=from_now, run_state=state)
+    )
 
 
-@router.get("/events", response_class=EventSourceResponse, description=_SSE_DOC)
+@router.get("/events", response_class=sse.SSEResponse, description=_SSE_DOC)
 async def all_events(
     ctl: ControllerDep,
     last_event_id: Annotated[str | None, Header(max_length=64)] = None,
@@ -258,8 +255,7 @@ async def all_events(
     cursor = _valid_cursor(last_event_id) or after
     from_now = cursor == "now"
     cursor = None if from_now else cursor
-    async for item in sse.event_stream(ctl, None, cursor, kinds=sse.DASHBOARD_KINDS, from_now=from_now):
-        yield item
+    return sse.response(sse.event_stream(ctl, None, cursor, kinds=sse.DASHBOARD_KINDS, from_now=from_now))
 
 
 def _valid_cursor(value: str | None) -> str | None:

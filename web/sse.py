@@ -8,16 +8,23 @@ rendered at that cursor). The stream subscribes to the bus *first*, then replays
 from SQLite, then forwards live events whose cursor is newer than the last one sent: nothing missed in the
 gap between the two, nothing sent twice. Cursors order as strings (controller/bus.py).
 Host events are not journalled (no cursor); they are forwarded live, without an ``id``.
+
+Delivery: ``response`` writes each event's bytes to the socket from the one task that waits on the bus, so
+an event reaches the wire one loop turn after it is published: no relay tasks or memory streams between
+the bus and the socket, no second JSON encoding pass.  While nothing happens the stream sends a ``: ping``
+comment every ``PING_S`` (what keeps proxies from closing it, and what notices a client that left).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi.sse import ServerSentEvent, format_sse_event
+from starlette.responses import StreamingResponse
 
-from controller.bus import BusEvent
+from controller.bus import BusEvent, Subscription
 from controller.service import Controller
 
 TERMINAL_STATES = frozenset({"completed", "failed", "stopped", "lost"})
@@ -25,6 +32,9 @@ RETRY_MS = 1500
 BACKLOG_PAGE = 1000
 #: The dashboard's feed leaves out log lines and milestones (the run rows carry the last milestone).
 DASHBOARD_KINDS = frozenset({"run", "alert", "host"})
+#: Seconds of silence before a keep-alive comment.
+PING_S = 15.0
+PING = ServerSentEvent(comment="ping")
 
 
 def to_sse(event: BusEvent) -> ServerSentEvent:
@@ -50,6 +60,42 @@ def wanted(
     if event.kind == "host":
         return host is not None and event.data.get("name") == host
     return event.run_id == run_id
+
+
+class SSEResponse(StreamingResponse):
+    """A ``text/event-stream`` response (and what the OpenAPI document says the events endpoints return)."""
+
+    media_type = "text/event-stream"
+
+
+def response(events: AsyncIterator[ServerSentEvent]) -> SSEResponse:
+    """The HTTP response streaming ``events`` as SSE bytes (the generator is closed when the client goes)."""
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for sse in events:
+                yield encode(sse)
+        finally:
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return SSEResponse(body(), headers=headers)
+
+
+async def _live(sub: Subscription) -> AsyncIterator[BusEvent | None]:
+    """The subscription's events as they come, and None after each ``PING_S`` without one."""
+    while True:
+        try:
+            async with asyncio.timeout(PING_S):
+                ev = await anext(sub)
+        except TimeoutError:
+            yield None
+            continue
+        except StopAsyncIteration:
+            return
+        yield ev
 
 
 def end_event(state: str) -> ServerSentEvent:
@@ -88,7 +134,11 @@ async def event_stream(
                     yield end_event(state or "")
                     return
             from_now = False  # after a lag, resume from the last cursor sent
-            async for ev in sub:
+            async for item in _live(sub):
+                if item is None:
+                    yield PING
+                    continue
+                ev = item
                 if not wanted(ev, run_id, host, kinds):
                     continue
                 if ev.cursor:

@@ -43,6 +43,7 @@ class Journal:
         self.path = path
         self.last_seq = 0
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._unsynced = False  # written by append_many(sync=False), not fsynced yet
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self.last_seq = self._recover()
 
@@ -72,22 +73,27 @@ class Journal:
         return 0
 
     def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
-        """Call ``listener(event)`` after each durable append."""
+        """Call ``listener(event)`` after each append (durable, or written and awaiting ``sync()``)."""
         self._listeners.append(listener)
 
     def append(self, event: dict[str, Any]) -> dict[str, Any]:
         """Give ``event`` the next seq and a timestamp, write it durably, then tell the listeners."""
         return self.append_many([event])[0]
 
-    def append_many(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Append ``events`` with consecutive seqs, one write and one fsync; then tell the listeners."""
+    def append_many(self, events: list[dict[str, Any]], *, sync: bool = True) -> list[dict[str, Any]]:
+        """Append ``events`` with consecutive seqs, one write and one fsync; then tell the listeners.
+
+        With ``sync=False`` the fsync is left to a later ``sync()`` and the listeners are told at once: the
+        events are already in the file for every reader (a killed daemon loses nothing written), so
+        followers need not wait for the disk; whoever saves a cursor past them calls ``sync()`` first."""
         full = self.write_many(events)
-        self.sync()
+        if sync:
+            self.sync()
         self.publish(full)
         return full
 
     def write_many(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Give ``events`` consecutive seqs and write them (not yet durable: ``sync``, then ``publish``)."""
+        """Give ``events`` consecutive seqs and write them; no fsync (``sync``), no listener (``publish``)."""
         ts = round(time.time(), 3)
         full = [{"seq": self.last_seq + 1 + i, "ts": ts, **ev} for i, ev in enumerate(events)]
         data = b"".join(_dumps(ev).encode("utf-8") + b"\n" for ev in full)
@@ -97,19 +103,29 @@ class Journal:
         while view:
             n = os.write(self._fd, view)
             view = view[n:]
+        self._unsynced = self._unsynced or bool(full)
         if full:
             self.last_seq = full[-1]["seq"]
         return full
 
-    def sync(self) -> None:
-        """Make everything written so far durable (one fsync; safe to run in a worker thread)."""
-        os.fsync(self._fd)
-
     def publish(self, full: list[dict[str, Any]]) -> None:
-        """Tell the listeners about events written and synced."""
+        """Tell the listeners about events written (by ``write_many``)."""
         for ev in full:
             for listener in list(self._listeners):
                 listener(ev)
+
+    @property
+    def unsynced(self) -> bool:
+        """Whether events were written that no fsync has covered yet."""
+        return self._unsynced
+
+    def sync(self) -> None:
+        """fsync what was written since the last one (a no-op when nothing waits for it; safe in a worker
+        thread)."""
+        fd = self._fd
+        if self._unsynced and fd >= 0:
+            self._unsynced = False
+            os.fsync(fd)
 
     def close(self) -> None:
         """Close the file descriptor (a later append opens it again)."""

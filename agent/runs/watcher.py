@@ -87,8 +87,6 @@ class RunWatcher(OutputChecks):
         self._last_data = self._dirty_since = time.monotonic()
         self._flushed = True
         self._cursor_at = 0.0
-        self._unsynced: list[dict[str, Any]] = []  # journaled, fsync still running (_commit_behind)
-        self._syncing: asyncio.Task[None] | None = None
         self._pending_files: dict[str, tuple[int, int]] = {}
         self._checking = False
         self._stop_requested = False
@@ -208,51 +206,14 @@ class RunWatcher(OutputChecks):
                 return
         self._outbox.append(ev)
 
-    def _commit(self) -> None:
-        """Write the queued events (one fsync, which also covers any still syncing in a thread), tell the
-        listeners and take them into the summary."""
-        written, self._unsynced = self._unsynced, []
+    def _commit(self, sync: bool = True) -> None:
+        """Write the queued events (one fsync, unless ``sync`` is False) and take them into the summary."""
         if self._outbox:
             events, self._outbox = self._outbox, []
-            written += self.journal.write_many(events)
-        if written:
+            for ev in self.journal.append_many(events, sync=sync):
+                self.summary.observe(ev)
+        if sync:
             self.journal.sync()
-            self._publish(written)
-
-    def _publish(self, written: list[dict[str, Any]]) -> None:
-        self.journal.publish(written)
-        for ev in written:
-            self.summary.observe(ev)
-
-    async def _commit_behind(self) -> None:
-        """While catching up on a backlog: write the queued events now and fsync them in a worker thread
-        while the next chunk is split (an fsync is a wait, not work); they reach the listeners and the
-        summary once durable.  The cursor is only written by ``_save_cursor``, after a full ``_commit``."""
-        await self._settle()
-        if not self._outbox:
-            return
-        events, self._outbox = self._outbox, []
-        batch = self.journal.write_many(events)
-        self._unsynced += batch
-        last = batch[-1]["seq"]
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(self.journal.sync))
-
-        def synced(t: asyncio.Task[None]) -> None:
-            self._syncing = None
-            if t.cancelled() or t.exception() is not None:
-                return  # the next _commit syncs them
-            done = [ev for ev in self._unsynced if ev["seq"] <= last]  # none when _commit came first
-            self._unsynced = self._unsynced[len(done) :]
-            self._publish(done)
-
-        task.add_done_callback(synced)
-        self._syncing = task
-
-    async def _settle(self) -> None:
-        """Wait for an fsync still running in a thread (before the journal is closed)."""
-        if self._syncing is not None:
-            with contextlib.suppress(OSError):
-                await asyncio.shield(self._syncing)
 
     def note(self, events: list[dict[str, Any]]) -> None:
         """Journal events from outside the log (the scheduler's word on the job) and look again soon."""
@@ -356,19 +317,24 @@ class RunWatcher(OutputChecks):
             else:  # merged lines carry a shard tag each: split them one by one
                 head, block = self.splitter.feed(data), None
             self._feed_lines(head, self.splitter.pending_offset, block)
-            # Followers send these lines now, before the journal fsync and cursor write; and a long backlog
-            # must not starve the other runs and clients.
+            # The lines' milestones are written now too (not fsynced yet): followers send lines and events
+            # together, before the journal fsync and cursor write; and a long backlog must not starve the
+            # other runs and clients.
+            self._commit(sync=False)
             await asyncio.sleep(0)
             if len(data) < READ_CHUNK:
                 break
-            now = time.monotonic()
-            if now - started >= COMMIT_EVERY_S:
-                if now - self._cursor_at >= CURSOR_EVERY_S:
-                    self._save_cursor()
-                else:
-                    await self._commit_behind()
+            if time.monotonic() - started >= COMMIT_EVERY_S:
+                if self.journal.unsynced:  # an fsync is a wait, not work: other runs and clients go on
+                    await asyncio.to_thread(self.journal.sync)
+                self._save_cursor()
                 started = time.monotonic()
         if got:
+            # Followers send the new events while the disk syncs them (an fsync can take tens of ms), and
+            # the cursor is written only after: it never points past what the journal holds durably.
+            self._commit(sync=False)
+            if self.journal.unsynced:
+                await asyncio.to_thread(self.journal.sync)
             self._save_cursor()
         return got
 
@@ -465,7 +431,6 @@ class RunWatcher(OutputChecks):
                 ev["exit"] = {"code": exit_rec.get("code"), "signal": exit_rec.get("signal")}
             self._append(ev)
         self._save_cursor(force=True)
-        await self._settle()
         self.journal.close()
         self.chain.close(keep_unnamed=True)  # streams reopen the named file; a renamed one is kept open
         self.log_changed.notify()  # log followers flush the job's unterminated last line now

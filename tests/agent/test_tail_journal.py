@@ -102,3 +102,20 @@ def test_journal_writes_non_finite_numbers_as_null(tmp_path: Path) -> None:
     first, second = (json.loads(line, parse_constant=refuse) for line in lines)
     assert first["problems"] == [{"max": None}]
     assert second["fields"] == {"tok_s": None, "low": [None, 1.5]} and second["seq"] == 2
+
+
+def test_journal_tells_listeners_before_a_deferred_fsync(tmp_path: Path) -> None:
+    """append_many(sync=False): readers and listeners see the events at once; sync() makes them durable."""
+    j = Journal(tmp_path / "events.jsonl")
+    told: list[tuple[int, bool]] = []
+    j.subscribe(lambda ev: told.append((ev["seq"], j.unsynced)))
+    j.append_many([{"type": "milestone", "kind": "progress"}, {"type": "x"}], sync=False)
+    assert told == [(1, True), (2, True)]  # told while the fsync is still to come
+    assert [e["seq"] for e in read_events(j.path)[0]] == [1, 2]
+    j.sync()
+    assert not j.unsynced
+    j.append({"type": "y"})  # the default fsyncs before telling
+    assert told[-1] == (3, False) and not j.unsynced
+    j.close()
+    j.sync()  # nothing waits and the file is closed: a no-op
+    assert Journal(tmp_path / "events.jsonl").last_seq == 3

@@ -60,7 +60,7 @@ def test_a_backlog_journals_the_line_by_line_milestones(tmp_path: Path) -> None:
 
 
 def test_journal_listeners_hear_events_only_once_published(tmp_path: Path) -> None:
-    """The watcher writes events, fsyncs them in a thread, then publishes: listeners hear durable events."""
+    """write_many leaves the listeners unheard until publish; append_many tells them at once."""
     from agent.runs.journal import Journal
 
     j = Journal(tmp_path / "events.jsonl")

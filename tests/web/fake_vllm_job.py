@@ -1,11 +1,12 @@
 """A stand-in extraction job (no GPU here): prints realistic vLLM milestone lines, then writes capture files.
 
 Usage: fake_vllm_job.py OUT_DIR [--progress N] [--delay S] [--broken] [--hang] [--payload T] [--wait-file F]
-[--layer-rms] [--capture]
+[--wait-fifo F] [--layer-rms] [--capture] [--stamp]
 - ``--broken`` writes ``hs_0.safetensors`` whose hidden states lost their layer axis ([T, H], not [T, L, H]).
 - ``--hang`` keeps running after the last line (for stop tests); ``--payload`` prints hostile text in the log.
 - ``--wait-file F``: before each progress line wait until F's content (an int) reaches that line's number,
-  so a benchmark decides exactly when each milestone line is appended.
+  so a benchmark decides exactly when each milestone line is appended.  ``--wait-fifo F`` does the same
+  without polling: before each progress line it blocks reading one line from the named pipe F.
 Stdlib only: it runs under whatever Python the agent uses.
 """
 
@@ -56,8 +57,10 @@ def main() -> int:
     ap.add_argument("--hang", action="store_true")
     ap.add_argument("--payload", default="")
     ap.add_argument("--wait-file", default="")
+    ap.add_argument("--wait-fifo", default="", help="a named pipe: one line read from it per progress line")
     ap.add_argument("--layer-rms", action="store_true", help="progress lines carry layer_rms (layers 2, 4)")
     ap.add_argument("--capture", action="store_true", help="print the extraction job's own capture lines too")
+    ap.add_argument("--stamp", action="store_true", help="progress lines carry t_line_ms (wall clock, ms)")
     ap.add_argument("--flood", type=int, default=0, help="then print this many filler lines")
     ap.add_argument("--flood-milestones", type=int, default=0, help="of which this many are progress markers")
     args, _ignored = ap.parse_known_args()
@@ -83,12 +86,16 @@ def main() -> int:
         print("ERROR " + args.payload, flush=True)
         print("EAGLEWATCH " + json.dumps({"kind": "warning", "note": args.payload}), flush=True)
     total = max(1, args.progress)
+    fifo = os.open(args.wait_fifo, os.O_RDONLY) if args.wait_fifo else -1
     if args.capture:  # what eaglewatch's extraction job says about its capture
         conf = {"kind": "capture_configured", "layers": [2, 4], "convention": "input", "hidden_size": 64,
                 "dtype": "bfloat16", "backend": "worker-extension"}  # fmt: skip
         print("EAGLEWATCH " + json.dumps(conf), flush=True)
     for i in range(1, args.progress + 1):
-        if args.wait_file:
+        if fifo >= 0:
+            while os.read(fifo, 1) not in (b"\n", b""):
+                pass
+        elif args.wait_file:
             while True:
                 try:
                     with open(args.wait_file) as fh:
@@ -105,6 +112,8 @@ def main() -> int:
             batch = {"kind": "batch_captured", "batch": i, "samples": 8, "tokens": 1000}
             print("EAGLEWATCH " + json.dumps(batch), flush=True)
             rec.update(bytes_written=i * 3 * 2**20, free_bytes=2**40 - i * 2**30, eta_s=60.0 * (total - i))
+        if args.stamp:  # when the line was written: the UI hop benchmark measures from here
+            rec["t_line_ms"] = round(time.time() * 1000, 3)
         if args.layer_rms:  # layer 4 collapses to zero from the third line on
             rec["layer_rms"] = {"2": 0.5 + 0.01 * i, "4": 1.5 if i < 3 else 0.0}
         print("EAGLEWATCH " + json.dumps(rec), flush=True)

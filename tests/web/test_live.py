@@ -124,3 +124,29 @@ def test_finite_stream_in_process_for_finished_run(
         "state": "completed"
     }
     assert "event: milestone" in body and "event: end" in body
+
+
+def test_idle_stream_sends_keepalive_pings_and_events_still_flow(
+    live_server: LiveServer, c: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quiet stream says ``: ping`` every PING_S (the server writes the stream itself, no relay task)."""
+    import web.sse
+
+    monkeypatch.setattr(web.sse, "PING_S", 0.2)
+    seen: list[str] = []
+    added = False
+    with c.stream("GET", "/api/events", params={"after": "now"}, timeout=30) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["cache-control"] == "no-cache"
+        for line in r.iter_lines():
+            seen.append(line)
+            if line == ": ping" and not added:
+                # an event between pings goes out as one: a host added now is on the dashboard's feed
+                added = True
+                r2 = c.post("/api/hosts", json={"name": "quiet", "ssh": "nobody@127.0.0.1:1"})
+                assert r2.status_code == 201, r2.text
+            if seen.count(": ping") >= 3 and any(x.startswith("event: host") for x in seen):
+                break
+    assert seen[0] == ": eaglewatch" and seen[1] == "retry: 1500"
+    host = seen.index("event: host")
+    assert json.loads(seen[host + 1].removeprefix("data: "))["name"] == "quiet"

@@ -281,6 +281,16 @@
       if (filter.errors && !ERR_RE.test(line.t)) return false;
       return !filter.q || line.t.toLowerCase().indexOf(filter.q) >= 0;
     }
+    // The rows on screen are view[shownFirst, shownLast), in order: a frame adds and drops only the rows
+    // that enter and leave the window (a followed log gains a row or two), not all of them.
+    let shownFirst = 0, shownLast = 0, rebuild = true;
+    function row(i) {
+      const line = view[i];
+      const d = el("div", ERR_RE.test(line.t) ? "ln err" : "ln", line.t);
+      d.style.top = i * ROW + "px";
+      d.dataset.offset = String(line.o);
+      return d;
+    }
     function render() {
       raf = 0;
       const n = paused ? Math.min(frozen, view.length) : view.length;  // paused: the view stays as it was
@@ -288,15 +298,22 @@
       if (follow && !paused) box.scrollTop = box.scrollHeight;
       const first = Math.max(0, Math.floor(box.scrollTop / ROW) - 20);
       const last = Math.min(n, first + Math.ceil(box.clientHeight / ROW) + 40);
-      const frag = document.createDocumentFragment();
-      for (let i = first; i < last; i++) {
-        const line = view[i];
-        const d = el("div", ERR_RE.test(line.t) ? "ln err" : "ln", line.t);
-        d.style.top = i * ROW + "px";
-        d.dataset.offset = String(line.o);
-        frag.append(d);
+      if (rebuild || first >= shownLast || last <= shownFirst || inner.childElementCount !== shownLast - shownFirst) {
+        rebuild = false;
+        const frag = document.createDocumentFragment();
+        for (let i = first; i < last; i++) frag.append(row(i));
+        inner.replaceChildren(frag);
+      } else {
+        for (; shownFirst < first; shownFirst++) inner.firstElementChild.remove();
+        for (; shownLast > last; shownLast--) inner.lastElementChild.remove();
+        const head = document.createDocumentFragment(), tail = document.createDocumentFragment();
+        for (let i = first; i < shownFirst; i++) head.append(row(i));
+        for (let i = shownLast; i < last; i++) tail.append(row(i));
+        inner.prepend(head);
+        inner.append(tail);
       }
-      inner.replaceChildren(frag);
+      shownFirst = first;
+      shownLast = last;
       const pending = view.length - n;
       info.textContent = n.toLocaleString("en-US") + " lines" + (filter ? " (filtered)" : "") +
         (paused ? " · paused" + (pending ? ", " + pending + " new" : "") : "");
@@ -320,8 +337,9 @@
         if (added && all.length > added && all[all.length - added - 1].o > all[all.length - added].o) {
           all.sort(function (a, b) { return a.o - b.o; });  // a catch-up page raced the live stream
           if (view !== all) view.sort(function (a, b) { return a.o - b.o; });
+          rebuild = true;
         }
-        if (all.length > MAX) { all.splice(0, all.length - MAX); }
+        if (all.length > MAX) { all.splice(0, all.length - MAX); rebuild = true; }
         if (added) schedule();
       },
       lastOffset: function () { return all.length ? all[all.length - 1].o : -1; },
@@ -337,6 +355,7 @@
         }
         follow = true;
         frozen = view.length;
+        rebuild = true;
         schedule();
       },
       render: schedule,
@@ -381,6 +400,20 @@
     drawProgress();
     drawGpu();
 
+    // A milestone's <li> goes in at once; what costs a layout or a redraw (trimming old progress entries,
+    // scrolling, the chart) waits for the next frame, once for however many milestones came before it.
+    let tidyPending = 0, progressChanged = false, trim = false;
+    function tidyTimeline() {
+      tidyPending = 0;
+      if (trim) {
+        // keep the DOM small through a long night: old progress entries live on in the chart
+        trim = false;
+        const periodic = timeline.querySelectorAll("li.ms-progress, li.ms-throughput, li.ms-batch_captured");
+        for (let k = 0; k < periodic.length - 50; k++) periodic[k].remove();
+      }
+      timeline.scrollTop = timeline.scrollHeight;
+      if (progressChanged) { progressChanged = false; drawProgress(); }
+    }
     function addMilestone(m) {
       if (m.seq <= data.milestone_seq || seqs.has(m.seq)) return;  // known when the page was rendered
       seqs.add(m.seq);
@@ -404,23 +437,20 @@
       li.append(" ", fields);
       if (m.text && m.text.indexOf("EAGLEWATCH ") !== 0) li.append(el("div", "text", m.text));
       timeline.append(li);
-      if (PERIODIC.has(m.kind)) {
-        // keep the DOM small through a long night: old progress entries live on in the chart
-        const periodic = timeline.querySelectorAll("li.ms-progress, li.ms-throughput, li.ms-batch_captured");
-        for (let k = 0; k < periodic.length - 50; k++) periodic[k].remove();
-      }
-      timeline.scrollTop = timeline.scrollHeight;
+      if (PERIODIC.has(m.kind)) trim = true;
       const count = data.milestone_count + seqs.size;
       document.getElementById("milestone-count").textContent = String(count);
       window.__ew.milestones = count;
       window.__ew.lastMilestoneAt = performance.now();
-      document.dispatchEvent(new CustomEvent("ew:milestone", { detail: m }));  // for layer_chart.js
       if ((m.kind === "progress" || m.kind === "throughput") && m.fields) {
         const p = { at: m.at };
         Object.keys(m.fields).forEach(function (k) { if (typeof m.fields[k] === "number") p[k] = m.fields[k]; });
         progress.push(p);
-        drawProgress();
+        progressChanged = true;
       }
+      if (document.hidden) tidyTimeline();  // no frames come to a background tab
+      else if (!tidyPending) tidyPending = requestAnimationFrame(tidyTimeline);
+      document.dispatchEvent(new CustomEvent("ew:milestone", { detail: m }));  // for layer_chart.js
     }
     const shardTable = document.getElementById("shards");
     function refreshShards() {

@@ -10,6 +10,7 @@
   const COLORS = ["#2458d6", "#d2691e", "#2e8b57", "#b22222", "#6a5acd", "#008b8b", "#8b008b", "#556b2f"];
   let plot = null;
   let shown = "";
+  let pending = 0;
 
   function ids() {
     const set = new Set();
@@ -42,7 +43,9 @@
     const rms = m && m.kind === "progress" && m.fields ? m.fields.layer_rms : null;
     if (!rms || typeof rms !== "object" || !Object.keys(rms).length) return;
     points.push({ at: m.at, rms: rms });
-    draw();
+    // one redraw per frame, not per milestone: the milestone's own <li> must not wait for the chart
+    if (document.hidden) draw();
+    else if (!pending) pending = requestAnimationFrame(function () { pending = 0; draw(); });
   });
   window.addEventListener("resize", function () { if (plot) plot.setSize({ width: Math.max(300, box.clientWidth), height: 220 }); });
   draw();
