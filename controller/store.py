@@ -33,6 +33,7 @@ from sqlmodel import SQLModel
 
 from controller import models
 from controller.bus import Bus, BusEvent
+from controller.logmigration import migrate_log_lines
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -89,6 +90,7 @@ def create_schema(path: Path) -> None:
     conn = connect(path)
     try:
         _add_missing_columns(conn)
+        migrate_log_lines(conn)
         conn.execute("INSERT OR IGNORE INTO schema_version(version) VALUES (?)", (models.SCHEMA_VERSION,))
     finally:
         conn.close()
@@ -124,14 +126,14 @@ def _add_missing_columns(conn: sqlite3.Connection) -> None:
 
 class Tx:
     """What a write function gets: the writer's connection, the BusEvents to publish after commit, and the
-    last event and log-line ids (their cursor; controller/crud.py keeps them current)."""
+    last event and log-block ids (their cursor; controller/crud.py keeps them current)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.events: list[BusEvent] = []
         self.now = time.time()
         self.last_event_id = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
-        self.last_log_id = conn.execute("SELECT coalesce(max(id), 0) FROM log_lines").fetchone()[0]
+        self.last_log_id = conn.execute("SELECT coalesce(max(id), 0) FROM log_blocks").fetchone()[0]
 
 
 class WriteFn(Protocol[T_co]):

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from fastapi.sse import ServerSentEvent, format_sse_event
 
 from controller.bus import BusEvent
+from controller.logblocks import lines_data
 from controller.service import Controller
 
 TERMINAL_STATES = frozenset({"completed", "failed", "stopped", "lost"})
@@ -28,8 +29,10 @@ DASHBOARD_KINDS = frozenset({"run", "alert", "host"})
 
 
 def to_sse(event: BusEvent) -> ServerSentEvent:
-    """The SSE form of one bus event: ``event:`` = kind, ``data:`` = JSON, ``id:`` = cursor."""
-    payload = {"run_id": event.run_id, "cursor": event.cursor, **event.data}
+    """The SSE form of one bus event: ``event:`` = kind, ``data:`` = JSON, ``id:`` = cursor; a ``log``
+    event's block is sent as its lines, ``{"lines": [{"offset", "text"}, ...]}``."""
+    data = {"lines": lines_data(event.data)} if event.kind == "log" else event.data
+    payload = {"run_id": event.run_id, "cursor": event.cursor, **data}
     return ServerSentEvent(data=payload, event=event.kind, id=event.cursor or None)
 
 
