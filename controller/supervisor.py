@@ -248,7 +248,9 @@ class HostSupervisor:
             except BlockError as exc:
                 log.warning("host %s, run %s: %s", self.name, run_id, exc)
                 return
-            fut3 = self.store.submit(lambda tx: crud.add_log_block(tx=tx, run_id=run_id, block=block))
+            fut3 = self.store.submit(
+                lambda tx: crud.add_log_block(tx=tx, run_id=run_id, block=block), now_if_idle=True
+            )
             fut3.add_done_callback(_log_failure)
         elif mtype == "log" and isinstance(msg.get("lines"), list):  # an agent that sends no blocks
             lines, nxt = msg["lines"], msg.get("next_offset")

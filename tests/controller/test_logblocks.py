@@ -3,6 +3,7 @@ reading lines back (API/page reader, feed), an older agent's per-line messages, 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from functools import partial
@@ -282,3 +283,29 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(RuntimeError, match="newer"):
         create_schema(db)
+
+
+async def test_a_block_commits_at_once_while_the_writer_is_idle_and_queues_otherwise(store: Store) -> None:
+    """``now_if_idle``: committed and published before submit returns when nothing waits; behind what is
+    queued (commit order kept) or when another process holds SQLite's write lock (then it waits its turn)."""
+    await store.write(_run)
+    sub = store.bus.subscribe()
+    lines = _lines(0, 30)
+    fut = store.submit(partial(crud.add_log_block, run_id="r-1", block=_block(lines[:10])), now_if_idle=True)
+    assert fut.done() and fut.result() == 10 and not sub._queue.empty()
+    queued = store.submit(partial(crud.add_log_block, run_id="r-1", block=_block(lines[10:20])))
+    behind = store.submit(
+        partial(crud.add_log_block, run_id="r-1", block=_block(lines[20:])), now_if_idle=True
+    )
+    assert not behind.done()
+    assert (await queued, await behind) == (10, 10)
+    other = connect(store.path)  # another process's writer
+    other.execute("BEGIN IMMEDIATE")
+    more = _lines(30, 5, lines[-1][0] + len(lines[-1][1]) + 1)
+    late = store.submit(partial(crud.add_log_block, run_id="r-1", block=_block(more)), now_if_idle=True)
+    await asyncio.sleep(0.05)
+    assert not late.done()
+    other.execute("COMMIT")
+    other.close()
+    assert await late == 5
+    assert await _all(store) == lines + more
