@@ -24,6 +24,8 @@ from controller.models import (
 from controller.store import FEED_KINDS
 
 TERMINAL_SQL = "('completed','failed','stopped','lost')"
+#: A feed page holds log blocks of about this many characters at most (blocks are up to 512 KiB each).
+FEED_LOG_CHARS = 8 << 20
 _ERROR_RE = re.compile(r"error|traceback|exception|fatal|killed|out of memory", re.IGNORECASE)
 
 
@@ -347,12 +349,20 @@ def feed_since(
             " ORDER BY id LIMIT ?",
             [after_event, *run_args, *sorted(FEED_KINDS), limit],
         ).fetchall()
-        logs = conn.execute(
+        logs: list[sqlite3.Row] = []
+        size = 0
+        logs_complete = True
+        for row in conn.execute(
             "SELECT id, run_id, offset, end_offset, text, offsets FROM log_blocks"
             f" WHERE id > ?{where_run} ORDER BY id LIMIT ?",
             [after_log, *run_args, limit],
-        ).fetchall()
-    logs_complete = len(logs) < limit
+        ):
+            logs.append(row)
+            size += len(row[4])
+            if size >= FEED_LOG_CHARS:  # a page of big blocks: the rest comes with the next page
+                logs_complete = False
+                break
+        logs_complete = logs_complete and len(logs) < limit
     max_log = logs[-1][0] if logs else after_log
     out: list[BusEvent] = []
     li, last_event = 0, after_event

@@ -83,7 +83,7 @@ async def event_stream(
                     if wanted(ev, run_id, host, kinds):
                         yield to_sse(ev)
                     last = max(last, ev.cursor)
-                if len(backlog) < BACKLOG_PAGE or not fresh:
+                if not fresh:  # a short page is not the end: a page of big log blocks is cut by size
                     break
             if run_state is not None:
                 state = await run_state()

@@ -309,3 +309,30 @@ async def test_a_block_commits_at_once_while_the_writer_is_idle_and_queues_other
     other.close()
     assert await late == 5
     assert await _all(store) == lines + more
+
+
+async def test_the_feed_pages_big_blocks_by_size_and_paging_on_gets_everything_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page stops after about FEED_LOG_CHARS of log text; reading on from its last cursor until nothing is
+    fresh (what the SSE backlog does) yields every item once, in commit order."""
+    await store.write(_run)
+    o = 0
+    for i in range(1, 6):
+        lines = _lines(i * 10, 8, o)
+        o = lines[-1][0] + len(lines[-1][1]) + 1
+        await store.write(partial(crud.add_log_block, run_id="r-1", block=_block(lines)))
+        await store.write(partial(crud.apply_events, run_id="r-1", events=[_milestone(i)], policy=QUIET))
+    whole = await store.read(queries.feed_since, "r-1", None, 1000)
+    monkeypatch.setattr(queries, "FEED_LOG_CHARS", 60)  # about one block of 8 lines a page
+    paged: list[BusEvent] = []
+    cursor = None
+    for _ in range(20):
+        page = await store.read(queries.feed_since, "r-1", cursor, 1000)
+        if not page:
+            break
+        assert len([e for e in page if e.kind == "log"]) <= 1
+        paged += page
+        cursor = page[-1].cursor
+    assert [(e.kind, e.cursor) for e in paged] == [(e.kind, e.cursor) for e in whole]
+    assert sum(len(lines_data(e.data)) for e in paged if e.kind == "log") == 40
