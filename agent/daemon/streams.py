@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -40,11 +41,13 @@ async def stream_events(send: Send, watcher: RunWatcher, after_seq: int) -> None
 
 def log_message(run: str, lines: list[tuple[int, str]], next_offset: int, blocks: bool) -> dict[str, Any]:
     """One stream message for ``lines``: a ``log_block`` (one string for them all) when the client asked
-    for blocks, else the per-line ``log`` message older controllers read."""
-    if not blocks:
-        return protocol.log_lines(run, lines, next_offset)
-    offsets, texts = zip(*lines, strict=True)
-    return protocol.log_block(run, list(offsets), "\n".join(texts), next_offset)
+    for blocks, else the per-line ``log`` message older controllers read (also the fallback for a line
+    holding a newline, which a block's text could not tell apart; the splitter never makes one)."""
+    if blocks:
+        offsets, texts = zip(*lines, strict=True)
+        with contextlib.suppress(ValueError):
+            return protocol.log_block(run, list(offsets), "\n".join(texts), next_offset)
+    return protocol.log_lines(run, lines, next_offset)
 
 
 async def stream_log(send: Send, watcher: RunWatcher, log_offset: int, blocks: bool = False) -> None:

@@ -104,6 +104,7 @@ def test_offsets_blob_round_trips_and_a_text_with_a_newline_is_no_block() -> Non
     # the daemon sends a block for a blocks follow, the per-line message otherwise
     assert log_message("r", [(0, "a"), (2, "b")], 4, True) == protocol.log_block("r", [0, 2], "a\nb", 4)
     assert log_message("r", [(0, "a"), (2, "b")], 4, False)["lines"] == [[0, "a"], [2, "b"]]
+    assert log_message("r", [(0, "a\nb")], 4, True)["type"] == "log"  # never split into two lines
 
 
 # --- stored ---------------------------------------------------------------------------------------------
