@@ -129,10 +129,11 @@ async def _send_lines(
     """Send ``lines`` in batches; each batch's next_offset is where the following unsent line starts."""
     batch: list[tuple[int, str]] = []
     size = 0
+    most_lines, most_bytes = (BLOCK_LINES, BLOCK_BYTES) if blocks else (BATCH_LINES, BATCH_BYTES)
     for i, (offset, text) in enumerate(lines):
         batch.append((offset, text))
         size += len(text) + 16
-        if len(batch) >= BATCH_LINES or size >= BATCH_BYTES:
+        if len(batch) >= most_lines or size >= most_bytes:
             nxt = lines[i + 1][0] if i + 1 < len(lines) else end_offset
             await send(log_message(run, batch, nxt, blocks))
             batch, size = [], 0

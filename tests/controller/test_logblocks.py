@@ -337,3 +337,48 @@ async def test_the_feed_pages_big_blocks_by_size_and_paging_on_gets_everything_o
         cursor = page[-1].cursor
     assert [(e.kind, e.cursor) for e in paged] == [(e.kind, e.cursor) for e in whole]
     assert sum(len(lines_data(e.data)) for e in paged if e.kind == "log") == 40
+
+
+async def test_a_blocks_follow_sends_disk_and_buffer_lines_as_blocks() -> None:
+    """stream_log with ``blocks``: the lines a follower reads from the log itself (behind the watcher's
+    buffer) and those the buffer serves both go out as ``log_block`` messages, every line once.  (The
+    watcher is a stand-in here: its buffer, wake-up and log reader are the real ones.)"""
+    from types import SimpleNamespace
+
+    from agent.daemon.streams import stream_log
+    from agent.logs.generations import Chunk
+    from agent.logs.linebuffer import LineBuffer
+    from agent.logs.splitter import LineSplitter
+    from agent.logs.tail import Broadcast
+
+    data = b"".join(f"line {i} \xc3\n".encode("latin-1") for i in range(3000))
+    on_disk = data.index(b"line 10 ")
+
+    def read_at(offset: int, max_bytes: int) -> Chunk:
+        return Chunk(data[offset : min(on_disk, offset + max_bytes)], offset, False, offset >= on_disk)
+
+    buf, changed = LineBuffer(), Broadcast()
+    buf.reset(on_disk)
+    watcher = SimpleNamespace(
+        paths=SimpleNamespace(run="r"), lines=buf, log_changed=changed,
+        chain=SimpleNamespace(read_at=read_at), summary=SimpleNamespace(terminal=None),
+    )  # fmt: skip
+    msgs: list[dict[str, Any]] = []
+
+    async def send(msg: dict[str, Any]) -> None:
+        msgs.append(protocol.decode_message(protocol.encode(msg)))
+
+    task = asyncio.create_task(stream_log(send, watcher, 0, blocks=True))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    on_disk = len(data)
+    sp = LineSplitter(start_offset=buf.end)
+    buf.append(sp.feed(data[buf.end :]), sp.pending_offset)
+    changed.notify()
+    for _ in range(200):
+        if sum(Block.from_message(m).count for m in msgs) >= 3000:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    assert {m["type"] for m in msgs} == {"log_block"} and len(msgs) >= 2
+    ref = LineSplitter().feed(data)
+    assert [ln for m in msgs for ln in Block.from_message(m).lines()] == [(ln.offset, ln.text) for ln in ref]
