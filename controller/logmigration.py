@@ -58,7 +58,7 @@ def migrate_log_lines(conn: sqlite3.Connection) -> int:
         mapping: dict[int, int] = {}
         block_id = conn.execute("SELECT coalesce(max(id), 0) FROM log_blocks").fetchone()[0]
         made = mi = 0
-        for run_id, lines, first_id in list(_groups(conn, marks)):
+        for run_id, lines, first_id in _groups(conn, marks):  # streamed: a big log_lines never sits in memory
             while mi < len(marks) and marks[mi] < first_id:
                 mapping[marks[mi]] = block_id  # its lines all lie in blocks stored already
                 mi += 1
