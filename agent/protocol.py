@@ -30,7 +30,10 @@ One JSON object per line, UTF-8, ``\\n``-terminated, in both directions, over th
    ``\\r``), ``N`` the offset after the last of them.  ``offsets`` (each line's start) is sent only when they
    are not the natural ones, ``S`` plus the UTF-8 length + 1 of each line before (``natural_offsets``):
    where bytes were replaced or stripped, a ``\\r\\n`` ended a line, a line was cut or a log generation
-   ended.  A daemon that does not know ``blocks`` ignores it and sends ``log`` messages.
+   ended.  On the wire ``text`` is not a JSON string: the line carries ``"size": B`` in its place and is
+   followed by the B bytes of the text (UTF-8) and a ``\\n`` (``encode``; read with ``attach_payload``), so
+   neither side escapes or scans the text character by character.  A daemon that does not know
+   ``blocks`` ignores it and sends ``log`` messages.
    ``unfollow`` ends the stream.
 
 Requests (args → result):
@@ -197,9 +200,57 @@ def decode_request(line: bytes | str) -> Request:
     return Request(id=req_id, op=op, args=args)
 
 
+#: Largest raw payload after a ``log_block`` line that a reader accepts.
+MAX_PAYLOAD_BYTES = 64 << 20
+
+
 def encode(message: dict[str, Any]) -> bytes:
-    """Serialise one message as a JSON line."""
+    """Serialise one message as a JSON line; a ``log_block``'s text follows its line raw (see above)."""
+    if message.get("type") == "log_block":
+        body = message["text"].encode("utf-8", "replace")
+        head = {k: v for k, v in message.items() if k != "text"}
+        head["size"] = len(body)
+        return (
+            json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n" + body + b"\n"
+        )
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def payload_size(message: dict[str, Any]) -> int | None:
+    """How many bytes (the trailing newline included) follow this decoded line raw; None: none follow."""
+    if message.get("type") != "log_block" or "size" not in message:
+        return None
+    size = message["size"]
+    if type(size) is not int or not 0 <= size <= MAX_PAYLOAD_BYTES:
+        raise ProtocolError(
+            ErrorCode.BAD_ARGS, f"log_block 'size' must be an integer in [0, {MAX_PAYLOAD_BYTES}]"
+        )
+    return size + 1
+
+
+def attach_payload(message: dict[str, Any], payload: bytes) -> dict[str, Any]:
+    """The message with the raw text that followed its line (``payload_size`` bytes) as ``text``."""
+    if len(payload) != message["size"] + 1 or not payload.endswith(b"\n"):
+        raise ProtocolError(ErrorCode.BAD_JSON, "log_block payload is not its 'size' bytes and a newline")
+    out = {k: v for k, v in message.items() if k != "size"}
+    out["text"] = payload[:-1].decode("utf-8", "replace")
+    return out
+
+
+def decode_messages(data: bytes) -> list[dict[str, Any]]:
+    """Every message in ``data`` (complete lines and their payloads), e.g. what a daemon sent."""
+    out: list[dict[str, Any]] = []
+    pos = 0
+    while pos < len(data):
+        end = data.index(b"\n", pos) + 1
+        msg = decode_message(data[pos:end])
+        pos = end
+        size = payload_size(msg)
+        if size is not None:
+            msg = attach_payload(msg, data[pos : pos + size])
+            pos += size
+        out.append(msg)
+    return out
 
 
 def hello(agent_version: str, hostname: str, pid: int) -> dict[str, Any]:

@@ -117,7 +117,7 @@ def stream_hop(buf: LineBuffer, events: list[dict[str, Any]]) -> list[bytes]:
 
 def link_hop(wire: list[bytes]) -> list[dict[str, Any]]:
     """What the controller's link reader does: decode each line; a log block's fields checked."""
-    messages = [protocol.decode_message(w) for w in wire]
+    messages = [protocol.decode_messages(w)[0] for w in wire]
     for m in messages:
         if m["type"] == "log_block":
             m["block"] = Block.from_message(m)

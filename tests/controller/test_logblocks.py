@@ -65,7 +65,7 @@ def test_offsets_are_kept_only_when_not_natural(
     assert block.lines() == list(zip(offsets, text.split("\n"), strict=True))
     msg = protocol.log_block("r", offsets, text, nxt)
     assert ("offsets" in msg) == (not natural)
-    assert Block.from_message(protocol.decode_message(protocol.encode(msg))).lines() == block.lines()
+    assert Block.from_message(protocol.decode_messages(protocol.encode(msg))[0]).lines() == block.lines()
 
 
 @pytest.mark.parametrize(
@@ -366,7 +366,7 @@ async def test_a_blocks_follow_sends_disk_and_buffer_lines_as_blocks() -> None:
     msgs: list[dict[str, Any]] = []
 
     async def send(msg: dict[str, Any]) -> None:
-        msgs.append(protocol.decode_message(protocol.encode(msg)))
+        msgs.append(protocol.decode_messages(protocol.encode(msg))[0])
 
     task = asyncio.create_task(stream_log(send, watcher, 0, blocks=True))  # type: ignore[arg-type]
     await asyncio.sleep(0.05)
@@ -382,3 +382,32 @@ async def test_a_blocks_follow_sends_disk_and_buffer_lines_as_blocks() -> None:
     assert {m["type"] for m in msgs} == {"log_block"} and len(msgs) >= 2
     ref = LineSplitter().feed(data)
     assert [ln for m in msgs for ln in Block.from_message(m).lines()] == [(ln.offset, ln.text) for ln in ref]
+
+
+def test_a_blocks_text_travels_raw_after_its_line() -> None:
+    """The wire form: a JSON line with ``size`` instead of ``text``, then the text's UTF-8 bytes and a
+    newline; a stream of mixed messages decodes back to the same messages."""
+    text = 'quote " back\\ ü € \u2028 <b>\n{"type": "event"}\n'
+    block = protocol.log_block("r", [0, 20 + len("ü€\u2028".encode()), 60], text, 99)
+    wire = protocol.encode(block)
+    head, rest = wire.split(b"\n", 1)
+    assert json.loads(head) == {k: v for k, v in block.items() if k != "text"} | {"size": len(text.encode())}
+    assert rest == text.encode() + b"\n"  # raw: nothing escaped
+    stream = protocol.encode(protocol.event("r", {"seq": 1})) + wire + protocol.encode(protocol.reply(3, {}))
+    assert protocol.decode_messages(stream) == [protocol.event("r", {"seq": 1}), block, protocol.reply(3, {})]
+
+
+@pytest.mark.parametrize(
+    ("head", "payload"),
+    [
+        ({"size": -1}, b"\n"),
+        ({"size": "3"}, b"abc\n"),
+        ({"size": protocol.MAX_PAYLOAD_BYTES + 1}, b"\n"),
+        ({"size": 3}, b"abcd"),  # no newline where the payload should end
+        ({"size": 3}, b"ab\n"),  # short
+    ],
+)
+def test_a_malformed_block_payload_is_refused(head: dict[str, Any], payload: bytes) -> None:
+    line = json.dumps({"type": "log_block", "run": "r", "offset": 0, "next_offset": 9, **head}).encode()
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode_messages(line + b"\n" + payload)
