@@ -284,23 +284,26 @@ def log_lines(run: str, lines: list[tuple[int, str]], next_offset: int) -> dict[
     return {"type": "log", "run": run, "lines": [[o, t] for o, t in lines], "next_offset": next_offset}
 
 
-def natural_offsets(offset: int, text: str) -> list[int]:
+def natural_offsets(offset: int, text: str, texts: list[str] | None = None) -> list[int]:
     """Start offsets of a block's lines when each takes its UTF-8 length plus one newline byte, and, last,
-    the offset after them (C-level maps: no Python code runs per line)."""
-    texts = text.split("\n")
+    the offset after them (C-level maps: no Python code runs per line); ``texts``: ``text`` split."""
+    texts = text.split("\n") if texts is None else texts
     sizes = map(len, texts) if text.isascii() else map(len, map(str.encode, texts))
     return list(accumulate(map((1).__add__, sizes), initial=offset))
 
 
-def log_block(run: str, offsets: list[int], text: str, next_offset: int) -> dict[str, Any]:
-    """A streamed block of log lines: ``text`` their texts joined by ``\\n``, ``offsets`` their start
-    offsets (sent only when they are not the natural ones), ``next_offset`` the offset after them."""
+def log_block(
+    run: str, offsets: list[int], text: str, next_offset: int, texts: list[str] | None = None
+) -> dict[str, Any]:
+    """A streamed block of log lines: ``text`` their texts joined by ``\\n`` (``texts``: the lines, if at
+    hand), ``offsets`` their start offsets (sent only when they are not the natural ones), ``next_offset``
+    the offset after them."""
     if text.count("\n") != len(offsets) - 1:
         raise ValueError(f"a block of {len(offsets)} lines needs {len(offsets) - 1} newlines in its text")
     msg: dict[str, Any] = {
         "type": "log_block", "run": run, "offset": offsets[0], "next_offset": next_offset, "text": text
     }  # fmt: skip
-    natural = natural_offsets(offsets[0], text)
+    natural = natural_offsets(offsets[0], text, texts)
     if natural[:-1] != offsets:
         msg["offsets"] = offsets
     return msg

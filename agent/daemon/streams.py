@@ -44,9 +44,9 @@ def log_message(run: str, lines: list[tuple[int, str]], next_offset: int, blocks
     for blocks, else the per-line ``log`` message older controllers read (also the fallback for a line
     holding a newline, which a block's text could not tell apart; the splitter never makes one)."""
     if blocks:
-        offsets, texts = zip(*lines, strict=True)
+        offsets, texts = map(list, zip(*lines, strict=True))
         with contextlib.suppress(ValueError):
-            return protocol.log_block(run, list(offsets), "\n".join(texts), next_offset)
+            return protocol.log_block(run, offsets, "\n".join(texts), next_offset, texts)
     return protocol.log_lines(run, lines, next_offset)
 
 
