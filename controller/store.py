@@ -176,9 +176,8 @@ class Store:
         await asyncio.to_thread(create_schema, self.path)
         self._loop = asyncio.get_running_loop()
         self._conn = connect(self.path)
-        self._conn.execute(
-            "PRAGMA wal_autocheckpoint=0"
-        )  # the checkpointer thread does it, off the commit path
+        # The checkpointer thread checkpoints, off the commit path.
+        self._conn.execute("PRAGMA wal_autocheckpoint=0")
         self._thread = threading.Thread(target=self._writer, name="store-writer", daemon=True)
         self._thread.start()
         self._closing.clear()
