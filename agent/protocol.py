@@ -23,6 +23,17 @@ One JSON object per line, UTF-8, ``\\n``-terminated, in both directions, over th
    (stream offsets, agent/logs/generations.py): distinct and increasing for every line of the run;
    ``log_offset`` and ``status``'s ``log_size`` are stream offsets too (the same numbers while the log
    was never cut).
+   With ``"blocks": true`` in the ``follow`` request the lines come as blocks instead, one JSON string for
+   many lines (no JSON object or array per line on either side):
+   ``{"type": "log_block", "run": R, "offset": S, "next_offset": N, "text": "a\\nb", "offsets"?: [...]}``:
+   the complete lines from stream offset ``S`` joined by ``\\n`` (a line's text never holds ``\\n`` or
+   ``\\r``), ``N`` the offset after the last of them.  ``offsets`` (each line's start) is sent only when they
+   are not the natural ones, ``S`` plus the UTF-8 length + 1 of each line before (``natural_offsets``):
+   where bytes were replaced or stripped, a ``\\r\\n`` ended a line, a line was cut or a log generation
+   ended.  On the wire ``text`` is not a JSON string: the line carries ``"size": B`` in its place and is
+   followed by the B bytes of the text (UTF-8) and a ``\\n`` (``encode``; read with ``attach_payload``), so
+   neither side escapes or scans the text character by character.  A daemon that does not know
+   ``blocks`` ignores it and sends ``log`` messages.
    ``unfollow`` ends the stream.
 
 Requests (args → result):
@@ -46,7 +57,7 @@ Requests (args → result):
   waits in the queue) and, for a Slurm job, ``scheduler``: ``{"job_id", "array", "phase", "state",
   "reason", "position", "tasks", "error", "vanished"?}``; ``stop`` of a Slurm job is one ``scancel``
   (``killed`` empty, ``job_id``, ``scheduler_state``, ``confirmed`` once Slurm reports it ended).
-- ``follow {run, after_seq=0, log_offset?}`` → ``{"run", "last_seq"}`` then the stream above;
+- ``follow {run, after_seq=0, log_offset?, blocks?}`` → ``{"run", "last_seq"}`` then the stream above;
   ``unfollow {run}``.
 - ``read_log {run, offset=0, limit=65536}`` → ``{"run", "offset", "next_offset", "size", "data"}``
   (``data`` decoded as UTF-8 with replacement).
@@ -67,6 +78,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import accumulate
 from typing import Any
 
 PROTOCOL_VERSION = 1
@@ -188,9 +200,57 @@ def decode_request(line: bytes | str) -> Request:
     return Request(id=req_id, op=op, args=args)
 
 
+#: Largest raw payload after a ``log_block`` line that a reader accepts.
+MAX_PAYLOAD_BYTES = 64 << 20
+
+
 def encode(message: dict[str, Any]) -> bytes:
-    """Serialise one message as a JSON line."""
+    """Serialise one message as a JSON line; a ``log_block``'s text follows its line raw (see above)."""
+    if message.get("type") == "log_block":
+        body = message["text"].encode("utf-8", "replace")
+        head = {k: v for k, v in message.items() if k != "text"}
+        head["size"] = len(body)
+        return (
+            json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n" + body + b"\n"
+        )
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def payload_size(message: dict[str, Any]) -> int | None:
+    """How many bytes (the trailing newline included) follow this decoded line raw; None: none follow."""
+    if message.get("type") != "log_block" or "size" not in message:
+        return None
+    size = message["size"]
+    if type(size) is not int or not 0 <= size <= MAX_PAYLOAD_BYTES:
+        raise ProtocolError(
+            ErrorCode.BAD_ARGS, f"log_block 'size' must be an integer in [0, {MAX_PAYLOAD_BYTES}]"
+        )
+    return size + 1
+
+
+def attach_payload(message: dict[str, Any], payload: bytes) -> dict[str, Any]:
+    """The message with the raw text that followed its line (``payload_size`` bytes) as ``text``."""
+    if len(payload) != message["size"] + 1 or not payload.endswith(b"\n"):
+        raise ProtocolError(ErrorCode.BAD_JSON, "log_block payload is not its 'size' bytes and a newline")
+    out = {k: v for k, v in message.items() if k != "size"}
+    out["text"] = payload[:-1].decode("utf-8", "replace")
+    return out
+
+
+def decode_messages(data: bytes) -> list[dict[str, Any]]:
+    """Every message in ``data`` (complete lines and their payloads), e.g. what a daemon sent."""
+    out: list[dict[str, Any]] = []
+    pos = 0
+    while pos < len(data):
+        end = data.index(b"\n", pos) + 1
+        msg = decode_message(data[pos:end])
+        pos = end
+        size = payload_size(msg)
+        if size is not None:
+            msg = attach_payload(msg, data[pos : pos + size])
+            pos += size
+        out.append(msg)
+    return out
 
 
 def hello(agent_version: str, hostname: str, pid: int) -> dict[str, Any]:
@@ -222,6 +282,31 @@ def event(run: str, journal_event: dict[str, Any]) -> dict[str, Any]:
 def log_lines(run: str, lines: list[tuple[int, str]], next_offset: int) -> dict[str, Any]:
     """A streamed batch of log lines ``(byte offset, text)`` of a followed run."""
     return {"type": "log", "run": run, "lines": [[o, t] for o, t in lines], "next_offset": next_offset}
+
+
+def natural_offsets(offset: int, text: str, texts: list[str] | None = None) -> list[int]:
+    """Start offsets of a block's lines when each takes its UTF-8 length plus one newline byte, and, last,
+    the offset after them (C-level maps: no Python code runs per line); ``texts``: ``text`` split."""
+    texts = text.split("\n") if texts is None else texts
+    sizes = map(len, texts) if text.isascii() else map(len, map(str.encode, texts))
+    return list(accumulate(map((1).__add__, sizes), initial=offset))
+
+
+def log_block(
+    run: str, offsets: list[int], text: str, next_offset: int, texts: list[str] | None = None
+) -> dict[str, Any]:
+    """A streamed block of log lines: ``text`` their texts joined by ``\\n`` (``texts``: the lines, if at
+    hand), ``offsets`` their start offsets (sent only when they are not the natural ones), ``next_offset``
+    the offset after them."""
+    if text.count("\n") != len(offsets) - 1:
+        raise ValueError(f"a block of {len(offsets)} lines needs {len(offsets) - 1} newlines in its text")
+    msg: dict[str, Any] = {
+        "type": "log_block", "run": run, "offset": offsets[0], "next_offset": next_offset, "text": text
+    }  # fmt: skip
+    natural = natural_offsets(offsets[0], text, texts)
+    if natural[:-1] != offsets:
+        msg["offsets"] = offsets
+    return msg
 
 
 def decode_message(line: bytes | str) -> dict[str, Any]:

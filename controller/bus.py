@@ -16,7 +16,7 @@ BusKind = Literal["run", "milestone", "check", "alert", "log", "host"]
 
 
 def make_cursor(event_id: int, log_id: int) -> str:
-    """Cursor string for a position: (last events.id, last log_lines.id); ordered as strings."""
+    """Cursor string for a position: (last events.id, last log_blocks.id); ordered as strings."""
     return f"{event_id:012d}-{log_id:012d}"
 
 
@@ -32,7 +32,7 @@ def parse_cursor(cursor: str | None) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class BusEvent:
-    """One committed item: a run change, milestone, check, alert, batch of log lines or host change."""
+    """One committed item: a run change, milestone, check, alert, block of log lines or host change."""
 
     kind: BusKind
     run_id: str | None

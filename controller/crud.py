@@ -24,12 +24,13 @@ from controller.alerts import AlertDraft, AlertPolicy
 from controller.bus import BusEvent, make_cursor
 from controller.errors import Conflict, NotFound
 from controller.lifecycle import RunEvent
-from controller.models import Alert, Event, Host, HostCreate, LogLine, Milestone, Outbox, Problem, Run
+from controller.logblocks import Block
+from controller.models import Alert, Event, Host, HostCreate, LogBlock, Milestone, Outbox, Problem, Run
 from controller.store import FEED_KINDS, Tx
 
-#: Columns of the rows written once per journal event or log line, in their tables' order.
+#: Columns of the rows written once per journal event or log block, in their tables' order.
 EVENT_COLUMNS = ("run_id", "seq", "kind", "at", "data_json", "log_mark")
-LOG_LINE_COLUMNS = ("run_id", "offset", "text")
+LOG_BLOCK_COLUMNS = ("run_id", "offset", "end_offset", "text", "offsets")
 MILESTONE_COLUMNS = ("run_id", "seq", "kind", "at", "line", "rank", "fields_json", "text")
 PROBLEM_COLUMNS = ("run_id", "seq", "idx", "code", "file", "message", "at")
 
@@ -72,30 +73,39 @@ def add_event(
     return True
 
 
+def add_log_block(*, tx: Tx, run_id: str, block: Block) -> int:
+    """Store a block of log lines as one row, idempotently: only its lines at or past the run's stored log
+    offset are new (a replayed or overlapping block adds nothing twice); advance that offset; returns how
+    many lines were new."""
+    row = tx.conn.execute("SELECT log_offset FROM runs WHERE id=?", (run_id,)).fetchone()
+    if row is None:
+        return 0
+    new = block.trim(row[0])
+    if new is None:
+        return 0
+    cur = tx.conn.execute(
+        _insert_sql(LogBlock, LOG_BLOCK_COLUMNS, True),
+        (run_id, new.offset, new.next_offset, new.text, new.blob()),
+    )
+    if cur.rowcount == 0:
+        return 0
+    tx.conn.execute("UPDATE runs SET log_offset = max(log_offset, ?) WHERE id = ?", (new.next_offset, run_id))
+    tx.last_log_id = int(cur.lastrowid or 0)
+    tx.events.append(BusEvent("log", run_id, new.to_data(), make_cursor(tx.last_event_id, tx.last_log_id)))
+    return new.count
+
+
 def add_log_lines(*, tx: Tx, run_id: str, lines: list[list[Any]], next_offset: int | None) -> int:
-    """Insert log lines idempotently (unique on run + offset), advance the run's log offset."""
-    before = tx.last_log_id
-    rows = [(run_id, int(o), str(t)) for o, t in lines]
-    changes = tx.conn.total_changes
-    tx.conn.executemany(_insert_sql(LogLine, LOG_LINE_COLUMNS, True), rows)
-    if tx.conn.total_changes - changes == len(rows):
-        # All new (the usual case): we hold the write lock, so their ids are before+1 … before+n.
-        new = [{"offset": r[1], "text": r[2]} for r in rows]
-    else:
-        got = tx.conn.execute(
-            "SELECT offset, text FROM log_lines WHERE id > ? AND run_id = ? ORDER BY id", (before, run_id)
-        ).fetchall()
-        new = [{"offset": r[0], "text": r[1]} for r in got]
-    if next_offset is not None:
-        tx.conn.execute(
-            "UPDATE runs SET log_offset = max(log_offset, ?) WHERE id = ?", (int(next_offset), run_id)
-        )
-    if new:
-        tx.last_log_id = before + len(new)
-        tx.events.append(
-            BusEvent("log", run_id, {"lines": new}, make_cursor(tx.last_event_id, tx.last_log_id))
-        )
-    return len(new)
+    """Store ``(offset, text)`` lines (an older agent's per-line ``log`` message) as one block."""
+    if not lines:
+        if next_offset is not None:
+            tx.conn.execute(
+                "UPDATE runs SET log_offset = max(log_offset, ?) WHERE id = ?", (int(next_offset), run_id)
+            )
+        return 0
+    last = int(lines[-1][0])
+    nxt = int(next_offset) if next_offset is not None and int(next_offset) > last else last + 1
+    return add_log_block(tx=tx, run_id=run_id, block=Block.from_lines([(o, t) for o, t in lines], nxt))
 
 
 def publish_run(*, tx: Tx, run_id: str) -> None:

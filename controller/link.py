@@ -6,7 +6,8 @@ A transport yields a byte-stream pair running ``eaglewatch-agent connect``: ``SS
 asyncssh connection (host keys verified against known_hosts, agent forwarding off, keepalives on, connect
 timeout), ``LocalTransport`` over a subprocess's pipes (embedded demo, tests without SSH).  ``Link`` reads
 the daemon's hello, then one reader task decodes every line: replies resolve the pending request with the
-same id; ``event``/``log`` stream messages go, in arrival order, to the ``on_stream`` coroutine.
+same id; ``event``/``log``/``log_block`` stream messages go, in arrival order, to the ``on_stream``
+coroutine (a ``log_block``'s raw text, which follows its line, read first: agent/protocol.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class Reader(Protocol):
     """What a transport reads from."""
 
     async def readline(self) -> bytes: ...
+
+    async def readexactly(self, n: int) -> bytes: ...
 
 
 class Transport(Protocol):
@@ -218,6 +221,9 @@ class Link:
                 except protocol.ProtocolError as exc:
                     log.warning("link: ignoring bad line from agent: %s", exc.message)
                     continue
+                size = protocol.payload_size(msg)  # a bad size desynchronises the stream: the link ends
+                if size is not None:
+                    msg = protocol.attach_payload(msg, await self.transport.reader.readexactly(size))
                 mtype = msg.get("type")
                 if mtype in ("reply", "error"):
                     fut = self._pending.get(msg.get("id"))  # type: ignore[arg-type]

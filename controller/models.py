@@ -17,7 +17,8 @@ from sqlmodel import Field, SQLModel
 from agent.sched.options import sbatch_arg_problem, slurm_name_problem
 from controller.sshdest import parse_destination
 
-SCHEMA_VERSION = 1
+#: 2: log lines stored as blocks (log_blocks; the per-line log_lines rows of 1 are migrated).
+SCHEMA_VERSION = 2
 
 RUN_STATES = ("pending", "starting", "running", "completed", "failed", "stopped", "lost", "unknown")
 
@@ -116,7 +117,7 @@ class Event(SQLModel, table=True):
     kind: str
     at: float
     data_json: str
-    #: log_lines.id of the last log line committed before this event (orders the merged feed).
+    #: log_blocks.id of the last log block committed before this event (orders the merged feed).
     log_mark: int = 0
 
 
@@ -181,15 +182,20 @@ class Outbox(SQLModel, table=True):
     done: bool = Field(default=False, index=True)
 
 
-class LogLine(SQLModel, table=True):
-    """One line of a job's output.log, keyed by its byte offset so re-sent lines are ignored."""
+class LogBlock(SQLModel, table=True):
+    """Consecutive lines of a job's output.log in one row (controller/logblocks.py): their texts joined by
+    newlines, keyed by stream offsets, so a replayed block adds only the lines past ``runs.log_offset``."""
 
-    __tablename__ = "log_lines"
-    __table_args__ = (UniqueConstraint("run_id", "offset", name="uq_log_run_offset"),)
+    __tablename__ = "log_blocks"
+    __table_args__ = (UniqueConstraint("run_id", "offset", name="uq_log_blocks_run_offset"),)
     id: int | None = Field(default=None, primary_key=True)
     run_id: str
+    #: stream offset of the first line, and the offset after the last
     offset: int
+    end_offset: int
     text: str
+    #: each line's offset (little-endian int64), NULL when they are the natural ones
+    offsets: bytes | None = None
 
 
 # ---------------------------------------------------------------- public shapes (facade / API output)

@@ -12,6 +12,7 @@ from typing import Any
 from controller import shard_store, verdict
 from controller.bus import BusEvent, make_cursor, parse_cursor
 from controller.errors import NotFound, SpecInvalid
+from controller.logblocks import Block
 from controller.models import (
     AlertPublic,
     HostPublic,
@@ -23,6 +24,8 @@ from controller.models import (
 from controller.store import FEED_KINDS
 
 TERMINAL_SQL = "('completed','failed','stopped','lost')"
+#: A feed page holds log blocks of about this many characters at most (blocks are up to 512 KiB each).
+FEED_LOG_CHARS = 8 << 20
 _ERROR_RE = re.compile(r"error|traceback|exception|fatal|killed|out of memory", re.IGNORECASE)
 
 
@@ -258,28 +261,58 @@ def read_log(
     errors_only: bool,
     before_offset: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Log lines after a byte offset, ascending (or the last ``limit`` before ``before_offset``), filtered."""
+    """Log lines after a byte offset, ascending (or the last ``limit`` before ``before_offset``), filtered.
+
+    Lines are stored in blocks (controller/logblocks.py): the blocks that can hold such lines are read in
+    offset order (backwards when paging back) and split; a search skips blocks whose text lacks the query."""
     get_run_public(conn, run_id)
     limit = max(1, min(int(limit), 100000))
-    sql, args = "SELECT offset, text FROM log_lines WHERE run_id=? AND offset > ?", [run_id, after_offset]
-    if before_offset is not None:
-        sql += " AND offset < ?"
-        args.append(before_offset)
+    backwards = before_offset is not None
+    if backwards:
+        sql, args = (
+            "SELECT offset, end_offset, text, offsets FROM log_blocks WHERE run_id=? AND offset < ?",
+            [
+                run_id,
+                before_offset,
+            ],
+        )
+        sql += " AND end_offset > ?"
+        args.append(after_offset + 1)
+    else:
+        # The block holding the first line after ``after_offset`` starts at or before it.
+        start = conn.execute(
+            "SELECT max(offset) FROM log_blocks WHERE run_id=? AND offset <= ?", (run_id, after_offset)
+        ).fetchone()[0]
+        sql, args = (
+            "SELECT offset, end_offset, text, offsets FROM log_blocks WHERE run_id=? AND offset >= ?",
+            [
+                run_id,
+                after_offset + 1 if start is None else start,
+            ],
+        )
     if query:
         sql += " AND instr(lower(text), lower(?)) > 0"
         args.append(query)
+    needle = query.lower() if query else None
     out: list[dict[str, Any]] = []
-    # Paging backwards walks the (run_id, offset) index in descending order, then flips the page.
-    cur = conn.execute(
-        sql + (" ORDER BY offset DESC" if before_offset is not None else " ORDER BY offset"), args
-    )
-    for r in cur:
-        if errors_only and not _ERROR_RE.search(r[1]):
-            continue
-        out.append({"offset": r[0], "text": r[1]})
+    # Both directions walk the (run_id, offset) index; paging back reads descending, then flips the page.
+    for r in conn.execute(sql + (" ORDER BY offset DESC" if backwards else " ORDER BY offset"), args):
+        lines = Block.from_row(r[0], r[1], r[2], r[3]).lines()
+        if backwards:
+            lines.reverse()
+        for offset, text in lines:
+            if offset <= after_offset or (before_offset is not None and offset >= before_offset):
+                continue
+            if needle is not None and needle not in text.lower():
+                continue
+            if errors_only and not _ERROR_RE.search(text):
+                continue
+            out.append({"offset": offset, "text": text})
+            if len(out) >= limit:
+                break
         if len(out) >= limit:
             break
-    if before_offset is not None:
+    if backwards:
         out.reverse()
     return out
 
@@ -316,11 +349,20 @@ def feed_since(
             " ORDER BY id LIMIT ?",
             [after_event, *run_args, *sorted(FEED_KINDS), limit],
         ).fetchall()
-        logs = conn.execute(
-            f"SELECT id, run_id, offset, text FROM log_lines WHERE id > ?{where_run} ORDER BY id LIMIT ?",
-            [after_log, *run_args, limit * 10],
-        ).fetchall()
-    logs_complete = len(logs) < limit * 10
+        logs: list[sqlite3.Row] = []
+        size = 0
+        logs_complete = True
+        for row in conn.execute(
+            "SELECT id, run_id, offset, end_offset, text, offsets FROM log_blocks"
+            f" WHERE id > ?{where_run} ORDER BY id LIMIT ?",
+            [after_log, *run_args, limit],
+        ):
+            logs.append(row)
+            size += len(row[4])
+            if size >= FEED_LOG_CHARS:  # a page of big blocks: the rest comes with the next page
+                logs_complete = False
+                break
+        logs_complete = logs_complete and len(logs) < limit
     max_log = logs[-1][0] if logs else after_log
     out: list[BusEvent] = []
     li, last_event = 0, after_event
@@ -328,13 +370,10 @@ def feed_since(
     def flush_logs(upto: int) -> None:
         nonlocal li
         while li < len(logs) and logs[li][0] <= upto:
-            run = logs[li][1]
-            chunk: list[sqlite3.Row] = []
-            while li < len(logs) and logs[li][0] <= upto and logs[li][1] == run and len(chunk) < 1000:
-                chunk.append(logs[li])
-                li += 1
-            data = {"lines": [{"offset": r[2], "text": r[3]} for r in chunk]}
-            out.append(BusEvent("log", run, data, make_cursor(last_event, chunk[-1][0])))
+            block_id, run, offset, end, text, blob = logs[li]
+            data = Block.from_row(offset, end, text, blob).to_data()
+            out.append(BusEvent("log", run, data, make_cursor(last_event, block_id)))
+            li += 1
 
     for ev in events:
         if ev["log_mark"] > max_log and not logs_complete:

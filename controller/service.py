@@ -34,7 +34,8 @@ BusEvent kinds and ``data``:
     "milestone" {"seq", "kind", "at", "line", "rank", "fields", "text"}
     "check"     {"seq", "at", "file", "ok", "format", "problems": [{code, file, message}]}
     "alert"     AlertPublic as a dict
-    "log"       {"lines": [{"offset", "text"}, ...]}  (a batch of one run's lines)
+    "log"       {"offset", "next_offset", "text", "offsets"}  (a block of one run's lines, their texts joined
+                by newlines: controller/logblocks.py; ``lines_data`` gives [{"offset", "text"}, ...])
     "host"      HostPublic as a dict (run_id None)
 ``cursor`` is an opaque string, ordered (string comparison) in commit order; ``feed_since(run, cursor)``
 returns everything committed after it (for SSE ``Last-Event-ID`` resume).  Errors are the typed

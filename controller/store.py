@@ -7,6 +7,10 @@ takes everything queued (up to a batch), runs each function inside its own SAVEP
 ``BEGIN IMMEDIATE`` transaction, commits, and only then resolves the futures and publishes the BusEvents
 the functions emitted (in commit order).  A failing function rolls back to its savepoint and gets its
 exception; the others in the batch still commit.
+A short write asked for ``now_if_idle`` (a log block from a link) skips the queue while the writer is idle:
+it runs at once on the event loop's thread, on the writer's own connection (lent under a lock, so still one
+writer), and its events are published before ``submit`` returns; the hand-over to the writer thread and the
+call back to the loop were two thread wake-ups on every line's way to its commit.
 The writer never checkpoints the WAL itself: a checkpoint fsyncs the database file, tens of milliseconds on
 the commit path of whatever line or milestone waits behind it.  A thread of its own checkpoints
 (PASSIVE: it never blocks the writer) every ``CHECKPOINT_S``.
@@ -33,6 +37,7 @@ from sqlmodel import SQLModel
 
 from controller import models
 from controller.bus import Bus, BusEvent
+from controller.logmigration import migrate_log_lines
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -89,6 +94,7 @@ def create_schema(path: Path) -> None:
     conn = connect(path)
     try:
         _add_missing_columns(conn)
+        migrate_log_lines(conn)
         conn.execute("INSERT OR IGNORE INTO schema_version(version) VALUES (?)", (models.SCHEMA_VERSION,))
     finally:
         conn.close()
@@ -124,14 +130,14 @@ def _add_missing_columns(conn: sqlite3.Connection) -> None:
 
 class Tx:
     """What a write function gets: the writer's connection, the BusEvents to publish after commit, and the
-    last event and log-line ids (their cursor; controller/crud.py keeps them current)."""
+    last event and log-block ids (their cursor; controller/crud.py keeps them current)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.events: list[BusEvent] = []
         self.now = time.time()
         self.last_event_id = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
-        self.last_log_id = conn.execute("SELECT coalesce(max(id), 0) FROM log_lines").fetchone()[0]
+        self.last_log_id = conn.execute("SELECT coalesce(max(id), 0) FROM log_blocks").fetchone()[0]
 
 
 class WriteFn(Protocol[T_co]):
@@ -160,12 +166,18 @@ class Store:
         self._lock = threading.Lock()
         self._checkpoints: threading.Thread | None = None
         self._closing = threading.Event()
+        #: the writer's connection: the writer thread's, lent to ``_write_now`` while that thread is idle
+        self._conn: sqlite3.Connection | None = None
+        self._conn_lock = threading.Lock()
         self.pending = 0
 
     async def open(self) -> None:
         """Create/upgrade the schema and start the writer thread."""
         await asyncio.to_thread(create_schema, self.path)
         self._loop = asyncio.get_running_loop()
+        self._conn = connect(self.path)
+        # The checkpointer thread checkpoints, off the commit path.
+        self._conn.execute("PRAGMA wal_autocheckpoint=0")
         self._thread = threading.Thread(target=self._writer, name="store-writer", daemon=True)
         self._thread.start()
         self._closing.clear()
@@ -188,11 +200,15 @@ class Store:
                 conn.close()
             self._reader_conns.clear()
 
-    def submit(self, fn: WriteFn[T]) -> asyncio.Future[T]:
-        """Queue a write without waiting; the future resolves after commit."""
+    def submit(self, fn: WriteFn[T], *, now_if_idle: bool = False) -> asyncio.Future[T]:
+        """Queue a write without waiting; the future resolves after commit.  ``now_if_idle``: a short write
+        (a log block) runs at once, on this thread, when the writer has nothing queued: no hand-over to the
+        writer thread and back, the two wake-ups that were most of a line's time from link to commit."""
         if self._loop is None or self._thread is None:
             raise RuntimeError("store is not open")
         fut: asyncio.Future[T] = self._loop.create_future()
+        if now_if_idle and self._write_now(fn, fut):
+            return fut
         self.pending += 1
         self._queue.put((fn, fut))
         return fut
@@ -233,8 +249,8 @@ class Store:
             conn.close()
 
     def _writer(self) -> None:
-        conn = connect(self.path)
-        conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it, off the commit path
+        conn = self._conn
+        assert conn is not None
         try:
             stop = False
             while not stop:
@@ -251,15 +267,48 @@ class Store:
                         stop = True
                         break
                     batch.append(item)
-                self._run_batch(conn, batch)
+                with self._conn_lock:
+                    results, events = self._transact(conn, batch)
+                assert self._loop is not None
+                with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+                    self._loop.call_soon_threadsafe(self._deliver, results, events)
         finally:
-            conn.close()
+            with self._conn_lock:
+                self._conn = None
+                conn.close()
 
-    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Item]) -> None:
+    def _write_now(self, fn: WriteFn[T], fut: asyncio.Future[T]) -> bool:
+        """Run one write at once on the event loop's thread, on the writer's connection, if the writer is
+        idle (nothing queued, and no other process holds SQLite's write lock); False when it is not."""
+        conn = self._conn
+        if self.pending or conn is None or not self._conn_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._conn is None:
+                return False
+            conn.execute("PRAGMA busy_timeout=0")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:  # another process is writing: wait in the queue instead
+                return False
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            results, events = self._transact(conn, [(fn, fut)], begun=True)
+        finally:
+            self._conn_lock.release()
+        self.pending += 1
+        self._deliver(results, events)
+        return True
+
+    def _transact(
+        self, conn: sqlite3.Connection, batch: list[_Item], begun: bool = False
+    ) -> tuple[list[tuple[asyncio.Future[Any], Any, BaseException | None]], list[BusEvent]]:
+        """Run ``batch`` in one transaction (a savepoint per write); the results and the events to publish."""
         results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         events: list[BusEvent] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            if not begun:
+                conn.execute("BEGIN IMMEDIATE")
             tx = Tx(conn)
             for fn, fut in batch:
                 mark, ids = len(tx.events), (tx.last_event_id, tx.last_log_id)
@@ -283,9 +332,7 @@ class Store:
                 conn.execute("ROLLBACK")
             results = [(fut, None, exc) for _, fut in batch]
             events = []
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # loop closed during shutdown
-            self._loop.call_soon_threadsafe(self._deliver, results, events)
+        return results, events
 
     def _deliver(
         self, results: list[tuple[asyncio.Future[Any], Any, BaseException | None]], events: list[BusEvent]

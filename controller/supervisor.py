@@ -23,6 +23,7 @@ from controller.errors import AgentError, HostKeyRejected, NotFound, Unreachable
 from controller.eventqueue import EventQueue
 from controller.lifecycle import RunEvent, event_for_agent_state
 from controller.link import Link
+from controller.logblocks import Block, BlockError
 from controller.settings import Settings
 from controller.store import Store
 
@@ -158,7 +159,11 @@ class HostSupervisor:
                 self.following.add(run["id"])
                 with contextlib.suppress(AgentError):
                     await link.request(
-                        "follow", run=run["id"], after_seq=run["last_seq"], log_offset=run["log_offset"]
+                        "follow",
+                        run=run["id"],
+                        after_seq=run["last_seq"],
+                        log_offset=run["log_offset"],
+                        blocks=True,
                     )
 
     @staticmethod
@@ -193,7 +198,9 @@ class HostSupervisor:
             return
         self.following.add(run_id)
         try:
-            await link.request("follow", run=run_id, after_seq=run["last_seq"], log_offset=run["log_offset"])
+            await link.request(
+                "follow", run=run_id, after_seq=run["last_seq"], log_offset=run["log_offset"], blocks=True
+            )
         except AgentError as exc:
             # Stays in `following` so this does not repeat every second; the next connection retries.
             log.warning("run %s: follow failed: %s", run_id, exc)
@@ -223,7 +230,8 @@ class HostSupervisor:
             )
 
     async def on_stream(self, msg: dict[str, Any]) -> None:
-        """Queue a stream message (journal event or log lines) to the store, in arrival order."""
+        """Queue a stream message (journal event, log block, or an older agent's log lines) to the store, in
+        arrival order."""
         mtype, run_id = msg.get("type"), msg.get("run")
         if not isinstance(run_id, str):
             return
@@ -234,7 +242,17 @@ class HostSupervisor:
                     lambda tx: crud.apply_event_batch(tx=tx, events=queue.take(), policy=self.policy)
                 )
                 fut.add_done_callback(lambda f: self._after_events(queue, f))
-        elif mtype == "log" and isinstance(msg.get("lines"), list):
+        elif mtype == "log_block":
+            try:
+                block = Block.from_message(msg)
+            except BlockError as exc:
+                log.warning("host %s, run %s: %s", self.name, run_id, exc)
+                return
+            fut3 = self.store.submit(
+                lambda tx: crud.add_log_block(tx=tx, run_id=run_id, block=block), now_if_idle=True
+            )
+            fut3.add_done_callback(_log_failure)
+        elif mtype == "log" and isinstance(msg.get("lines"), list):  # an agent that sends no blocks
             lines, nxt = msg["lines"], msg.get("next_offset")
             fut2 = self.store.submit(
                 lambda tx: crud.add_log_lines(tx=tx, run_id=run_id, lines=lines, next_offset=nxt)

@@ -25,6 +25,7 @@ from fastapi.sse import ServerSentEvent, format_sse_event
 from starlette.responses import StreamingResponse
 
 from controller.bus import BusEvent, Subscription
+from controller.logblocks import lines_data
 from controller.service import Controller
 
 TERMINAL_STATES = frozenset({"completed", "failed", "stopped", "lost"})
@@ -38,8 +39,10 @@ PING = ServerSentEvent(comment="ping")
 
 
 def to_sse(event: BusEvent) -> ServerSentEvent:
-    """The SSE form of one bus event: ``event:`` = kind, ``data:`` = JSON, ``id:`` = cursor."""
-    payload = {"run_id": event.run_id, "cursor": event.cursor, **event.data}
+    """The SSE form of one bus event: ``event:`` = kind, ``data:`` = JSON, ``id:`` = cursor; a ``log``
+    event's block is sent as its lines, ``{"lines": [{"offset", "text"}, ...]}``."""
+    data = {"lines": lines_data(event.data)} if event.kind == "log" else event.data
+    payload = {"run_id": event.run_id, "cursor": event.cursor, **data}
     return ServerSentEvent(data=payload, event=event.kind, id=event.cursor or None)
 
 
@@ -126,7 +129,7 @@ async def event_stream(
                     if wanted(ev, run_id, host, kinds):
                         yield to_sse(ev)
                     last = max(last, ev.cursor)
-                if len(backlog) < BACKLOG_PAGE or not fresh:
+                if not fresh:  # a short page is not the end: a page of big log blocks is cut by size
                     break
             if run_state is not None:
                 state = await run_state()

@@ -224,6 +224,8 @@ class Connection:
         _int_arg(args, "after_seq", 0, 0, 1 << 62)
         if args.get("log_offset") is not None:
             _int_arg(args, "log_offset", 0, 0, 1 << 62)
+        if not isinstance(args.get("blocks", False), bool):
+            raise OpError(ErrorCode.BAD_ARGS, "'blocks' must be true or false")
         return {"run": watcher.paths.run, "last_seq": watcher.journal.last_seq}
 
     def _start_follow(self, args: dict[str, Any]) -> None:
@@ -235,7 +237,11 @@ class Connection:
         ]
         if args.get("log_offset") is not None:
             tasks.append(
-                loop.create_task(self._guard(stream_log(self.send, watcher, int(args["log_offset"]))))
+                loop.create_task(
+                    self._guard(
+                        stream_log(self.send, watcher, int(args["log_offset"]), args.get("blocks") is True)
+                    )
+                )
             )
         self.follows[args["run"]] = tasks
 

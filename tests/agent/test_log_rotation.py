@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controller import crud
+from controller import crud, queries
 from controller.store import Tx, connect, create_schema
 from tests.helpers.agentjobs import marker, write_script
 from tests.helpers.agentproc import (
@@ -120,7 +120,7 @@ def test_no_line_or_milestone_lost_when_the_log_is_truncated_or_rotated(
         )
         for b in batches:
             crud.add_log_lines(tx=tx, run_id=action, lines=b["lines"], next_offset=b["next_offset"])
-        stored = [r[0] for r in conn.execute("SELECT text FROM log_lines ORDER BY offset")]
+        stored = [ln["text"] for ln in queries.read_log(conn, action, -1, 100000, None, False)]
     finally:
         conn.close()
     assert stored == expected_lines()

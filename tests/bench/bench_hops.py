@@ -5,10 +5,11 @@ Each hop's own work runs in this one process over the same synthetic steady-stat
 of every hop):
 
 1. agent watcher: LineSplitter → MilestoneEngine.feed_many → LineBuffer.append → journal append (fsync)
-2. agent stream: LineBuffer.read batches and journal events → protocol messages → JSON lines
-3. controller link: JSON lines → messages (protocol.decode_message)
-4. controller store: crud.add_log_lines per log batch and crud.apply_event_batch for the events, in
-   transactions of the store's writer (run here in the main thread) on a real SQLite file (WAL)
+2. agent stream: LineBuffer.read blocks and journal events → protocol messages (``log_block``: one string
+   for many lines) → JSON lines
+3. controller link: JSON lines → messages (protocol.decode_message) → log blocks (Block.from_message)
+4. controller store: crud.add_log_block per block (one row each) and crud.apply_event_batch for the events,
+   in transactions of the store's writer (run here in the main thread) on a real SQLite file (WAL)
 5. web: every BusEvent → SSE bytes (web/sse.py)
 
 What this leaves out is the transport itself (Unix socket, the bridge process, sshd, asyncssh): bench_link
@@ -35,7 +36,7 @@ from typing import Any, TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent import protocol
-from agent.daemon.streams import BATCH_BYTES, BATCH_LINES
+from agent.daemon.streams import BLOCK_BYTES, BLOCK_LINES, log_message
 from agent.logs.linebuffer import LineBuffer
 from agent.logs.splitter import LineSplitter
 from agent.milestones.engine import MilestoneEngine, load_rules
@@ -43,6 +44,7 @@ from agent.runs.journal import Journal
 from controller import crud
 from controller.alerts import AlertPolicy
 from controller.bus import BusEvent
+from controller.logblocks import Block
 from controller.store import BATCH_MAX, Tx, connect, create_schema
 from tests.bench.run_all import bench_line
 from tests.helpers.vllm_log import steady_lines
@@ -100,16 +102,26 @@ def watcher_hop(data: bytes, journal: Journal) -> tuple[LineBuffer, list[dict[st
 
 
 def stream_hop(buf: LineBuffer, events: list[dict[str, Any]]) -> list[bytes]:
-    """What a follower sends: log batches read from the buffer and journal events, as JSON lines."""
+    """What a follower sends: log blocks read from the buffer and journal events, as JSON lines."""
     out = [protocol.encode(protocol.event("r-1", ev)) for ev in events]
     pos = 0
     while True:
-        got = buf.read(pos, BATCH_LINES, BATCH_BYTES)
+        got = buf.read(pos, BLOCK_LINES, BLOCK_BYTES)
         assert got is not None
-        lines, pos = got
+        lines, nxt = got
         if not lines:
             return out
-        out.append(protocol.encode(protocol.log_lines("r-1", lines, pos)))
+        out.append(protocol.encode(log_message("r-1", lines, nxt, True)))
+        pos = nxt
+
+
+def link_hop(wire: list[bytes]) -> list[dict[str, Any]]:
+    """What the controller's link reader does: decode each line; a log block's fields checked."""
+    messages = [protocol.decode_messages(w)[0] for w in wire]
+    for m in messages:
+        if m["type"] == "log_block":
+            m["block"] = Block.from_message(m)
+    return messages
 
 
 def store_hop(path: Path, messages: list[dict[str, Any]]) -> list[BusEvent]:
@@ -127,9 +139,9 @@ def store_hop(path: Path, messages: list[dict[str, Any]]) -> list[BusEvent]:
         [partial(crud.apply_event_batch, events=evs, policy=QUIET)] if evs else []
     )
     writes += [
-        partial(crud.add_log_lines, run_id="r-1", lines=m["lines"], next_offset=m["next_offset"])
+        partial(crud.add_log_block, run_id="r-1", block=m["block"])
         for m in messages
-        if m["type"] == "log"
+        if m["type"] == "log_block"
     ]
     published: list[BusEvent] = []
     for at in range(0, len(writes), BATCH_MAX):
@@ -160,7 +172,7 @@ def main() -> int:
         buf, events, n = hops.run("1 agent watcher", lambda: watcher_hop(data, journal))
         journal.close()
         wire = hops.run("2 agent stream", lambda: stream_hop(buf, events))
-        messages = hops.run("3 controller link", lambda: [protocol.decode_message(w) for w in wire])
+        messages = hops.run("3 controller link", lambda: link_hop(wire))
         published = hops.run("4 controller store", lambda: store_hop(tmp / "ew.db", messages))
         sse = hops.run("5 web sse", lambda: [sse_encode(to_sse(ev)) for ev in published])
     total = sum(hops.secs.values())

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from controller import queries
 from controller.models import HostCreate
 from controller.service import Controller
 from controller.settings import Settings
@@ -44,9 +45,8 @@ def _assert_complete(db: Path, run_id: str, agent_state: Path) -> None:
         assert seqs == [e["seq"] for e in journal] == list(range(1, len(journal) + 1))
         ms = [r[0] for r in conn.execute("SELECT seq FROM milestones WHERE run_id=? ORDER BY id", (run_id,))]
         assert ms == [e["seq"] for e in journal if e["type"] == "milestone"]
-        stored = [
-            r[0] for r in conn.execute("SELECT text FROM log_lines WHERE run_id=? ORDER BY offset", (run_id,))
-        ]
+        conn.row_factory = sqlite3.Row
+        stored = [ln["text"] for ln in queries.read_log(conn, run_id, -1, 100000, None, False)]
         assert stored == (agent_state / "runs" / run_id / "output.log").read_text().splitlines()
         assert conn.execute("SELECT state FROM runs WHERE id=?", (run_id,)).fetchone()[0] == "completed"
     finally:
@@ -180,7 +180,8 @@ async def test_controller_sigkilled_and_restarted_mid_run(
             conn = sqlite3.connect(db)
             try:
                 row = conn.execute("SELECT state FROM runs WHERE id=?", (run_id,)).fetchone()
-                n = conn.execute("SELECT count(*) FROM log_lines WHERE run_id=?", (run_id,)).fetchone()[0]
+                conn.row_factory = sqlite3.Row
+                n = len(queries.read_log(conn, run_id, -1, 100000, None, False))
             finally:
                 conn.close()
             out_log = tmp_path / "agent" / "runs" / run_id / "output.log"

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from controller import crud
 from controller.errors import Conflict, NotFound, SpecInvalid
+from controller.logblocks import lines_data
 from controller.models import HostCreate
 from controller.service import Controller
 from controller.settings import Settings
@@ -130,7 +132,7 @@ def _flat(events: list[Any]) -> list[Any]:
     out: list[Any] = []
     for e in events:
         if e.kind == "log":
-            out.extend(("log", line["offset"], line["text"]) for line in e.data["lines"])
+            out.extend(("log", line["offset"], line["text"]) for line in lines_data(e.data))
         else:
             out.append((e.kind, e.data))
     return out
@@ -242,8 +244,10 @@ async def test_recently_ended_run_catches_up_missing_tail(
     cut = full[15]["offset"]
 
     def lose_tail(tx: Any) -> None:
-        tx.conn.execute("DELETE FROM log_lines WHERE run_id=? AND offset >= ?", (run_id, cut))
-        tx.conn.execute("UPDATE runs SET log_offset=? WHERE id=?", (cut, run_id))
+        tx.conn.execute("DELETE FROM log_blocks WHERE run_id=?", (run_id,))
+        tx.conn.execute("UPDATE runs SET log_offset=0 WHERE id=?", (run_id,))
+        head = [[ln["offset"], ln["text"]] for ln in full[:15]]
+        crud.add_log_lines(tx=tx, run_id=run_id, lines=head, next_offset=cut)
 
     async with Controller(local_settings, supervise=False) as ctl:
         await ctl.store.write(lose_tail)

@@ -59,9 +59,9 @@ async def store(tmp_path: Path) -> Any:
 async def test_schema_wal_and_version(store: Store, tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "ew.db")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 1
+    assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 2
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"hosts", "runs", "events", "milestones", "problems", "alerts", "outbox", "log_lines"} <= tables
+    assert {"hosts", "runs", "events", "milestones", "problems", "alerts", "outbox", "log_blocks"} <= tables
     conn.close()
 
 
@@ -163,9 +163,9 @@ async def test_the_feed_reads_events_and_log_lines_from_one_snapshot(store: Stor
         with queries._snapshot(conn):
             seen = conn.execute("SELECT count(*) FROM events").fetchone()[0]
             await store.write(partial(crud.add_log_lines, run_id="r-1", lines=[[0, "late"]], next_offset=5))
-            assert conn.execute("SELECT count(*) FROM log_lines").fetchone()[0] == 0
+            assert conn.execute("SELECT count(*) FROM log_blocks").fetchone()[0] == 0
             assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == seen
-        assert conn.execute("SELECT count(*) FROM log_lines").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM log_blocks").fetchone()[0] == 1
     finally:
         conn.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from controller.bus import BusEvent, make_cursor
+from controller.logblocks import Block
 from web import sse
 
 
@@ -37,12 +38,16 @@ def test_milestone_event_wire_format() -> None:
 
 
 def test_log_text_with_newlines_and_fake_fields_stays_one_event() -> None:
-    evil = 'x\n\nevent: alert\ndata: {"pwned": 1}\nid: 999\r\n<script>alert(1)</script>'
-    ev = BusEvent("log", "r1", {"lines": [{"offset": 0, "text": evil}]}, make_cursor(1, 1))
+    """A log block (its lines joined by newlines) goes out as one event, its lines with their offsets."""
+    evil = 'x\n\nevent: alert\ndata: {"pwned": 1}\nid: 999\n<script>alert(1)</script>\x1b[31m\u2028'
+    block = Block.make([0, 2, 3, 16, 35, 44], evil, 99)
+    ev = BusEvent("log", "r1", block.to_data(), make_cursor(1, 1))
     events = parse(sse.encode(sse.to_sse(ev)))
     assert len(events) == 1
     assert events[0]["event"] == "log" and events[0]["id"] == make_cursor(1, 1)
-    assert json.loads(events[0]["data"])["lines"][0]["text"] == evil
+    lines = json.loads(events[0]["data"])["lines"]
+    assert [ln["offset"] for ln in lines] == [0, 2, 3, 16, 35, 44]
+    assert "\n".join(ln["text"] for ln in lines) == evil
 
 
 def test_host_events_have_no_id_and_filtering() -> None:
@@ -53,7 +58,7 @@ def test_host_events_have_no_id_and_filtering() -> None:
     run_ev = BusEvent("run", "r2", {"state": "running"}, make_cursor(2, 0))
     assert not sse.wanted(run_ev, "r1", "h1")
     assert sse.wanted(run_ev, None, None)
-    log_ev = BusEvent("log", "r2", {"lines": []}, make_cursor(2, 5))
+    log_ev = BusEvent("log", "r2", Block.make([0], "a", 2).to_data(), make_cursor(2, 5))
     assert not sse.wanted(log_ev, None, None, sse.DASHBOARD_KINDS)
 
 
