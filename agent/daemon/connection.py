@@ -91,9 +91,13 @@ class Connection:
 
     async def send(self, message: dict[str, Any]) -> None:
         """Write one message; raises ConnectionResetError once the client is gone."""
+        await self.send_bytes(protocol.encode(message))
+
+    async def send_bytes(self, data: bytes) -> None:
+        """Write encoded messages; raises ConnectionResetError once the client is gone."""
         if self.writer.is_closing():
             raise ConnectionResetError("client went away")
-        self.writer.write(protocol.encode(message))
+        self.writer.write(data)
         await self.writer.drain()
 
     def close(self) -> None:
@@ -232,9 +236,8 @@ class Connection:
         watcher = self.daemon.runs[args["run"]]
         self._stop_follow(args["run"])
         loop = asyncio.get_running_loop()
-        tasks = [
-            loop.create_task(self._guard(stream_events(self.send, watcher, int(args.get("after_seq", 0)))))
-        ]
+        after_seq = int(args.get("after_seq", 0))
+        tasks = [loop.create_task(self._guard(stream_events(self.send_bytes, watcher, after_seq)))]
         if args.get("log_offset") is not None:
             tasks.append(
                 loop.create_task(

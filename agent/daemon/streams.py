@@ -8,10 +8,13 @@ from typing import Any
 
 from agent import protocol
 from agent.logs.splitter import LineSplitter
-from agent.runs.journal import read_events
+from agent.runs.journal import read_raw
 from agent.runs.watcher import RunWatcher
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+SendBytes = Callable[[bytes], Awaitable[None]]
+#: Events found by one read go out in writes of about this many bytes (the writer's buffer stays bounded).
+EVENT_WRITE_BYTES = 256 * 1024
 #: A log batch holds at most this many lines or about this many bytes of text.
 BATCH_LINES = 500
 BATCH_BYTES = 64 * 1024
@@ -23,19 +26,30 @@ READ_CHUNK = 1 << 20
 RECHECK_S = 5.0
 
 
-async def stream_events(send: Send, watcher: RunWatcher, after_seq: int) -> None:
-    """Send every journal event with seq > ``after_seq``, backlog first then live, in order, once each."""
+async def stream_events(send_bytes: SendBytes, watcher: RunWatcher, after_seq: int) -> None:
+    """Send every journal event with seq > ``after_seq``, backlog first then live, in order, once each.
+
+    The journal's lines are strict JSON already: each goes out framed as it is (``protocol.event_frames``),
+    found by its seq without being decoded, and all that one read found in a few writes, not one a line.
+    """
     pos = after_seq
     offset = 0
     run = watcher.paths.run
     while True:
         generation = watcher.events_changed.generation
-        events, offset = read_events(watcher.paths.events, offset)
-        for ev in events:
-            seq = ev.get("seq")
-            if isinstance(seq, int) and seq > pos:
-                await send(protocol.event(run, ev))
+        found, offset = read_raw(watcher.paths.events, offset)
+        batch: list[bytes] = []
+        size = 0
+        for seq, raw in found:
+            if seq > pos:
+                batch.append(raw)
+                size += len(raw)
                 pos = seq
+                if size >= EVENT_WRITE_BYTES:
+                    await send_bytes(protocol.event_frames(run, batch))
+                    batch, size = [], 0
+        if batch:
+            await send_bytes(protocol.event_frames(run, batch))
         await watcher.events_changed.wait_past(generation, RECHECK_S)
 
 

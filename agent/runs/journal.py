@@ -154,6 +154,40 @@ def read_events(path: Path, byte_offset: int = 0) -> tuple[list[dict[str, Any]],
     return events, byte_offset + cut
 
 
+#: How every line this module writes starts (``write_many`` puts ``seq`` first): a follower reads the seq
+#: from it without decoding the line.
+_SEQ_PREFIX = b'{"seq":'
+
+
+def _line_seq(raw: bytes) -> tuple[int, bytes] | None:
+    """``raw``'s seq and the strict JSON to forward for it; None for a line that is no event with a seq."""
+    if raw.startswith(_SEQ_PREFIX) and raw.endswith(b"}"):
+        digits = raw[len(_SEQ_PREFIX) : raw.find(b",", len(_SEQ_PREFIX))]
+        if digits.isdigit():  # ASCII digits only: int() would also take spaces, signs and underscores
+            return int(digits), raw
+    try:  # a line written some other way: decode it once, forward it as this module writes lines
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or type(obj.get("seq")) is not int:
+        return None
+    return obj["seq"], _dumps(obj).encode("utf-8")
+
+
+def read_raw(path: Path, byte_offset: int = 0) -> tuple[list[tuple[int, bytes]], int]:
+    """Complete events from ``byte_offset`` on as ``(seq, line)`` (strict JSON, undecoded: a follower
+    forwards them as they are), and the offset after the last complete line."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(byte_offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], byte_offset
+    cut = data.rfind(b"\n") + 1
+    found = map(_line_seq, data[:cut].splitlines())
+    return [item for item in found if item is not None], byte_offset + cut
+
+
 def scan(path: Path) -> list[dict[str, Any]]:
     """Every complete event of a journal file (empty when the file is missing)."""
     return read_events(path, 0)[0]
