@@ -16,7 +16,8 @@ One JSON object per line, UTF-8, ``\\n``-terminated, in both directions, over th
 3. ``follow`` additionally streams, after its reply, messages tagged with the run:
    ``{"type": "event", "run": R, "event": {<journal event>}}`` for every journal event with
    ``seq > after_seq`` (first the backlog from ``runs/<R>/events.jsonl``, then live ones, strictly in seq
-   order, never twice on one connection) and, when ``log_offset`` was given,
+   order, never twice on one connection; the daemon frames each journal line as it is, undecoded:
+   ``event_frames``) and, when ``log_offset`` was given,
    ``{"type": "log", "run": R, "lines": [[offset, text], ...], "next_offset": N}`` where ``offset`` is the
    byte offset of the line's start in ``output.log`` (so the receiver can store lines idempotently).
    Once ``output.log`` was truncated or replaced, offsets run on from where the previous file ended
