@@ -140,8 +140,9 @@ class EagleWatchCapture:
             # per token: the states, token_flags (2 bools) and token_stats ([L, 4] float32); 3 × 64 alignment
             step_bytes = int(sched.max_num_batched_tokens) * (nl * hidden * elt + 2 + 16 * nl) + 192
             self._ew_copier.reserve(step_bytes)
+        if self._ew_rank0:  # compiled on CUDA only; the reason says so elsewhere
             dtype = self.vllm_config.model_config.dtype  # type: ignore[attr-defined]
-            sample = torch.randn((16, nl, hidden), dtype=dtype, device=device)
+            sample = torch.randn((16, len(cfg["layer_ids"]), hidden), dtype=dtype, device=device)
             self._ew_stats, self._ew_stats_how = fused_step_stats(sample)
         capture = cfg.get("capture") or "hooks"
         if capture == "aux":

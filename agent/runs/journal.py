@@ -134,8 +134,8 @@ class Journal:
             self._fd = -1
 
 
-def read_events(path: Path, byte_offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """Complete events from ``byte_offset`` on, and the offset after the last complete line."""
+def _complete_lines(path: Path, byte_offset: int) -> tuple[list[bytes], int]:
+    """The complete lines from ``byte_offset`` on (a torn last line waits), and the offset after them."""
     try:
         with open(path, "rb") as fh:
             fh.seek(byte_offset)
@@ -143,15 +143,21 @@ def read_events(path: Path, byte_offset: int = 0) -> tuple[list[dict[str, Any]],
     except FileNotFoundError:
         return [], byte_offset
     cut = data.rfind(b"\n") + 1
+    return data[:cut].splitlines(), byte_offset + cut
+
+
+def read_events(path: Path, byte_offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Complete events from ``byte_offset`` on, and the offset after the last complete line."""
+    lines, end = _complete_lines(path, byte_offset)
     events: list[dict[str, Any]] = []
-    for raw in data[:cut].splitlines():
+    for raw in lines:
         try:
             obj = json.loads(raw)
         except ValueError:
             continue
         if isinstance(obj, dict):
             events.append(obj)
-    return events, byte_offset + cut
+    return events, end
 
 
 #: How every line this module writes starts (``write_many`` puts ``seq`` first): a follower reads the seq
@@ -177,15 +183,9 @@ def _line_seq(raw: bytes) -> tuple[int, bytes] | None:
 def read_raw(path: Path, byte_offset: int = 0) -> tuple[list[tuple[int, bytes]], int]:
     """Complete events from ``byte_offset`` on as ``(seq, line)`` (strict JSON, undecoded: a follower
     forwards them as they are), and the offset after the last complete line."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(byte_offset)
-            data = fh.read()
-    except FileNotFoundError:
-        return [], byte_offset
-    cut = data.rfind(b"\n") + 1
-    found = map(_line_seq, data[:cut].splitlines())
-    return [item for item in found if item is not None], byte_offset + cut
+    lines, end = _complete_lines(path, byte_offset)
+    found = map(_line_seq, lines)
+    return [item for item in found if item is not None], end
 
 
 def scan(path: Path) -> list[dict[str, Any]]:

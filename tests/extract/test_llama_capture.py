@@ -83,8 +83,13 @@ def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> 
     assert conf["dtype"] == "float32" and conf["backend"] == "worker-extension"
     assert conf["writer"] == "process"
     assert scenario["first"].of("capture_configured")[0]["writer"] == "thread"  # the CPU default
+    assert conf["stats_kernel"] == "eager: cpu device"  # the fused kernel is compiled on CUDA only
     done = second.of("completed")[0]
     assert done["samples"] == len(LENGTHS) and done["tokens"] == sum(LENGTHS)
+    costs = done["capture_costs"]  # where the capture's time went; the child's writes come back with drains
+    assert (
+        costs["steps"] >= 1 and costs["forward_thread_s"] > 0 and costs["files"] >= 1 and costs["write_s"] > 0
+    )
     last = second.of("progress")[-1]
     assert last["samples_done"] == last["samples_total"] == len(LENGTHS)
     assert "shape_check_failed" not in kinds
