@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.extract import canary, forecast, runtime, signals, stats
+from agent.extract import canary, forecast, runtime, signals, stats, tuning
 from agent.extract.dataset import Sample
 from agent.extract.preflight import Plan
 from agent.extract.stats import RunStats
@@ -268,6 +268,10 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     writer = os.environ.get(WRITER_ENV) or None
     if writer is not None and writer not in WRITERS:
         raise CaptureFailed(f"{WRITER_ENV}={writer!r}: expected one of {', '.join(WRITERS)}")
+    try:  # the workers read the same env: refuse a malformed knob before the engine takes minutes to start
+        tuning.from_env()
+    except ValueError as e:
+        raise CaptureFailed(str(e)) from None
     extra, capture = prepare_engine(plan)
     kwargs = engine_kwargs(str(plan.model_dir), [*spec.vllm_args, *extra])
     longest = max(len(s.token_ids) for s in todo)
@@ -296,6 +300,7 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         "writer": info.get("writer"),
         "capture": info.get("capture"),
         "stats_kernel": info.get("stats_kernel"),
+        "tuning": info.get("tuning"),
     }
     configured(plan, info["dtype"], info["layer_class"], **found)
     prog.restart_clock()
@@ -425,11 +430,14 @@ def configured(
     writer: str | None = None,
     capture: str | None = None,
     stats_kernel: str | None = None,
+    tuning: dict[str, Any] | None = None,
 ) -> None:
-    """The capture_configured milestone: the runner, writer, capture path and statistics kernel the worker
-    chose."""
+    """The capture_configured milestone: the runner, writer, capture path, statistics kernel and tuning
+    knobs the worker chose."""
     spec = plan.spec
     extra: dict[str, Any] = {"stats_kernel": stats_kernel} if stats_kernel else {}
+    if tuning:
+        extra["tuning"] = tuning
     signals.emit(
         "capture_configured",
         layers=plan.layer_ids,

@@ -14,16 +14,19 @@ hidden-state outputs read after each forward (`aux_capture`: compiled model and 
 from __future__ import annotations
 
 import functools
+import json
 import os
+import sys
 import time
 from typing import Any
 
 import torch
 from torch import nn
 
-from agent.extract import aux_capture
+from agent.extract import aux_capture, tuning
 from agent.extract.canary import CANARY_KEY
 from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
+from agent.extract.costs import StepCost
 from agent.extract.gpu_copy import PinnedCopier
 from agent.extract.stats import StepStats, fused_step_stats, step_stats
 from agent.extract.writer_proc import ProcessSink, choose_writer
@@ -77,7 +80,7 @@ class _Step:
     """One scheduler step in flight: its output, request start positions, captured slots, batch order, and
     its launched capture (host rows, flags, stats, done event, release, timing) once all slots are in."""
 
-    __slots__ = ("caps", "launched", "order", "so", "starts")
+    __slots__ = ("caps", "cost", "launched", "order", "so", "starts")
 
     def __init__(self, so: Any, starts: dict[str, int], nslots: int) -> None:
         self.so = so
@@ -85,6 +88,7 @@ class _Step:
         self.caps: list[torch.Tensor | None] = [None] * nslots
         self.order: list[str] | None = None
         self.launched: tuple[Any, ...] | None = None
+        self.cost = StepCost()
 
 
 class EagleWatchCapture:
@@ -103,6 +107,7 @@ class EagleWatchCapture:
         self._ew_aux_slots: list[int] = []  # aux path: per slot, its position in the model's aux list
         self._ew_stats: StepStats = step_stats
         self._ew_stats_how = "eager"
+        self._ew_tuning = tuning.Tuning()
 
     def eaglewatch_setup(self, cfg: dict[str, Any]) -> dict[str, Any] | None:
         """Install the hooks; cfg: layer_ids, convention, output_dir, fault, stop_on_failure."""
@@ -120,19 +125,27 @@ class EagleWatchCapture:
         hidden = int(text_cfg.hidden_size)
         device = torch.device(getattr(runner, "device", torch.device("cpu")))
         writer = choose_writer(cfg.get("writer"))
+        tune = tuning.from_env()
+        if tune.switch_interval_ms is not None:  # every rank: each one's forward thread is on the step's path
+            sys.setswitchinterval(tune.switch_interval_ms / 1000)
         sink_cfg = SinkConfig(
             cfg["output_dir"],
             len(cfg["layer_ids"]),
             hidden,
             fault=cfg.get("fault"),
             stop_on_failure=bool(cfg.get("stop_on_failure")),
+            writers=tune.writers,
         )
-        sink = self._ew_make_sink(sink_cfg, writer, device) if tp_rank == 0 else None
+        sink = self._ew_make_sink(sink_cfg, writer, device, tune.pinned_buffers) if tp_rank == 0 else None
         self._ew_init(kind, len(cfg["layer_ids"]), sink)
+        self._ew_tuning = tune
         if self._ew_rank0 and device.type == "cuda":
             shared = sink if isinstance(sink, ProcessSink) else None
             self._ew_copier = PinnedCopier(
-                device, alloc=shared.alloc if shared else None, free=shared.free if shared else None
+                device,
+                max_buffers=tune.pinned_buffers,
+                alloc=shared.alloc if shared else None,
+                free=shared.free if shared else None,
             )
             sched = self.vllm_config.scheduler_config  # type: ignore[attr-defined]
             elt = torch.empty((), dtype=self.vllm_config.model_config.dtype).element_size()  # type: ignore[attr-defined]
@@ -173,14 +186,17 @@ class EagleWatchCapture:
             "writer": writer,
             "capture": capture,
             "stats_kernel": self._ew_stats_how,
+            "tuning": tune.fields(),
             "model_runner": kind,
             "runner_class": f"{type(runner).__module__}.{type(runner).__name__}",
         }
 
-    def _ew_make_sink(self, cfg: SinkConfig, writer: str, device: torch.device) -> CaptureSink | ProcessSink:
+    def _ew_make_sink(
+        self, cfg: SinkConfig, writer: str, device: torch.device, buffers: int
+    ) -> CaptureSink | ProcessSink:
         """Rank 0's sink: writer threads in this process, or a writer process fed through shared memory."""
         if writer == "process":
-            return ProcessSink(cfg, pin=device.type == "cuda")
+            return ProcessSink(cfg, pin=device.type == "cuda", max_buffers=buffers)
         return CaptureSink(cfg)
 
     def _ew_wrap_runner(self, runner: Any, kind: str) -> None:
@@ -231,6 +247,9 @@ class EagleWatchCapture:
         if self._ew_sink is None:
             return None
         results = self._ew_sink.drain(wait)
+        if self._ew_tuning.trace:  # rewritten whole at each drain: a killed job still leaves its steps so far
+            with open(self._ew_tuning.trace, "w") as fh:
+                json.dump(self._ew_sink.costs.trace(), fh)
         return {
             "results": results,
             "costs": self._ew_sink.costs.fields(),
@@ -245,8 +264,8 @@ class EagleWatchCapture:
         try:
             self._ew_begin_step(so)
         finally:
-            if self._ew_sink is not None:
-                self._ew_sink.costs.add(forward_thread_s=time.perf_counter() - t0)
+            if self._ew_active is not None:
+                self._ew_active.cost.begin_ms = 1000 * (time.perf_counter() - t0)
 
     def _ew_begin_step(self, so: Any) -> None:
         if so.total_num_scheduled_tokens <= 0:
@@ -303,9 +322,11 @@ class EagleWatchCapture:
         """
         t0 = time.perf_counter()
         assert self._ew_sink is not None
-        copier, costs = self._ew_copier, self._ew_sink.costs
+        copier = self._ew_copier
         start = None
         if copier is not None:
+            # True when the GPU has run everything queued: it is waiting for this thread, not ahead of it
+            step.cost.gpu_idle = torch.cuda.current_stream().query()
             start = torch.cuda.Event(enable_timing=True)
             start.record()
         rows = torch.stack(step.caps, dim=1)  # type: ignore[arg-type]  # [tokens, L, H] on the model's device
@@ -318,10 +339,10 @@ class EagleWatchCapture:
                 rows, flags, stats
             )
             step.launched = (host, host_flags, host_stats, event, release, (start, ready, began, done))
-            costs.add(buffer_wait_s=copier.waited_s - waited)
+            step.cost.wait_ms = 1000 * (copier.waited_s - waited)
         else:
             step.launched = (rows, flags, stats, None, None, None)
-        costs.add(forward_thread_s=time.perf_counter() - t0)
+        step.cost.launch_ms = 1000 * (time.perf_counter() - t0)
 
     def _ew_end(self) -> None:
         step, self._ew_active = self._ew_active, None
@@ -332,8 +353,24 @@ class EagleWatchCapture:
         t0 = time.perf_counter()
         spans = spans_for_step(step.order, dict(step.so.num_scheduled_tokens), step.starts)
         host, flags, stats, event, release, timing = step.launched
+        costs = self._ew_sink.costs
+        if release is not None:
+            release = _timed_release(release, costs.add_held)
         self._ew_sink.submit(host, spans, event, release, flags, stats, timing=timing)
-        self._ew_sink.costs.add(steps=1, forward_thread_s=time.perf_counter() - t0)
+        step.cost.end_ms = 1000 * (time.perf_counter() - t0)
+        step.cost.tokens = int(step.so.total_num_scheduled_tokens)
+        costs.add_step(step.cost)
+
+
+def _timed_release(release: Any, record: Any) -> Any:
+    """release(), also recording how long the writer held the buffer since now (ms)."""
+    sent = time.perf_counter()
+
+    def timed() -> None:
+        record(1000 * (time.perf_counter() - sent))
+        release()
+
+    return timed
 
 
 if os.environ.get(aux_capture.ENV):  # the job asked for aux outputs: workers import this before loading

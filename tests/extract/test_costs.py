@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
-from agent.extract.costs import CaptureCosts
+import pytest
+
+from agent.extract import tuning
+from agent.extract.costs import CaptureCosts, StepCost, percentile
 
 
 class _Timed:
@@ -43,3 +47,51 @@ def test_costs_add_up_across_threads_and_give_per_step_means() -> None:
 def test_costs_of_a_run_without_steps_are_zero_not_an_error() -> None:
     got = CaptureCosts().fields()
     assert got["steps"] == 0 and got["forward_thread_ms_per_step"] == 0.0 and got["device_ms_per_step"] == 0.0
+
+
+def test_step_costs_give_the_split_the_spread_and_a_trace() -> None:
+    costs = CaptureCosts()
+    for i in range(10):
+        step = StepCost(begin_ms=0.5, launch_ms=1.0 + i, wait_ms=2.0 if i == 9 else 0.0, end_ms=0.25)
+        step.gpu_idle, step.tokens = i % 2 == 0, 100
+        costs.add_step(step)
+        costs.add_step_timing((_Timed(0.0), _Timed(1.0 + i), _Timed(2.0), _Timed(4.0)))
+        costs.add_held(10.0 * (i + 1))
+    got = costs.fields()
+    assert got["steps"] == 10 and got["begin_ms_per_step"] == 0.5 and got["end_ms_per_step"] == 0.25
+    assert got["launch_ms_per_step"] == 5.5 and got["forward_thread_ms_per_step"] == 6.25
+    assert got["forward_thread_ms_p50"] in (5.75, 6.75) and got["forward_thread_ms_max"] == 10.75
+    assert got["buffer_wait_steps"] == 1 and got["buffer_wait_s"] == 0.002
+    assert got["gpu_idle_launches"] == 5 and got["buffer_held_ms_max"] == 100.0
+    rows = costs.trace()
+    assert len(rows) == 10 and rows[0]["t_s"] == 0.0 and rows[-1]["wait_ms"] == 2.0
+    assert rows[3]["device_ms"] == 4.0 and rows[3]["copy_ms"] == 2.0 and rows[3]["held_ms"] == 40.0
+
+
+def test_percentile_by_nearest_rank() -> None:
+    assert percentile([], 0.5) == 0.0
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0 and percentile([3.0, 1.0, 2.0], 1.0) == 3.0
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"EAGLEWATCH_SWITCH_INTERVAL_MS": "x"}, "EAGLEWATCH_SWITCH_INTERVAL_MS='x': expected a number"),
+        ({"EAGLEWATCH_SWITCH_INTERVAL_MS": "0"}, "from 0.01 to 100"),
+        ({"EAGLEWATCH_PINNED_BUFFERS": "1"}, "EAGLEWATCH_PINNED_BUFFERS='1': expected a number from 2 to 64"),
+        ({"EAGLEWATCH_WRITERS": "2.5"}, "EAGLEWATCH_WRITERS='2.5': expected a whole number"),
+    ],
+)
+def test_malformed_tuning_names_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tuning.from_env(env)
+
+
+def test_tuning_defaults_and_values() -> None:
+    assert tuning.from_env({}) == tuning.Tuning()
+    got = tuning.from_env(
+        {"EAGLEWATCH_SWITCH_INTERVAL_MS": "0.5", "EAGLEWATCH_PINNED_BUFFERS": "10", "EAGLEWATCH_WRITERS": "8"}
+    )
+    assert (got.switch_interval_ms, got.pinned_buffers, got.writers) == (0.5, 10, 8)
+    assert "trace" not in got.fields()
+    assert tuning.from_env({"EAGLEWATCH_COSTS_TRACE": "/t.json"}).trace == "/t.json"

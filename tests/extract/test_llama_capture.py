@@ -50,8 +50,12 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     truncated = sorted(after_kill)[0]
     with open(out / truncated, "r+b") as fh:  # an invalid file: must be rewritten
         fh.truncate(100)
-    # the resumed run writes through the writer process (the GPU default) instead of writer threads
-    second = run_job(spec, env={"EAGLEWATCH_WRITER": "process"})
+    # the resumed run writes through the writer process instead of writer threads, with a costs trace
+    trace = tmp / "costs-trace.json"
+    second = run_job(
+        spec,
+        env={"EAGLEWATCH_WRITER": "process", "EAGLEWATCH_COSTS_TRACE": str(trace), "EAGLEWATCH_WRITERS": "2"},
+    )
     return {
         "model": model,
         "samples": samples,
@@ -61,6 +65,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "after_kill": after_kill,
         "stats": stats,
         "truncated": truncated,
+        "trace": trace,
     }
 
 
@@ -82,6 +87,8 @@ def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> 
     assert conf["layers"] == LAYERS and conf["convention"] == "input" and conf["hidden_size"] == 128
     assert conf["dtype"] == "float32" and conf["backend"] == "worker-extension"
     assert conf["writer"] == "process"
+    tune = {"switch_interval_ms": None, "pinned_buffers": 6, "writers": 2, "trace": str(scenario["trace"])}
+    assert conf["tuning"] == tune
     assert scenario["first"].of("capture_configured")[0]["writer"] == "thread"  # the CPU default
     assert conf["stats_kernel"] == "eager: cpu device"  # the fused kernel is compiled on CUDA only
     done = second.of("completed")[0]
@@ -90,6 +97,9 @@ def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> 
     assert (
         costs["steps"] >= 1 and costs["forward_thread_s"] > 0 and costs["files"] >= 1 and costs["write_s"] > 0
     )
+    assert costs["forward_thread_ms_max"] >= costs["forward_thread_ms_p50"] > 0
+    rows = json.loads(scenario["trace"].read_text())  # one row per captured step, written at each drain
+    assert len(rows) == costs["steps"] and all(0 < r["tokens"] <= 24 for r in rows)
     last = second.of("progress")[-1]
     assert last["samples_done"] == last["samples_total"] == len(LENGTHS)
     assert "shape_check_failed" not in kinds

@@ -108,6 +108,25 @@ GRAPHS = [
     ("worker-extension-graphs-process", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
     ("worker-extension-graphs-again", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
 ]
+#: the capture's tuning knobs (agent/extract/tuning.py) against the writer process as it ships, each with a
+#: per-step trace of its costs in the logs
+TUNE = [
+    ("tune-process", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
+    (
+        "tune-switch",
+        "worker-extension",
+        True,
+        {"EAGLEWATCH_WRITER": "process", "EAGLEWATCH_SWITCH_INTERVAL_MS": "0.5"},
+        False,
+    ),
+    (
+        "tune-wide",
+        "worker-extension",
+        True,
+        {"EAGLEWATCH_WRITER": "process", "EAGLEWATCH_PINNED_BUFFERS": "10", "EAGLEWATCH_WRITERS": "8"},
+        False,
+    ),
+]
 WRITER = [
     ("worker-extension", "worker-extension", False, {}, False),
     ("worker-extension-threads", "worker-extension", False, {"EAGLEWATCH_WRITER": "thread"}, False),
@@ -136,7 +155,7 @@ def overhead(
     if mode == "graphs":
         base = {"graphs": plain(work, data, False, env, logs)}
         base["eager"] = base["graphs"]
-    elif mode == "long":  # the capture runs V1 with graphs: plain V1 against it
+    elif mode in ("long", "tune"):  # the capture runs V1 with graphs: plain V1 against it
         base = {"graphs": plain(work, data, False, {**env, "VLLM_USE_V2_MODEL_RUNNER": "0"}, logs, tag="-v1")}
         base["eager"] = base["graphs"]
     elif (
@@ -158,6 +177,7 @@ def overhead(
         "graphs": GRAPHS,
         "runners": GRAPHS[:2],
         "long": GRAPHS[1:2],
+        "tune": TUNE,
     }[mode]
     records = []
     for n, (tag, backend, graphs, extra, tmpfs) in enumerate(variants):
@@ -179,7 +199,7 @@ def overhead(
             "output_dir": str(out),
             "batch_size": BATCH,
             "vllm_args": ARGS + ([] if graphs else ["--enforce-eager"]),
-            "env": extra,
+            "env": {**extra, "EAGLEWATCH_COSTS_TRACE": str(logs / f"{name}.trace.json")},
         }
         res = run_job(name, spec, {"CUDA_VISIBLE_DEVICES": "0"}, logs)
         prog = [e for e in res["events"] if e["kind"] == "progress"]
@@ -210,6 +230,7 @@ def overhead(
                 "ok": res["rc"] == 0 and files == prompts,
                 "note": (
                     f"{tag}: writer {conf.get('writer')}, capture path {conf.get('capture')}, "
+                    f"tuning {conf.get('tuning')}, "
                     f"statistics {conf.get('stats_kernel')}; "
                     f"capture {tps} tok/s vs plain "
                     f"{'graphs' if graphs else 'eager'} {same['tokens_per_s']:.0f} tok/s; time in generate "

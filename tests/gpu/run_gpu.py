@@ -352,6 +352,7 @@ def main() -> int:
             "overhead-graphs",
             "overhead-runners",
             "overhead-long",
+            "overhead-tune",
         ],
     )
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
