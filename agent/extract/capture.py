@@ -255,7 +255,7 @@ class CaptureSink:
             if not (findings and cfg.stop_on_failure):
                 t0 = time.perf_counter()
                 _, nbytes = write_sample(cfg.output_dir, req.idx, token_ids, hidden)
-                self.costs.add(write_s=time.perf_counter() - t0, files=1)
+                self.costs.add_write(time.perf_counter() - t0)
                 written = True
             result = {
                 "idx": req.idx,

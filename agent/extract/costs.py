@@ -60,6 +60,9 @@ class CaptureCosts:
     _steps: list[StepCost] = field(default_factory=list, repr=False, compare=False)
     _device: list[tuple[float, float]] = field(default_factory=list, repr=False, compare=False)
     _held: list[float] = field(default_factory=list, repr=False, compare=False)
+    _writes: list[float] = field(default_factory=list, repr=False, compare=False)
+    #: a writer process's own write fields (write_s, files, write_ms_*), as its last drain reported them
+    writer_fields: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, **deltas: float) -> None:
         """Add to the named totals."""
@@ -88,6 +91,14 @@ class CaptureCosts:
             self.timed_steps += 1
             if len(self._device) < MAX_STEPS:
                 self._device.append((device, copy))
+
+    def add_write(self, seconds: float) -> None:
+        """One file written in seconds."""
+        with self._lock:
+            self.write_s += seconds
+            self.files += 1
+            if len(self._writes) < MAX_STEPS:
+                self._writes.append(1000 * seconds)
 
     def add_held(self, ms: float) -> None:
         """How long the writer held one step's pinned buffer (submit to release)."""
@@ -123,7 +134,10 @@ class CaptureCosts:
                 "buffer_held_ms_max": round(max(self._held, default=0.0), 3),
                 "write_s": round(self.write_s, 3),
                 "files": self.files,
+                "write_ms_p50": round(percentile(self._writes, 0.5), 3),
+                "write_ms_max": round(max(self._writes, default=0.0), 3),
             }
+            out.update(self.writer_fields)
             return out
 
     def trace(self) -> list[dict[str, Any]]:

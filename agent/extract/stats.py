@@ -88,6 +88,36 @@ def fused_step_stats(sample: torch.Tensor, force: bool = False) -> tuple[StepSta
     return fused, "compiled"
 
 
+def warm_sizes(max_tokens: int) -> list[int]:
+    """Token counts to run the compiled statistics on before the first step: the largest step, one that is
+    not a multiple of 16 and a single token (Triton and dynamo specialise on those), largest first."""
+    sizes = [max_tokens, max_tokens - 1 if max_tokens % 16 == 0 else max_tokens - max_tokens % 16, 1]
+    return sorted({n for n in sizes if n >= 1}, reverse=True)
+
+
+def warm(fn: StepStats, sample: torch.Tensor, sizes: list[int]) -> dict[int, float]:
+    """Run fn once per token count (rows like sample) and wait for it; ms per size, for the milestone.
+
+    Compiling, specialising and tuning the fused kernels for a new size happen at its first call: measured in
+    vLLM on an H200, 0.3-0.8 s inside the first step, the whole capture's cost of a 12-second run. Here they
+    happen at setup instead, and the largest step's memory is taken from the allocator once.
+    """
+    import time
+
+    import torch
+
+    took = {}
+    for n in sizes:
+        rows = torch.zeros((n, *sample.shape[1:]), dtype=sample.dtype, device=sample.device)
+        t0 = time.perf_counter()
+        fn(rows)
+        if rows.device.type == "cuda":
+            torch.cuda.synchronize(rows.device)
+        took[n] = round(1000 * (time.perf_counter() - t0), 1)
+        del rows
+    return took
+
+
 def maybe_token_stats(hidden: torch.Tensor) -> torch.Tensor | None:
     """token_stats of a capture that may not be [T, L, H] (a fault): None then (its shape check says why)."""
     return token_stats(hidden) if hidden.dim() == 3 and hidden.is_floating_point() else None

@@ -28,7 +28,7 @@ from agent.extract.canary import CANARY_KEY
 from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
 from agent.extract.costs import StepCost
 from agent.extract.gpu_copy import PinnedCopier
-from agent.extract.stats import StepStats, fused_step_stats, step_stats
+from agent.extract.stats import StepStats, fused_step_stats, step_stats, warm, warm_sizes
 from agent.extract.writer_proc import ProcessSink, choose_writer
 
 IDX_KEY = "eaglewatch_idx"
@@ -108,6 +108,7 @@ class EagleWatchCapture:
         self._ew_stats: StepStats = step_stats
         self._ew_stats_how = "eager"
         self._ew_tuning = tuning.Tuning()
+        self._ew_warm_ms: dict[int, float] = {}  # compiled statistics warmed at setup: ms per token count
 
     def eaglewatch_setup(self, cfg: dict[str, Any]) -> dict[str, Any] | None:
         """Install the hooks; cfg: layer_ids, convention, output_dir, fault, stop_on_failure."""
@@ -157,6 +158,9 @@ class EagleWatchCapture:
             dtype = self.vllm_config.model_config.dtype  # type: ignore[attr-defined]
             sample = torch.randn((16, len(cfg["layer_ids"]), hidden), dtype=dtype, device=device)
             self._ew_stats, self._ew_stats_how = fused_step_stats(sample)
+            if self._ew_stats_how == "compiled":
+                max_tokens = int(self.vllm_config.scheduler_config.max_num_batched_tokens)  # type: ignore[attr-defined]
+                self._ew_warm_ms = warm(self._ew_stats, sample, warm_sizes(max_tokens))
         capture = cfg.get("capture") or "hooks"
         if capture == "aux":
             if kind != "v1":
@@ -186,7 +190,7 @@ class EagleWatchCapture:
             "writer": writer,
             "capture": capture,
             "stats_kernel": self._ew_stats_how,
-            "tuning": tune.fields(),
+            "tuning": {**tune.fields(), **({"stats_warm_ms": self._ew_warm_ms} if self._ew_warm_ms else {})},
             "model_runner": kind,
             "runner_class": f"{type(runner).__module__}.{type(runner).__name__}",
         }

@@ -207,7 +207,8 @@ class ProcessSink:
             raise RuntimeError(str(reply["error"]))
         self._pending = int(reply["pending"])
         child = reply.get("costs") or {}
-        self.costs.write_s, self.costs.files = float(child.get("write_s", 0)), int(child.get("files", 0))
+        names = ("write_s", "files", "write_ms_p50", "write_ms_max")
+        self.costs.writer_fields = {k: child[k] for k in names if k in child}
         return list(reply["results"])
 
     def pending(self) -> int:

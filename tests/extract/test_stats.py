@@ -20,6 +20,8 @@ from agent.extract.stats import (
     step_stats,
     summary,
     token_stats,
+    warm,
+    warm_sizes,
 )
 
 L, H = 3, 8
@@ -202,3 +204,26 @@ def test_the_statistics_stay_eager_off_cuda() -> None:
     fn, how = fused_step_stats(torch.zeros(2, 2, 2))
     assert fn is step_stats
     assert how == "eager: cpu device"
+
+
+def test_warm_sizes_cover_the_largest_step_and_the_specialisations() -> None:
+    assert warm_sizes(16384) == [16384, 16383, 1]
+    assert warm_sizes(1000) == [1000, 992, 1]
+    assert warm_sizes(1) == [1]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_warm_runs_the_compiled_statistics_once_per_size_before_any_step() -> None:
+    """After warm() the compiled function meets those sizes without compiling again (compiled for the CPU
+    with force=True)."""
+    import torch._dynamo.utils as dynamo_utils
+
+    fn, how = fused_step_stats(torch.randn(16, 2, 32), force=True)
+    assert how == "compiled"
+    took = warm(fn, torch.randn(16, 2, 32), warm_sizes(100))
+    assert sorted(took) == [1, 96, 100] and all(ms >= 0 for ms in took.values())
+    before = dict(dynamo_utils.counters["stats"])
+    assert before.get("unique_graphs", 0) >= 1  # the counter that would grow with a recompile
+    for n in (100, 96, 1):
+        fn(torch.randn(n, 2, 32))
+    assert dict(dynamo_utils.counters["stats"]).get("unique_graphs") == before.get("unique_graphs")

@@ -127,6 +127,18 @@ TUNE = [
         False,
     ),
 ]
+#: after the statistics are warmed at setup: the writer process (4 and 8 threads) against writer threads
+WARM = [
+    ("warm-process", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
+    ("warm-thread", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
+    (
+        "warm-process-8",
+        "worker-extension",
+        True,
+        {"EAGLEWATCH_WRITER": "process", "EAGLEWATCH_WRITERS": "8"},
+        False,
+    ),
+]
 WRITER = [
     ("worker-extension", "worker-extension", False, {}, False),
     ("worker-extension-threads", "worker-extension", False, {"EAGLEWATCH_WRITER": "thread"}, False),
@@ -155,7 +167,7 @@ def overhead(
     if mode == "graphs":
         base = {"graphs": plain(work, data, False, env, logs)}
         base["eager"] = base["graphs"]
-    elif mode in ("long", "tune"):  # the capture runs V1 with graphs: plain V1 against it
+    elif mode in ("long", "tune", "warm"):  # the capture runs V1 with graphs: plain V1 against it
         base = {"graphs": plain(work, data, False, {**env, "VLLM_USE_V2_MODEL_RUNNER": "0"}, logs, tag="-v1")}
         base["eager"] = base["graphs"]
     elif (
@@ -178,6 +190,7 @@ def overhead(
         "runners": GRAPHS[:2],
         "long": GRAPHS[1:2],
         "tune": TUNE,
+        "warm": WARM,
     }[mode]
     records = []
     for n, (tag, backend, graphs, extra, tmpfs) in enumerate(variants):

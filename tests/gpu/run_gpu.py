@@ -353,6 +353,7 @@ def main() -> int:
             "overhead-runners",
             "overhead-long",
             "overhead-tune",
+            "overhead-warm",
         ],
     )
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
