@@ -132,10 +132,13 @@ class CaptureSink:
     def drain(self, wait: bool = True) -> list[dict[str, Any]]:
         """Return (and forget) the finished-sample results; wait: first let everything submitted finish."""
         if wait:
+            t0 = time.perf_counter()
             self._q.join()
+            t1 = time.perf_counter()
             with self._lock:
                 futures, self._futures = self._futures, []
             concurrent.futures.wait(futures)
+            self.costs.add_drain(1000 * (t1 - t0), 1000 * (time.perf_counter() - t1))
         with self._lock:
             out, self._results = self._results, []
             self._futures = [f for f in self._futures if not f.done()]

@@ -56,6 +56,8 @@ class CaptureCosts:
     timed_steps: int = 0
     write_s: float = 0.0  # writer threads in file writes (all threads summed)
     files: int = 0
+    drain_steps_ms_max: float = 0.0  # the longest wait in a drain for submitted steps to be assembled
+    drain_files_ms_max: float = 0.0  # … and then for their files to be written
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _steps: list[StepCost] = field(default_factory=list, repr=False, compare=False)
     _device: list[tuple[float, float]] = field(default_factory=list, repr=False, compare=False)
@@ -100,6 +102,12 @@ class CaptureCosts:
             if len(self._writes) < MAX_STEPS:
                 self._writes.append(1000 * seconds)
 
+    def add_drain(self, steps_ms: float, files_ms: float) -> None:
+        """One waiting drain: ms until every submitted step was assembled, then until its files were in."""
+        with self._lock:
+            self.drain_steps_ms_max = max(self.drain_steps_ms_max, steps_ms)
+            self.drain_files_ms_max = max(self.drain_files_ms_max, files_ms)
+
     def add_held(self, ms: float) -> None:
         """How long the writer held one step's pinned buffer (submit to release)."""
         with self._lock:
@@ -136,6 +144,8 @@ class CaptureCosts:
                 "files": self.files,
                 "write_ms_p50": round(percentile(self._writes, 0.5), 3),
                 "write_ms_max": round(max(self._writes, default=0.0), 3),
+                "drain_steps_ms_max": round(self.drain_steps_ms_max, 3),
+                "drain_files_ms_max": round(self.drain_files_ms_max, 3),
             }
             out.update(self.writer_fields)
             return out

@@ -34,6 +34,15 @@ from agent.extract.capture import CaptureSink, SinkConfig, Span
 from agent.extract.costs import CaptureCosts
 
 WRITERS = ("process", "thread")
+#: capture_costs fields only the writer process knows: its last drain brings them back
+WRITER_FIELDS = (
+    "write_s",
+    "files",
+    "write_ms_p50",
+    "write_ms_max",
+    "drain_steps_ms_max",
+    "drain_files_ms_max",
+)
 ENV = "EAGLEWATCH_WRITER"
 
 
@@ -207,8 +216,7 @@ class ProcessSink:
             raise RuntimeError(str(reply["error"]))
         self._pending = int(reply["pending"])
         child = reply.get("costs") or {}
-        names = ("write_s", "files", "write_ms_p50", "write_ms_max")
-        self.costs.writer_fields = {k: child[k] for k in names if k in child}
+        self.costs.writer_fields = {k: child[k] for k in WRITER_FIELDS if k in child}
         return list(reply["results"])
 
     def pending(self) -> int:

@@ -139,6 +139,12 @@ WARM = [
         False,
     ),
 ]
+#: the statistics warmed under inference mode: the writer process, writer threads, the writer process again
+CONFIRM = [
+    ("confirm-process", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
+    ("confirm-thread", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
+    ("confirm-process-again", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
+]
 WRITER = [
     ("worker-extension", "worker-extension", False, {}, False),
     ("worker-extension-threads", "worker-extension", False, {"EAGLEWATCH_WRITER": "thread"}, False),
@@ -167,7 +173,7 @@ def overhead(
     if mode == "graphs":
         base = {"graphs": plain(work, data, False, env, logs)}
         base["eager"] = base["graphs"]
-    elif mode in ("long", "tune", "warm"):  # the capture runs V1 with graphs: plain V1 against it
+    elif mode in ("long", "tune", "warm", "confirm"):  # the capture runs V1 with graphs: plain V1 against it
         base = {"graphs": plain(work, data, False, {**env, "VLLM_USE_V2_MODEL_RUNNER": "0"}, logs, tag="-v1")}
         base["eager"] = base["graphs"]
     elif (
@@ -191,6 +197,7 @@ def overhead(
         "long": GRAPHS[1:2],
         "tune": TUNE,
         "warm": WARM,
+        "confirm": CONFIRM,
     }[mode]
     records = []
     for n, (tag, backend, graphs, extra, tmpfs) in enumerate(variants):

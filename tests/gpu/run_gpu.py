@@ -354,6 +354,7 @@ def main() -> int:
             "overhead-long",
             "overhead-tune",
             "overhead-warm",
+            "overhead-confirm",
         ],
     )
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
