@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,14 +25,31 @@ def _finite(value: Any) -> Any:
     return value
 
 
-# One encoder for every line: json.dumps with options builds a new encoder per call.
-_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_encode = _encoder.encode
+
+
+def _c_encoder() -> Callable[[Any], str]:
+    """One C encoder built once for every line (``JSONEncoder.encode`` builds one per call, which costs as
+    much as encoding a milestone); no cycle check: events are trees built from JSON-like data."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # a Python without the _json accelerator
+        return _encode
+    enc = make(None, _encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+
+    def encode(obj: Any) -> str:
+        return "".join(enc(obj, 0))
+
+    return encode
+
+
+_fast_encode = _c_encoder()
 
 
 def _dumps(event: dict[str, Any]) -> str:
     """One journal line: strict JSON, since followers (the controller, SSE) must be able to read it."""
     try:
-        return _encode(event)
+        return _fast_encode(event)
     except ValueError:  # a NaN/Infinity from some check or rule: null is the JSON for "no number"
         return _encode(_finite(event))
 
@@ -44,6 +62,7 @@ class Journal:
         self.last_seq = 0
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self._unsynced = False  # written by append_many(sync=False), not fsynced yet
+        self._fd_lock = threading.Lock()  # sync() may run in a worker thread: close() waits for it
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self.last_seq = self._recover()
 
@@ -122,16 +141,19 @@ class Journal:
     def sync(self) -> None:
         """fsync what was written since the last one (a no-op when nothing waits for it; safe in a worker
         thread)."""
-        fd = self._fd
-        if self._unsynced and fd >= 0:
-            self._unsynced = False
-            os.fsync(fd)
+        with self._fd_lock:
+            fd = self._fd
+            if self._unsynced and fd >= 0:
+                # Cleared before the fsync: a write made during it sets it again, for the next sync.
+                self._unsynced = False
+                os.fsync(fd)
 
     def close(self) -> None:
         """Close the file descriptor (a later append opens it again)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._fd_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 def _complete_lines(path: Path, byte_offset: int) -> tuple[list[bytes], int]:

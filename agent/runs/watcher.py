@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import os
 import time
@@ -43,7 +44,9 @@ GROUP_HOLD_S = 15.0
 OUTPUT_SCAN_S = 2.0
 LIVENESS_S = 5.0  # a safety net: inotify reports exit.json the moment it appears
 CURSOR_EVERY_S = 0.5
-COMMIT_EVERY_S = 0.05  # while catching up on a backlog: one journal fsync per this long, not per chunk
+# While catching up on a backlog: let the other runs and clients in this often (not after every read), and
+# start a journal fsync (in a worker thread) then.
+COMMIT_EVERY_S = 0.05
 
 
 def _milestone_key(ev: dict[str, Any]) -> tuple[Any, ...]:
@@ -87,6 +90,8 @@ class RunWatcher(OutputChecks):
         self._last_data = self._dirty_since = time.monotonic()
         self._flushed = True
         self._cursor_at = 0.0
+        self._cursor_version = 0  # bumped by every cursor write
+        self._syncing: asyncio.Future[None] | None = None  # a journal fsync in a worker thread
         self._pending_files: dict[str, tuple[int, int]] = {}
         self._checking = False
         self._stop_requested = False
@@ -172,19 +177,59 @@ class RunWatcher(OutputChecks):
         now = time.monotonic()
         if not force and now - self._cursor_at < CURSOR_EVERY_S:
             return
-        self._cursor_at = now
-        atomic_write_json(
-            self.paths.cursor,
-            {
-                "offset": self.splitter.pending_offset,
-                "line": self.line,
-                "seq": self.journal.last_seq,
-                "engine": self.engine.snapshot(),
-                "checked": self.checked,
-                "log": self.chain.snapshot(),
-            },
-            fsync=False,
-        )
+        self._write_cursor(self._cursor_state())
+
+    def _cursor_state(self) -> dict[str, Any]:
+        """Where the watcher stands: the journal's last seq and what regenerates the events after it."""
+        return {
+            "offset": self.splitter.pending_offset,
+            "line": self.line,
+            "seq": self.journal.last_seq,
+            "engine": self.engine.snapshot(),
+            "checked": self.checked,
+            "log": self.chain.snapshot(),
+        }
+
+    def _write_cursor(self, state: dict[str, Any]) -> None:
+        self._cursor_at = time.monotonic()
+        self._cursor_version += 1
+        atomic_write_json(self.paths.cursor, state, fsync=False)
+
+    def _sync_behind(self) -> None:
+        """Commit, and fsync the journal in a worker thread while the watcher reads and splits on; once the
+        fsync is done, write the cursor as it stood when the fsync began (if one is due and no later
+        cursor was written meanwhile): the cursor never points past what the journal holds durably."""
+        self._commit(sync=False)
+        if self._syncing is not None and not self._syncing.done():
+            return  # one fsync at a time: the next one covers what is written meanwhile
+        due = time.monotonic() - self._cursor_at >= CURSOR_EVERY_S
+        if not self.journal.unsynced:
+            if due:
+                self._write_cursor(self._cursor_state())
+            return
+        # A deep copy: the engine's open groups and the checked files move on while the disk syncs.
+        state = copy.deepcopy(self._cursor_state()) if due else None
+        version = self._cursor_version
+        fut = asyncio.get_running_loop().run_in_executor(None, self.journal.sync)
+        self._syncing = fut
+
+        def synced(done: asyncio.Future[None]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                if not done.cancelled():
+                    log.warning("run %s: journal fsync failed: %s", self.paths.run, done.exception())
+                return
+            if state is not None and self._cursor_version == version:
+                with contextlib.suppress(OSError):
+                    self._write_cursor(state)
+
+        fut.add_done_callback(synced)
+
+    async def _synced(self) -> None:
+        """Wait for the fsync in flight, if any (before the journal is closed)."""
+        if self._syncing is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._syncing)
+            self._syncing = None
 
     # --- journaling ------------------------------------------------------------------------------
     def _journal_milestones(self, milestones: list[Milestone]) -> None:
@@ -318,24 +363,21 @@ class RunWatcher(OutputChecks):
                 head, block = self.splitter.feed(data), None
             self._feed_lines(head, self.splitter.pending_offset, block)
             # The lines' milestones are written now too (not fsynced yet): followers send lines and events
-            # together, before the journal fsync and cursor write; and a long backlog must not starve the
-            # other runs and clients.
+            # together, before the journal fsync and cursor write.
             self._commit(sync=False)
-            await asyncio.sleep(0)
             if len(data) < READ_CHUNK:
                 break
-            if time.monotonic() - started >= COMMIT_EVERY_S:
-                if self.journal.unsynced:  # an fsync is a wait, not work: other runs and clients go on
-                    await asyncio.to_thread(self.journal.sync)
-                self._save_cursor()
-                started = time.monotonic()
+            now = time.monotonic()
+            if now - started >= COMMIT_EVERY_S:
+                # A long backlog must not starve the other runs and clients: let them in, and have the
+                # journal synced meanwhile (an fsync is a wait, not work: it never holds this loop up).
+                started = now
+                self._sync_behind()
+                await asyncio.sleep(0)
         if got:
             # Followers send the new events while the disk syncs them (an fsync can take tens of ms), and
-            # the cursor is written only after: it never points past what the journal holds durably.
-            self._commit(sync=False)
-            if self.journal.unsynced:
-                await asyncio.to_thread(self.journal.sync)
-            self._save_cursor()
+            # the cursor is written only after it.
+            self._sync_behind()
         return got
 
     def _feed_lines(self, lines: list[Line], end: int, block: Block | None = None) -> None:
@@ -413,6 +455,7 @@ class RunWatcher(OutputChecks):
         await self._scan_outputs(final=True)
         await self._check_index_gaps()
         self._commit()
+        await self._synced()
         if self.summary.terminal is None:
             if not self.paths.stop.exists():  # a stop reports its own leftovers
                 await self._warn_leftovers()
