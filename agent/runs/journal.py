@@ -115,7 +115,7 @@ class Journal:
         """Give ``events`` consecutive seqs and write them; no fsync (``sync``), no listener (``publish``)."""
         ts = round(time.time(), 3)
         full = [{"seq": self.last_seq + 1 + i, "ts": ts, **ev} for i, ev in enumerate(events)]
-        data = b"".join(_dumps(ev).encode("utf-8") + b"\n" for ev in full)
+        data = "\n".join(map(_dumps, full)).encode("utf-8") + b"\n" if full else b""  # one encode, one write
         if self._fd < 0:  # closed while the run sat idle in a terminal state
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         view = memoryview(data)

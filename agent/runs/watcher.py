@@ -235,9 +235,12 @@ class RunWatcher(OutputChecks):
     def _journal_milestones(self, milestones: list[Milestone]) -> None:
         for m in milestones:
             ev = {"type": "milestone", **m.to_dict()}
-            if m.line in self._shard_lines:
+            if self._shard_lines and m.line in self._shard_lines:
                 ev["fields"] = {**ev["fields"], "shard": self._shard_lines[m.line]}
-            self._append(ev)
+            if self._skip:
+                self._append(ev)
+            else:  # nothing left to recognise from before a crash: straight to the journal's outbox
+                self._outbox.append(ev)
             if m.kind == "shape_check_failed":  # the job's own check said so in its log
                 self._shape_failed(f"shape check failed: {m.fields.get('code') or m.text[:160]}")
 
@@ -247,6 +250,8 @@ class RunWatcher(OutputChecks):
             key = _milestone_key(ev)
             if self._skip[key] > 0:
                 self._skip[key] -= 1
+                if not self._skip[key]:
+                    del self._skip[key]  # an empty Counter lets _journal_milestones skip this check
                 self.summary.observe(ev)
                 return
         self._outbox.append(ev)
