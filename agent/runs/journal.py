@@ -25,31 +25,14 @@ def _finite(value: Any) -> Any:
     return value
 
 
-_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_encode = _encoder.encode
-
-
-def _c_encoder() -> Callable[[Any], str]:
-    """One C encoder built once for every line (``JSONEncoder.encode`` builds one per call, which costs as
-    much as encoding a milestone); no cycle check: events are trees built from JSON-like data."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # a Python without the _json accelerator
-        return _encode
-    enc = make(None, _encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
-
-    def encode(obj: Any) -> str:
-        return "".join(enc(obj, 0))
-
-    return encode
-
-
-_fast_encode = _c_encoder()
+# One encoder for every line: json.dumps with options builds a new encoder per call.
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 def _dumps(event: dict[str, Any]) -> str:
     """One journal line: strict JSON, since followers (the controller, SSE) must be able to read it."""
     try:
-        return _fast_encode(event)
+        return _encode(event)
     except ValueError:  # a NaN/Infinity from some check or rule: null is the JSON for "no number"
         return _encode(_finite(event))
 
@@ -115,7 +98,7 @@ class Journal:
         """Give ``events`` consecutive seqs and write them; no fsync (``sync``), no listener (``publish``)."""
         ts = round(time.time(), 3)
         full = [{"seq": self.last_seq + 1 + i, "ts": ts, **ev} for i, ev in enumerate(events)]
-        data = "\n".join(map(_dumps, full)).encode("utf-8") + b"\n" if full else b""  # one encode, one write
+        data = b"".join(_dumps(ev).encode("utf-8") + b"\n" for ev in full)
         if self._fd < 0:  # closed while the run sat idle in a terminal state
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         view = memoryview(data)
