@@ -237,9 +237,9 @@ class RunWatcher(OutputChecks):
             ev = {"type": "milestone", **m.to_dict()}
             if self._shard_lines and m.line in self._shard_lines:
                 ev["fields"] = {**ev["fields"], "shard": self._shard_lines[m.line]}
-            if self._skip:
+            if self._skip and _milestone_key(ev) in self._skip:  # journaled before a crash
                 self._append(ev)
-            else:  # nothing left to recognise from before a crash: straight to the journal's outbox
+            else:
                 self._outbox.append(ev)
             if m.kind == "shape_check_failed":  # the job's own check said so in its log
                 self._shape_failed(f"shape check failed: {m.fields.get('code') or m.text[:160]}")
@@ -251,7 +251,7 @@ class RunWatcher(OutputChecks):
             if self._skip[key] > 0:
                 self._skip[key] -= 1
                 if not self._skip[key]:
-                    del self._skip[key]  # an empty Counter lets _journal_milestones skip this check
+                    del self._skip[key]  # _journal_milestones looks keys up with ``in``
                 self.summary.observe(ev)
                 return
         self._outbox.append(ev)
