@@ -459,8 +459,7 @@ class RunWatcher(OutputChecks):
         self._stop_requested = True  # the job has ended: nothing left to stop
         await self._scan_outputs(final=True)
         await self._check_index_gaps()
-        self._commit()
-        await self._synced()
+        self._commit(sync=False)
         if self.summary.terminal is None:
             if not self.paths.stop.exists():  # a stop reports its own leftovers
                 await self._warn_leftovers()
@@ -478,6 +477,12 @@ class RunWatcher(OutputChecks):
             if isinstance(exit_rec, dict):
                 ev["exit"] = {"code": exit_rec.get("code"), "signal": exit_rec.get("signal")}
             self._append(ev)
+        # Followers get the final state now, while the disk syncs it (in a worker thread, like the rest of
+        # the journal); the last cursor follows the fsync.
+        self._commit(sync=False)
+        await self._synced()
+        if self.journal.unsynced:
+            await asyncio.to_thread(self.journal.sync)
         self._save_cursor(force=True)
         self.journal.close()
         self.chain.close(keep_unnamed=True)  # streams reopen the named file; a renamed one is kept open
