@@ -155,11 +155,15 @@ def main() -> None:
     cpu = min(r.cpu_s for r in runs)
     total = best.start_s + best.ingest_s
     rate, total_rate = opts.lines / best.ingest_s, opts.lines / total
-    print(f"{opts.lines} lines, {len(data) / 1e6:.1f} MB, {best.events} journal events, best of {opts.repeat}")
+    print(
+        f"{opts.lines} lines, {len(data) / 1e6:.1f} MB, {best.events} journal events, best of {opts.repeat}"
+    )
     print(f"  pure splitter+rules : {base:10,.0f} lines/s (baseline; {base_cpu:.2f} s CPU)")
     print(f"  daemon ingest       : {rate:10,.0f} lines/s ({best.ingest_s:.2f} s, job start to final state)")
     print(f"  daemon CPU          : {cpu:10.2f} s ({cpu - base_cpu:+.2f} s beside the pure loop's)")
-    print(f"  daemon end to end   : {total_rate:10,.0f} lines/s ({total:.2f} s, {best.start_s:.2f} s job start)")
+    print(
+        f"  daemon end to end   : {total_rate:10,.0f} lines/s ({total:.2f} s, {best.start_s:.2f} s job start)"
+    )
     print(f"  ratio daemon/pure   : {rate / base:.2f}x (incl. job start: {total_rate / base:.2f}x)")
     print("  runs (ingest s, CPU s): " + ", ".join(f"({r.ingest_s:.2f}, {r.cpu_s:.2f})" for r in runs))
     note = (
