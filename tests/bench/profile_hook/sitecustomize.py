@@ -11,9 +11,9 @@ _OUT = os.environ.get("EAGLEWATCH_PROFILE_OUT")
 if _OUT:
     _profile = cProfile.Profile()
 
-    def _dump() -> None:
+    def _dump(out: str = _OUT) -> None:
         _profile.disable()
-        _profile.dump_stats(_OUT)
+        _profile.dump_stats(out)
 
     atexit.register(_dump)
     _profile.enable()
