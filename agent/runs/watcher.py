@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import os
 import time
@@ -26,8 +25,9 @@ from agent.logs.linebuffer import LineBuffer
 from agent.logs.splitter import Line, LineSplitter
 from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse
 from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, load_rules
-from agent.paths import RunPaths, atomic_write_json, read_json
+from agent.paths import RunPaths, read_json
 from agent.runs.capture_checks import OutputChecks
+from agent.runs.cursor import CursorKeeper
 from agent.runs.jobspec import JobSpec
 from agent.runs.journal import Journal, scan
 from agent.runs.summary import RunSummary, final_state, milestone_event
@@ -43,7 +43,6 @@ MAX_HOLD_S = 3.0
 GROUP_HOLD_S = 15.0
 OUTPUT_SCAN_S = 2.0
 LIVENESS_S = 5.0  # a safety net: inotify reports exit.json the moment it appears
-CURSOR_EVERY_S = 0.5
 # While catching up on a backlog: let the other runs and clients in this often (not after every read), and
 # start a journal fsync (in a worker thread) then.
 COMMIT_EVERY_S = 0.05
@@ -53,7 +52,7 @@ def _milestone_key(ev: dict[str, Any]) -> tuple[Any, ...]:
     return (ev.get("kind"), ev.get("line"), ev.get("rank"), ev.get("text"))
 
 
-class RunWatcher(OutputChecks):
+class RunWatcher(CursorKeeper, OutputChecks):
     """Everything the daemon knows about one run, and the task that watches it while it is active."""
 
     def __init__(
@@ -91,7 +90,7 @@ class RunWatcher(OutputChecks):
         self._flushed = True
         self._cursor_at = 0.0
         self._cursor_version = 0  # bumped by every cursor write
-        self._syncing: asyncio.Future[None] | None = None  # a journal fsync in a worker thread
+        self._syncing = None
         self._pending_files: dict[str, tuple[int, int]] = {}
         self._checking = False
         self._stop_requested = False
@@ -170,66 +169,6 @@ class RunWatcher(OutputChecks):
                 self._skip[_milestone_key(ev)] += 1
             elif ev.get("type") == "check":
                 self._recovered_checks.add(str(ev.get("file")))
-
-    def _save_cursor(self, force: bool = False) -> None:
-        """Commit pending events, then (at most every CURSOR_EVERY_S unless forced) write the cursor."""
-        self._commit()
-        now = time.monotonic()
-        if not force and now - self._cursor_at < CURSOR_EVERY_S:
-            return
-        self._write_cursor(self._cursor_state())
-
-    def _cursor_state(self) -> dict[str, Any]:
-        """Where the watcher stands: the journal's last seq and what regenerates the events after it."""
-        return {
-            "offset": self.splitter.pending_offset,
-            "line": self.line,
-            "seq": self.journal.last_seq,
-            "engine": self.engine.snapshot(),
-            "checked": self.checked,
-            "log": self.chain.snapshot(),
-        }
-
-    def _write_cursor(self, state: dict[str, Any]) -> None:
-        self._cursor_at = time.monotonic()
-        self._cursor_version += 1
-        atomic_write_json(self.paths.cursor, state, fsync=False)
-
-    def _sync_behind(self) -> None:
-        """Commit, and fsync the journal in a worker thread while the watcher reads and splits on; once the
-        fsync is done, write the cursor as it stood when the fsync began (if one is due and no later
-        cursor was written meanwhile): the cursor never points past what the journal holds durably."""
-        self._commit(sync=False)
-        if self._syncing is not None and not self._syncing.done():
-            return  # one fsync at a time: the next one covers what is written meanwhile
-        due = time.monotonic() - self._cursor_at >= CURSOR_EVERY_S
-        if not self.journal.unsynced:
-            if due:
-                self._write_cursor(self._cursor_state())
-            return
-        # A deep copy: the engine's open groups and the checked files move on while the disk syncs.
-        state = copy.deepcopy(self._cursor_state()) if due else None
-        version = self._cursor_version
-        fut = asyncio.get_running_loop().run_in_executor(None, self.journal.sync)
-        self._syncing = fut
-
-        def synced(done: asyncio.Future[None]) -> None:
-            if done.cancelled() or done.exception() is not None:
-                if not done.cancelled():
-                    log.warning("run %s: journal fsync failed: %s", self.paths.run, done.exception())
-                return
-            if state is not None and self._cursor_version == version:
-                with contextlib.suppress(OSError):
-                    self._write_cursor(state)
-
-        fut.add_done_callback(synced)
-
-    async def _synced(self) -> None:
-        """Wait for the fsync in flight, if any (before the journal is closed)."""
-        if self._syncing is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._syncing)
-            self._syncing = None
 
     # --- journaling ------------------------------------------------------------------------------
     def _journal_milestones(self, milestones: list[Milestone]) -> None:
