@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,7 @@ class Journal:
         self.last_seq = 0
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self._unsynced = False  # written by append_many(sync=False), not fsynced yet
+        self._fd_lock = threading.Lock()  # sync() may run in a worker thread: close() waits for it
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self.last_seq = self._recover()
 
@@ -122,28 +125,37 @@ class Journal:
     def sync(self) -> None:
         """fsync what was written since the last one (a no-op when nothing waits for it; safe in a worker
         thread)."""
-        fd = self._fd
-        if self._unsynced and fd >= 0:
-            self._unsynced = False
-            os.fsync(fd)
+        with self._fd_lock:
+            fd = self._fd
+            if self._unsynced and fd >= 0:
+                # Cleared before the fsync: a write made during it sets it again, for the next sync.
+                self._unsynced = False
+                os.fsync(fd)
 
     def close(self) -> None:
         """Close the file descriptor (a later append opens it again)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._fd_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
-def _complete_lines(path: Path, byte_offset: int) -> tuple[list[bytes], int]:
+def _complete_bytes(path: Path, byte_offset: int) -> tuple[bytes, int]:
     """The complete lines from ``byte_offset`` on (a torn last line waits), and the offset after them."""
     try:
         with open(path, "rb") as fh:
             fh.seek(byte_offset)
             data = fh.read()
     except FileNotFoundError:
-        return [], byte_offset
+        return b"", byte_offset
     cut = data.rfind(b"\n") + 1
-    return data[:cut].splitlines(), byte_offset + cut
+    return data[:cut], byte_offset + cut
+
+
+def _complete_lines(path: Path, byte_offset: int) -> tuple[list[bytes], int]:
+    """The complete lines from ``byte_offset`` on, and the offset after them."""
+    data, end = _complete_bytes(path, byte_offset)
+    return data.splitlines(), end
 
 
 def read_events(path: Path, byte_offset: int = 0) -> tuple[list[dict[str, Any]], int]:
@@ -163,6 +175,7 @@ def read_events(path: Path, byte_offset: int = 0) -> tuple[list[dict[str, Any]],
 #: How every line this module writes starts (``write_many`` puts ``seq`` first): a follower reads the seq
 #: from it without decoding the line.
 _SEQ_PREFIX = b'{"seq":'
+_SEQ_HEAD = b'{"seq":%d,'
 
 
 def _line_seq(raw: bytes) -> tuple[int, bytes] | None:
@@ -183,7 +196,16 @@ def _line_seq(raw: bytes) -> tuple[int, bytes] | None:
 def read_raw(path: Path, byte_offset: int = 0) -> tuple[list[tuple[int, bytes]], int]:
     """Complete events from ``byte_offset`` on as ``(seq, line)`` (strict JSON, undecoded: a follower
     forwards them as they are), and the offset after the last complete line."""
-    lines, end = _complete_lines(path, byte_offset)
+    data, end = _complete_bytes(path, byte_offset)
+    lines = data.splitlines()
+    first = _line_seq(lines[0]) if lines and lines[0].startswith(_SEQ_PREFIX) else None
+    if first is not None:
+        # Lines as write_many numbers them (seq after seq): checked against the expected heads, with no
+        # Python call per line.
+        seqs = range(first[0], first[0] + len(lines))
+        heads = map(_SEQ_HEAD.__mod__, seqs)
+        if all(map(bytes.startswith, lines, heads)) and all(map(bytes.endswith, lines, repeat(b"}"))):
+            return list(zip(seqs, lines, strict=True)), end
     found = map(_line_seq, lines)
     return [item for item in found if item is not None], end
 

@@ -25,8 +25,9 @@ from agent.logs.linebuffer import LineBuffer
 from agent.logs.splitter import Line, LineSplitter
 from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse
 from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, load_rules
-from agent.paths import RunPaths, atomic_write_json, read_json
+from agent.paths import RunPaths, read_json
 from agent.runs.capture_checks import OutputChecks
+from agent.runs.cursor import CursorKeeper
 from agent.runs.jobspec import JobSpec
 from agent.runs.journal import Journal, scan
 from agent.runs.summary import RunSummary, final_state, milestone_event
@@ -42,15 +43,16 @@ MAX_HOLD_S = 3.0
 GROUP_HOLD_S = 15.0
 OUTPUT_SCAN_S = 2.0
 LIVENESS_S = 5.0  # a safety net: inotify reports exit.json the moment it appears
-CURSOR_EVERY_S = 0.5
-COMMIT_EVERY_S = 0.05  # while catching up on a backlog: one journal fsync per this long, not per chunk
+# While catching up on a backlog: let the other runs and clients in this often (not after every read), and
+# start a journal fsync (in a worker thread) then.
+COMMIT_EVERY_S = 0.05
 
 
 def _milestone_key(ev: dict[str, Any]) -> tuple[Any, ...]:
     return (ev.get("kind"), ev.get("line"), ev.get("rank"), ev.get("text"))
 
 
-class RunWatcher(OutputChecks):
+class RunWatcher(CursorKeeper, OutputChecks):
     """Everything the daemon knows about one run, and the task that watches it while it is active."""
 
     def __init__(
@@ -87,6 +89,8 @@ class RunWatcher(OutputChecks):
         self._last_data = self._dirty_since = time.monotonic()
         self._flushed = True
         self._cursor_at = 0.0
+        self._cursor_version = 0  # bumped by every cursor write
+        self._syncing = None
         self._pending_files: dict[str, tuple[int, int]] = {}
         self._checking = False
         self._stop_requested = False
@@ -166,33 +170,16 @@ class RunWatcher(OutputChecks):
             elif ev.get("type") == "check":
                 self._recovered_checks.add(str(ev.get("file")))
 
-    def _save_cursor(self, force: bool = False) -> None:
-        """Commit pending events, then (at most every CURSOR_EVERY_S unless forced) write the cursor."""
-        self._commit()
-        now = time.monotonic()
-        if not force and now - self._cursor_at < CURSOR_EVERY_S:
-            return
-        self._cursor_at = now
-        atomic_write_json(
-            self.paths.cursor,
-            {
-                "offset": self.splitter.pending_offset,
-                "line": self.line,
-                "seq": self.journal.last_seq,
-                "engine": self.engine.snapshot(),
-                "checked": self.checked,
-                "log": self.chain.snapshot(),
-            },
-            fsync=False,
-        )
-
     # --- journaling ------------------------------------------------------------------------------
     def _journal_milestones(self, milestones: list[Milestone]) -> None:
         for m in milestones:
             ev = {"type": "milestone", **m.to_dict()}
-            if m.line in self._shard_lines:
+            if self._shard_lines and m.line in self._shard_lines:
                 ev["fields"] = {**ev["fields"], "shard": self._shard_lines[m.line]}
-            self._append(ev)
+            if self._skip and _milestone_key(ev) in self._skip:  # journaled before a crash
+                self._append(ev)
+            else:
+                self._outbox.append(ev)
             if m.kind == "shape_check_failed":  # the job's own check said so in its log
                 self._shape_failed(f"shape check failed: {m.fields.get('code') or m.text[:160]}")
 
@@ -202,6 +189,8 @@ class RunWatcher(OutputChecks):
             key = _milestone_key(ev)
             if self._skip[key] > 0:
                 self._skip[key] -= 1
+                if not self._skip[key]:
+                    del self._skip[key]  # _journal_milestones looks keys up with ``in``
                 self.summary.observe(ev)
                 return
         self._outbox.append(ev)
@@ -318,24 +307,21 @@ class RunWatcher(OutputChecks):
                 head, block = self.splitter.feed(data), None
             self._feed_lines(head, self.splitter.pending_offset, block)
             # The lines' milestones are written now too (not fsynced yet): followers send lines and events
-            # together, before the journal fsync and cursor write; and a long backlog must not starve the
-            # other runs and clients.
+            # together, before the journal fsync and cursor write.
             self._commit(sync=False)
-            await asyncio.sleep(0)
             if len(data) < READ_CHUNK:
                 break
-            if time.monotonic() - started >= COMMIT_EVERY_S:
-                if self.journal.unsynced:  # an fsync is a wait, not work: other runs and clients go on
-                    await asyncio.to_thread(self.journal.sync)
-                self._save_cursor()
-                started = time.monotonic()
+            now = time.monotonic()
+            if now - started >= COMMIT_EVERY_S:
+                # A long backlog must not starve the other runs and clients: let them in, and have the
+                # journal synced meanwhile (an fsync is a wait, not work: it never holds this loop up).
+                started = now
+                self._sync_behind()
+                await asyncio.sleep(0)
         if got:
             # Followers send the new events while the disk syncs them (an fsync can take tens of ms), and
-            # the cursor is written only after: it never points past what the journal holds durably.
-            self._commit(sync=False)
-            if self.journal.unsynced:
-                await asyncio.to_thread(self.journal.sync)
-            self._save_cursor()
+            # the cursor is written only after it.
+            self._sync_behind()
         return got
 
     def _feed_lines(self, lines: list[Line], end: int, block: Block | None = None) -> None:
@@ -412,7 +398,7 @@ class RunWatcher(OutputChecks):
         self._stop_requested = True  # the job has ended: nothing left to stop
         await self._scan_outputs(final=True)
         await self._check_index_gaps()
-        self._commit()
+        self._commit(sync=False)
         if self.summary.terminal is None:
             if not self.paths.stop.exists():  # a stop reports its own leftovers
                 await self._warn_leftovers()
@@ -430,6 +416,12 @@ class RunWatcher(OutputChecks):
             if isinstance(exit_rec, dict):
                 ev["exit"] = {"code": exit_rec.get("code"), "signal": exit_rec.get("signal")}
             self._append(ev)
+        # Followers get the final state now, while the disk syncs it (in a worker thread, like the rest of
+        # the journal); the last cursor follows the fsync.
+        self._commit(sync=False)
+        await self._synced()
+        if self.journal.unsynced:
+            await asyncio.to_thread(self.journal.sync)
         self._save_cursor(force=True)
         self.journal.close()
         self.chain.close(keep_unnamed=True)  # streams reopen the named file; a renamed one is kept open
