@@ -22,7 +22,7 @@ from controller.errors import HostKeyRejected, Unreachable
 from controller.link import Link, LocalTransport, SSHTransport, StreamHandler
 from controller.settings import Settings
 from controller.sshdest import parse_destination
-from controller.streamlocal import ROUTE_LOCAL, go_direct
+from controller.streamlocal import ROUTE_BRIDGE, ROUTE_LOCAL, go_direct
 from controller.upload import upload_over_exec
 
 log = logging.getLogger(__name__)
@@ -178,9 +178,12 @@ async def ensure_agent(
 
 
 async def open_link(
-    host: dict[str, Any], settings: Settings, on_stream: StreamHandler | None
+    host: dict[str, Any], settings: Settings, on_stream: StreamHandler | None, direct: bool = True
 ) -> tuple[Link, str | None]:
-    """Connect to ``host`` (a hosts row), bootstrap the agent, return (started Link, host key fingerprint)."""
+    """Connect to ``host`` (a hosts row), bootstrap the agent, return (started Link, host key fingerprint).
+
+    ``direct=False`` keeps the connect bridge even where sshd would allow the direct channel (benchmarks).
+    """
     for attempt in range(2):
         conn: Any = None
         if host["ssh"] == LOCAL_DEST:
@@ -202,8 +205,10 @@ async def open_link(
             link = Link(SSHTransport(conn, process, command), on_stream)
         hello = await link.start()
         if attempt == 1 or not is_older(str(hello.get("agent_version", "")), agent.__version__):
-            if conn is not None:  # the bridge started the daemon; now skip it where sshd allows
+            if conn is not None and direct:  # the bridge started the daemon; now skip it where sshd allows
                 link = await go_direct(host["name"], conn, link, on_stream)
+            elif conn is not None:
+                link.route, link.route_reason = ROUTE_BRIDGE, "direct channel not asked for"
             return link, fp
         # An older daemon: ask it to exit, leaving its jobs running; the next connect starts ours.
         log.info(
