@@ -40,6 +40,8 @@ class StreamLocalTransport:
         self.reader: Reader = reader
         self._writer = writer
         self.socket_path = socket_path
+        #: Whether closing this transport closes the connection too (once the bridge has handed it on).
+        self.owns_connection = False
 
     def write(self, data: bytes) -> None:
         """Send bytes over the channel."""
@@ -50,11 +52,13 @@ class StreamLocalTransport:
         await self._writer.drain()
 
     async def close(self) -> None:
-        """Close the channel and the connection (jobs and the daemon keep running on the host)."""
+        """Close the channel and, once it owns it, the connection (jobs and the daemon keep running)."""
         with contextlib.suppress(Exception):
             self._writer.write_eof()
         with contextlib.suppress(Exception):
             self._writer.close()
+        if not self.owns_connection:
+            return
         self.conn.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.conn.wait_closed(), 3)
@@ -96,21 +100,22 @@ async def go_direct(name: str, conn: Any, bridge: Link, on_stream: StreamHandler
         bridge.route = ROUTE_BRIDGE
         bridge.route_reason = problem
         return bridge
-    direct = Link(StreamLocalTransport(conn, reader, writer, str(path)), on_stream)
+    transport = StreamLocalTransport(conn, reader, writer, str(path))
+    direct = Link(transport, on_stream)
     try:
-        hello = await direct.start(timeout=15)
-    except Unreachable as exc:  # start() closed the transport, and with it conn: the bridge is gone too
-        await bridge.close()
-        raise Unreachable(f"host {name}: direct channel to {path} failed: {exc.message}") from None
+        hello: dict[str, Any] = await direct.start(timeout=15)
+    except Unreachable as exc:  # start() closed the channel only: the bridge carries on
+        hello = {"error": exc.message}
     if hello.get("pid") != bridge.hello.get("pid"):
-        # Another daemon (a restart in between): the bridge's daemon is the one the version check passed.
-        await direct.stop_reading()
-        with contextlib.suppress(Exception):
-            writer.close()
-        problem = f"another daemon answers on {path} (pid {hello.get('pid')}, not {bridge.hello.get('pid')})"
+        # No hello, or another daemon (a restart in between): the bridge's passed the version check.
+        await direct.close()
+        problem = hello.get("error") or (
+            f"another daemon answers on {path} (pid {hello.get('pid')}, not {bridge.hello.get('pid')})"
+        )
         log.info("host %s: link via the connect bridge: %s", name, problem)
-        bridge.route, bridge.route_reason = ROUTE_BRIDGE, problem
+        bridge.route, bridge.route_reason = ROUTE_BRIDGE, str(problem)
         return bridge
+    transport.owns_connection = True
     await bridge.stop_reading()
     if isinstance(bridge.transport, SSHTransport):
         await bridge.transport.close_channel()

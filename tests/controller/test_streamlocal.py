@@ -3,6 +3,7 @@ when the server allows it, with the connect bridge gone; the bridge kept when th
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,11 +11,14 @@ from typing import Any
 
 import pytest
 
+import agent
+from agent import protocol
 from controller.bootstrap import open_link
+from controller.link import SSHTransport
 from controller.models import HostCreate
 from controller.service import Controller
 from controller.settings import Settings
-from controller.streamlocal import ROUTE_BRIDGE, ROUTE_DIRECT, socket_problem
+from controller.streamlocal import ROUTE_BRIDGE, ROUTE_DIRECT, go_direct, socket_problem
 from tests.controller.conftest import wait_for
 from tests.helpers.sshd import SSHD, children_of
 
@@ -181,3 +185,37 @@ def _async(pred: Any) -> Any:
         return bool(pred())
 
     return check
+
+
+async def test_bridge_kept_when_another_daemon_answers_on_the_socket(
+    tmp_path: Path, sshd: SSHD, ssh_settings: Settings
+) -> None:
+    """The channel opens, but what answers there is not the daemon the bridge reached: keep the bridge.
+
+    The bridge's hello is pointed at a second socket, served by a listener that greets with another pid."""
+    other = tmp_path / "other.sock"
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(protocol.encode(protocol.hello(agent.__version__, "elsewhere", 1, str(other))))
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_unix_server(impostor, path=str(other))
+    bridge, _ = await open_link(_host(tmp_path), ssh_settings, None, direct=False)
+    try:
+        assert bridge.route == ROUTE_BRIDGE and bridge.route_reason == "direct channel not asked for"
+        assert isinstance(bridge.transport, SSHTransport)
+        bridge.hello["socket"] = str(other)
+        link = await go_direct("gpu1", bridge.transport.conn, bridge, None)
+        assert link is bridge and link.route == ROUTE_BRIDGE
+        assert "another daemon answers" in link.route_reason
+        assert (await link.request("version"))[
+            "agent_version"
+        ] == agent.__version__  # the bridge still serves
+        bridge.hello["socket"] = "relative.sock"
+        assert await go_direct("gpu1", bridge.transport.conn, bridge, None) is bridge
+        assert "unusable socket path" in bridge.route_reason
+    finally:
+        await bridge.close()
+        server.close()
