@@ -6,7 +6,9 @@ One JSON object per line, UTF-8, ``\\n``-terminated, in both directions, over th
 (``eaglewatch-agent connect`` bridges stdin/stdout to it, which is what the controller runs over SSH).
 
 1. On connect the daemon sends ``{"type": "hello", "agent_version": "0.1.0", "protocol": 1,
-   "hostname": ..., "pid": ...}`` before anything else.
+   "hostname": ..., "pid": ..., "socket": ...}`` before anything else; ``socket`` (absolute path of the
+   daemon's Unix socket; absent from older daemons) lets an SSH client open a ``direct-streamlocal``
+   channel straight to it instead of running the ``connect`` bridge.
 2. The client sends requests ``{"id": <int|str>, "op": <op>, ...args}``.  Every request gets exactly one
    reply carrying the same ``id``: ``{"type": "reply", "id": ..., "ok": true, "result": {...}}`` or
    ``{"type": "error", "id": ..., "code": <ErrorCode>, "message": "..."}``.  A line that is not JSON, not an
@@ -254,15 +256,18 @@ def decode_messages(data: bytes) -> list[dict[str, Any]]:
     return out
 
 
-def hello(agent_version: str, hostname: str, pid: int) -> dict[str, Any]:
-    """The first message the daemon sends on every connection."""
-    return {
+def hello(agent_version: str, hostname: str, pid: int, socket: str | None = None) -> dict[str, Any]:
+    """The first message the daemon sends on every connection (``socket``: where it listens, absolute)."""
+    msg: dict[str, Any] = {
         "type": "hello",
         "agent_version": agent_version,
         "protocol": PROTOCOL_VERSION,
         "hostname": hostname,
         "pid": pid,
     }
+    if socket is not None:
+        msg["socket"] = socket
+    return msg
 
 
 def reply(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Open a link to a host's agent: SSH connect (verified host keys), upload the agent (SFTP, else an exec
-channel), run connect.
+channel), run connect, then go straight to the daemon's socket where sshd allows it (streamlocal.py).
 
 The agent core is stdlib-only, so it runs under the host's own Python straight from the uploaded package:
 ``<home>/.local/share/eaglewatch/agent-<version>-<digest>/agent``; the command is built with ``shlex.join``
@@ -22,6 +22,7 @@ from controller.errors import HostKeyRejected, Unreachable
 from controller.link import Link, LocalTransport, SSHTransport, StreamHandler
 from controller.settings import Settings
 from controller.sshdest import parse_destination
+from controller.streamlocal import ROUTE_BRIDGE, ROUTE_LOCAL, go_direct
 from controller.upload import upload_over_exec
 
 log = logging.getLogger(__name__)
@@ -177,12 +178,17 @@ async def ensure_agent(
 
 
 async def open_link(
-    host: dict[str, Any], settings: Settings, on_stream: StreamHandler | None
+    host: dict[str, Any], settings: Settings, on_stream: StreamHandler | None, direct: bool = True
 ) -> tuple[Link, str | None]:
-    """Connect to ``host`` (a hosts row), bootstrap the agent, return (started Link, host key fingerprint)."""
+    """Connect to ``host`` (a hosts row), bootstrap the agent, return (started Link, host key fingerprint).
+
+    ``direct=False`` keeps the connect bridge even where sshd would allow the direct channel (benchmarks).
+    """
     for attempt in range(2):
+        conn: Any = None
         if host["ssh"] == LOCAL_DEST:
             link = Link(await LocalTransport.start(host.get("state_dir")), on_stream)
+            link.route = ROUTE_LOCAL
             fp = None
         else:
             conn = await ssh_connect(host["name"], host["ssh"], settings)
@@ -199,6 +205,10 @@ async def open_link(
             link = Link(SSHTransport(conn, process, command), on_stream)
         hello = await link.start()
         if attempt == 1 or not is_older(str(hello.get("agent_version", "")), agent.__version__):
+            if conn is not None and direct:  # the bridge started the daemon; now skip it where sshd allows
+                link = await go_direct(host["name"], conn, link, on_stream)
+            elif conn is not None:
+                link.route, link.route_reason = ROUTE_BRIDGE, "direct channel not asked for"
             return link, fp
         # An older daemon: ask it to exit, leaving its jobs running; the next connect starts ours.
         log.info(

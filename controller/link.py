@@ -128,12 +128,16 @@ class SSHTransport:
         """Wait for the channel window."""
         await self.process.stdin.drain()
 
-    async def close(self) -> None:
-        """Close the channel and the connection (jobs and the daemon keep running on the host)."""
+    async def close_channel(self) -> None:
+        """Close this channel only (the bridge exits), keeping the connection for another channel."""
         with contextlib.suppress(Exception):
             self.process.stdin.write_eof()
         with contextlib.suppress(Exception):
             self.process.close()
+
+    async def close(self) -> None:
+        """Close the channel and the connection (jobs and the daemon keep running on the host)."""
+        await self.close_channel()
         self.conn.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.conn.wait_closed(), 3)
@@ -156,6 +160,9 @@ class Link:
         self.closed = asyncio.Event()
         self.close_reason = ""
         self._write_lock = asyncio.Lock()
+        #: Which path reaches the daemon (controller/streamlocal.py ROUTE_*), and why not a shorter one.
+        self.route = ""
+        self.route_reason = ""
 
     async def start(self, timeout: float = 30.0) -> dict[str, Any]:
         """Read the daemon's hello and start the reader task; returns the hello."""
@@ -247,11 +254,15 @@ class Link:
                 if not fut.done():
                     fut.set_exception(LinkClosed(f"link went down: {self.close_reason}"))
 
-    async def close(self) -> None:
-        """Close the transport and stop reading."""
+    async def stop_reading(self) -> None:
+        """Stop the reader task, leaving the transport open (a link handing its connection on)."""
         if self._reader_task is not None:
             self._reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader_task
+
+    async def close(self) -> None:
+        """Close the transport and stop reading."""
+        await self.stop_reading()
         await self.transport.close()
         self.closed.set()

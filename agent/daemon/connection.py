@@ -49,6 +49,7 @@ class Host(Protocol):
     hostname: str
     runs: dict[str, RunWatcher]
     state_dir: Path
+    socket_path: Path  # absolute: announced in the hello
 
     def watcher(self, args: dict[str, Any]) -> RunWatcher:
         """The run named by ``args["run"]`` or an OpError."""
@@ -109,7 +110,9 @@ class Connection:
     async def serve(self) -> None:
         """Say hello, then answer request lines until EOF."""
         try:
-            await self.send(protocol.hello(__version__, self.daemon.hostname, os.getpid()))
+            await self.send(
+                protocol.hello(__version__, self.daemon.hostname, os.getpid(), str(self.daemon.socket_path))
+            )
             while True:
                 line = await self._read_line()
                 if line is None:

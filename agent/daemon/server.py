@@ -55,7 +55,7 @@ class Daemon:
 
     def __init__(self, state_dir: Path, socket_path: Path) -> None:
         self.state_dir = state_dir
-        self.socket_path = socket_path
+        self.socket_path = Path(os.path.abspath(socket_path))  # announced in the hello: must not be relative
         self.runs: dict[str, RunWatcher] = {}
         self.hostname = socket.gethostname()
         self.inotify: Inotify | None = None

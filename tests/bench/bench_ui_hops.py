@@ -16,6 +16,9 @@ OpenSSH sshd, Chromium), with a wall-clock stamp taken at each hop of one progre
     browser   the page's EventSource dispatches it (page clock, performance.timeOrigin + now())
     dom       the milestone's <li> is inserted (MutationObserver)
 
+Then (through SSH) the link hop alone: ``version`` round trips over a direct-streamlocal channel to the
+daemon's socket and over the ``eaglewatch-agent connect`` bridge, alternating.
+
 The controller runs in this process (uvicorn in a thread), so the hooks wrap its functions here; nothing in
 the product carries tracing code.  All clocks are this machine's wall clock (agent, job and browser run
 here too).  Prints p50/p99 of each hop's increment and of the total, one BENCH line per hop.
@@ -24,6 +27,7 @@ here too).  Prints p50/p99 of each hop's increment and of the total, one BENCH l
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import os
 import subprocess
@@ -110,10 +114,10 @@ def install_hooks() -> None:
             stamps[i].setdefault("bus", time.time() * 1000)
         publish(self, event)
 
-    def traced_to_sse(event: BusEvent) -> Any:
+    def traced_to_sse(event: BusEvent, log_blocks: bool = False) -> Any:
         if i := progress_index(event):
             stamps[i].setdefault("sse", time.time() * 1000)
-        return to_sse(event)
+        return to_sse(event, log_blocks)
 
     HostSupervisor.on_stream = traced_on_stream  # type: ignore[method-assign]
     crud.apply_event_batch = traced_apply
@@ -200,11 +204,41 @@ def report(n: int) -> None:
         bench_line("ui_hops", f"{a}->{b} p99", round(p99, 2), "ms", note=f"p50 {p50:.2f}")
 
 
+def link_round_trips(settings: Any, state_dir: Path, alias: str, n: int) -> None:
+    """Milliseconds per ``version`` request through the direct channel and through the connect bridge,
+    alternating (the same load on both): the hop that the direct path takes a process out of."""
+    from controller.bootstrap import open_link
+
+    async def go() -> dict[str, list[float]]:
+        host = {"name": "rt", "ssh": alias, "python": sys.executable, "state_dir": str(state_dir)}
+        links = {}
+        for direct in (True, False):
+            link, _ = await open_link(host, settings, None, direct=direct)
+            links[link.route] = link
+        out: dict[str, list[float]] = {route: [] for route in links}
+        try:
+            for _ in range(n):
+                for route, link in links.items():
+                    t = time.perf_counter()
+                    await link.request("version", timeout=30)
+                    out[route].append((time.perf_counter() - t) * 1000)
+        finally:
+            for link in links.values():
+                await link.close()
+        return out
+
+    for route, took in asyncio.run(go()).items():
+        p50, p99 = pct(took, 0.5), pct(took, 0.99)
+        print(f"link round trip via {route:18s} p50 {p50:6.2f}  p99 {p99:6.2f}  max {max(took):6.2f} ms")
+        bench_line("ui_hops", f"link round trip p99 via {route}", round(p99, 2), "ms", note=f"p50 {p50:.2f}")
+
+
 def main() -> int:
     """Trace n milestones through the SSH link (or local pipes with --local) and print the hops."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--milestones", type=int, default=200)
     ap.add_argument("--local", action="store_true", help="the agent over local pipes instead of SSH")
+    ap.add_argument("--round-trips", type=int, default=500, help="version requests per link path")
     args = ap.parse_args()
     if os.environ.get("EAGLEWATCH_BENCH_QUICK") == "1":
         args.milestones = 50
@@ -231,6 +265,8 @@ def main() -> int:
                 measure(c, browser, srv.url, agent, tmp, args.milestones, host)
             finally:
                 browser.close()
+        if sshd is not None:
+            link_round_trips(settings, agent.state_dir, sshd.alias, args.round_trips)
     finally:
         srv.stop()
         agent.cleanup()

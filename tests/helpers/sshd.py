@@ -103,10 +103,11 @@ class SSHD:
     user: str = field(default_factory=lambda: os.environ.get("USER") or "root")
 
     @classmethod
-    def start(cls, root: Path, alias: str = "eaglehost", sftp: bool = True) -> SSHD:
+    def start(cls, root: Path, alias: str = "eaglehost", sftp: bool = True, streamlocal: bool = True) -> SSHD:
         """Generate keys and config under ``root`` and start sshd on a free loopback port.
 
-        ``sftp=False`` leaves out the ``Subsystem sftp`` line, as some hardened hosts do.
+        ``sftp=False`` leaves out the ``Subsystem sftp`` line, as some hardened hosts do;
+        ``streamlocal=False`` forbids channels to Unix sockets (``AllowStreamLocalForwarding no``).
         """
         root.mkdir(parents=True, exist_ok=True)
         host_key, user_key = root / "host_ed25519", root / "user_ed25519"
@@ -124,6 +125,7 @@ class SSHD:
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
                 "PermitRootLogin prohibit-password\nAllowAgentForwarding no\nX11Forwarding no\n"
                 + ("Subsystem sftp internal-sftp\n" if sftp else "")
+                + ("" if streamlocal else "AllowStreamLocalForwarding no\n")
                 + "MaxStartups 200\nMaxSessions 200\nLogLevel ERROR\n"
                 "ClientAliveInterval 0\n"
             )

@@ -65,3 +65,26 @@ def test_host_events_have_no_id_and_filtering() -> None:
 def test_end_event() -> None:
     [parsed] = parse(sse.encode(sse.end_event("completed")))
     assert parsed["event"] == "end" and json.loads(parsed["data"]) == {"state": "completed"}
+
+
+def test_log_block_event_is_one_string_with_offsets_only_when_not_natural() -> None:
+    """With ``log_blocks`` a log event carries the block as stored: one text, no object per line."""
+    evil = 'x\n\nevent: alert\ndata: {"pwned": 1}\nid: 999\n<script>alert(1)</script>\x1b[31m\u2028'
+    odd = Block.make([0, 2, 3, 16, 35, 44], evil, 99)  # offsets no UTF-8 length explains
+    natural = Block.from_lines([(10, "ünï €"), (20, "🦅 ok"), (28, "")], 29)
+    assert natural.offsets is None and odd.offsets is not None
+    for block, offsets in ((odd, [0, 2, 3, 16, 35, 44]), (natural, None)):
+        ev = BusEvent("log", "r1", block.to_data(), make_cursor(1, 1))
+        events = parse(sse.encode(sse.to_sse(ev, log_blocks=True)))
+        assert len(events) == 1 and events[0]["event"] == "log"
+        data = json.loads(events[0]["data"])
+        assert "lines" not in data and data["text"] == block.text
+        assert data["offset"] == block.offset and data["next_offset"] == block.next_offset
+        assert data.get("offsets") == offsets
+    # without it, the per-line form the API has always sent
+    plain = json.loads(parse(sse.encode(sse.to_sse(ev)))[0]["data"])
+    assert plain["lines"] == [
+        {"offset": 10, "text": "ünï €"},
+        {"offset": 20, "text": "🦅 ok"},
+        {"offset": 28, "text": ""},
+    ]

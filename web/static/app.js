@@ -61,6 +61,29 @@
     }
   }
 
+  // ---- a log block from the events stream (?log=blocks): its lines, each with its offset.  Offsets not sent
+  // are the natural ones: each line takes its UTF-8 length plus a newline (agent/protocol.py natural_offsets).
+  function utf8Length(s) {
+    let n = s.length;
+    for (let i = 0; i < s.length; i++) {
+      const c = s.charCodeAt(i);
+      if (c >= 0x80) n += c < 0x800 || (c >= 0xd800 && c < 0xe000) ? 1 : 2;  // a surrogate pair: 4 bytes
+    }
+    return n;
+  }
+  function blockLines(d) {
+    if (typeof d.text !== "string" || typeof d.offset !== "number") return [];
+    const texts = d.text.split("\n");
+    const given = Array.isArray(d.offsets) && d.offsets.length === texts.length ? d.offsets : null;
+    const out = new Array(texts.length);
+    let o = d.offset;
+    for (let i = 0; i < texts.length; i++) {
+      out[i] = { offset: given ? given[i] : o, text: texts[i] };
+      o += utf8Length(texts[i]) + 1;
+    }
+    return out;
+  }
+
   // ---- SSE connection: the browser resends Last-Event-ID itself on reconnect
   function connect(url, handlers) {
     const es = new EventSource(url);
@@ -602,9 +625,9 @@
         onRun(run);
       }).catch(function () {});
     }
-    connect(base + "/events?after=now", {
+    connect(base + "/events?after=now&log=blocks", {
       open: catchUp, milestone: addMilestone, run: onRun, check: onCheck, alert: onAlert, host: onHost,
-      log: function (d) { log.add(d.lines || []); },
+      log: function (d) { log.add(d.lines || blockLines(d)); },
     });
   }
 
