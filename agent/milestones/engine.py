@@ -53,7 +53,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent.logs.block import Block, BlockLines
-from agent.milestones.logline import Gate, ParsedLine, Prefilter, parse_line, process_tag
+from agent.milestones.logline import Gate, LineLayout, ParsedLine, Prefilter, line_layout, parse_line, process_tag
+from agent.milestones.plans import ShapePlan, ShapePlans
 from agent.milestones.records import decode_marker, json_record_lines, record_exception
 from agent.milestones.rootcause import RootCauses
 from agent.milestones.rulefile import (
@@ -108,6 +109,7 @@ class Milestone:
         return cls(d["kind"], d["line"], d["rank"], dict(d["fields"]), d["text"])
 
 
+_UNSEEN: Any = object()  # a shape without a plan yet
 _UNNAMED = "\0unnamed:"  # stands for a line without a process prefix (no real prefix holds a NUL)
 
 
@@ -165,6 +167,7 @@ class MilestoneEngine:
         self._gate_always = bool(self._gate.always)
         self._prefilter = Prefilter(self._gate, _may_matter)
         self._shapes = self._prefilter.usable  # the gate's answers can be remembered per line shape
+        self._plans = ShapePlans()  # per shape: the rule that matches and where the line's parts lie
         self._error_rules = [r for r in rules.rules if r.kind == "error"]
         self._groups: dict[str, _Group] = {}
         self._traces: dict[str, _Trace] = {}
@@ -208,18 +211,22 @@ class MilestoneEngine:
         """
         if not self._prefilter.usable:
             return [m for i, text in enumerate(texts) for m in self.feed(text, first + i)]
-        return self._feed_hits(texts, self._prefilter.hits(texts), first)
+        keys = self._prefilter.keys(texts)
+        return self._feed_hits(texts, keys, self._prefilter.hits_of(keys), first)
 
     def feed_block(self, block: Block, first: int) -> list[Milestone]:
         """``feed_many`` for a Block of raw lines: only the lines that may match are ever decoded."""
         if not self._prefilter.usable:
             return self.feed_many(block.texts(), first)
-        return self._feed_hits(BlockLines(block), self._prefilter.hits_of(block.shapes), first)
+        shapes = block.shapes
+        return self._feed_hits(BlockLines(block), shapes, self._prefilter.hits_of(shapes), first)
 
-    def _feed_hits(self, texts: Sequence[str], hits: list[int], first: int) -> list[Milestone]:
-        """Feed the lines ``hits`` of ``texts`` (and every line while a traceback is open)."""
+    def _feed_hits(
+        self, texts: Sequence[str], keys: Sequence[bytes], hits: list[int], first: int
+    ) -> list[Milestone]:
+        """Feed the lines ``hits`` of ``texts`` (shapes ``keys``), and every line while a traceback is open."""
         out: list[Milestone] = []
-        feed, traces, n, i = self.feed, self._traces, len(texts), 0
+        feed, feed_shaped, traces, n, i = self.feed, self._feed_shaped, self._traces, len(texts), 0
         it = iter(hits)
         while i < n:
             if traces:  # an open traceback sees every line (its process's frames and exception)
@@ -231,12 +238,63 @@ class MilestoneEngine:
                 continue  # fed already, while a traceback was open
             if h >= n:
                 break
-            out += feed(texts[h], first + h)
+            out += feed_shaped(texts[h], keys[h], first + h)
             i = h + 1
         if i < n and (self._groups or self._held):
             self._expire(first + n - 1)  # what the skipped last line would have expired and released
             out += self._release()
         return out
+
+    def _feed_shaped(self, text: str, key: bytes, line: int) -> list[Milestone]:
+        """``feed`` of a line whose shape is ``key``: a known shape runs its plan (plans.py)."""
+        if self._groups or self._traces or text[:1] == "{":
+            return self.feed(text, line)
+        try:
+            plan = self._plans.plans.get(key, _UNSEEN)
+            if plan is _UNSEEN:
+                plan = self._learn(text, key)
+            out = self._feed(text, line) if plan is None else self._run_plan(plan, text, line)
+        except Exception as exc:
+            out = self._line_error(text, line, exc)
+        return self._roots.annotate(out) if out else out
+
+    def _learn(self, text: str, key: bytes) -> ShapePlan | None:
+        """The plan of shape ``key`` from its line ``text`` (no effects: the line is classified after)."""
+        rules = None if self._prefilter.per_line(key) else self._prefilter.rules_for(text)
+        layout: LineLayout | None = line_layout(text)
+        msg = text[layout.message :]
+        matched = None
+        if rules is None or msg.lstrip().startswith(TRACEBACK_START):
+            layout, rules = None, []
+        for i, rule in enumerate(rules or ()):
+            if rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg) is not None:
+                matched = i
+                break
+        if matched is None and layout is not None and layout.level in ("ERROR", "CRITICAL"):
+            layout = None  # the line may hold an exception that no rule names (record_exception)
+        return self._plans.learn(key, layout, rules or [], matched)
+
+    def _run_plan(self, plan: ShapePlan, text: str, line: int) -> list[Milestone]:
+        """``_feed`` of a line of a known shape: its remembered rule, verified by one match on the line."""
+        rule = plan.rule
+        if rule is None:  # no rule matches a line of this shape
+            return self._release() if self._held else []
+        layout = plan.layout
+        msg = text[layout.message :]
+        m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
+        if m is None:  # the rule names a digit this line lacks: search every candidate
+            return self._feed(text, line)
+        if rule.once:
+            if rule.name in self._fired:
+                return self._release() if self._held else []
+            self._fired.add(rule.name)
+        rank = layout.rank_of(text)
+        if rule.marker:
+            self._marker(rule, m, text, line, rank)
+        else:
+            proc = layout.proc(text) if rule.per_rank else ""
+            self._emit(rule, plan.build(m) if plan.build else self._fields(rule, m), text, line, rank, proc)
+        return self._release()
 
     def _feed(self, text: str, line: int) -> list[Milestone]:
         if self._groups or self._traces:
@@ -353,9 +411,9 @@ class MilestoneEngine:
                         break
                     self._fired.add(rule.name)
                 if rule.marker:
-                    self._marker(rule, m, text, line, parsed)
+                    self._marker(rule, m, text, line, parsed.rank)
                 else:
-                    self._emit_rule(rule, m, text, line, parsed)
+                    self._emit(rule, self._fields(rule, m), text, line, parsed.rank, parsed.proc)
                 break
         else:
             exc = record_exception(parsed)
@@ -364,31 +422,21 @@ class MilestoneEngine:
         return self._release()
 
     def _fields(self, rule: Rule, m: re.Match[str]) -> dict[str, Any]:
-        fields: dict[str, Any] = {"rule": rule.name}
-        kinds = rule.fields
-        for name, value in m.groupdict().items():
-            if value is not None:
-                kind = kinds.get(name)
-                fields[name] = value if kind is None or kind == "str" else convert(kind, value)
-        fields.update(rule.set)
-        if rule.error_class:
-            fields["class"] = rule.error_class
-        if rule.kind in ("error", "warning"):
-            fields["severity"] = rule.severity
-        return fields
+        return self._plans.builder(rule)(m)  # converters looked up once per rule (plans.fields_builder)
 
-    def _emit_rule(self, rule: Rule, m: re.Match[str], text: str, line: int, parsed: ParsedLine) -> None:
-        fields = self._fields(rule, m)
-        ws = fields.get("world_size")
-        if self.world_size is None and isinstance(ws, int) and ws > 0:
-            self.world_size = ws
-        ms = Milestone(rule.kind, line, parsed.rank, fields, text)
+    def _emit(self, rule: Rule, fields: dict[str, Any], text: str, line: int, rank: int | None, proc: str) -> None:
+        """Hold (or join to its rank group) the milestone of ``rule``'s match on a line of process ``proc``."""
+        if self.world_size is None:
+            ws = fields.get("world_size")
+            if isinstance(ws, int) and ws > 0:
+                self.world_size = ws
+        ms = Milestone(rule.kind, line, rank, fields, text)
         if rule.per_rank:
-            self._join(rule.name, ms, parsed.proc, parsed.rank)
+            self._join(rule.name, ms, proc, rank)
         else:
             self._held.append(ms)
 
-    def _marker(self, rule: Rule, m: re.Match[str], text: str, line: int, parsed: ParsedLine) -> None:
+    def _marker(self, rule: Rule, m: re.Match[str], text: str, line: int, line_rank: int | None) -> None:
         obj, problem = decode_marker(m.group("json"))
         if problem is None:
             if not isinstance(obj, dict):
@@ -397,10 +445,12 @@ class MilestoneEngine:
                 problem = f"marker has unknown kind {str(obj.get('kind'))[:80]!r}"
         if problem is not None or not isinstance(obj, dict):
             fields = {"rule": "bad_marker", "severity": "warning", "problem": problem}
-            self._held.append(Milestone("warning", line, parsed.rank, fields, text))
+            self._held.append(Milestone("warning", line, line_rank, fields, text))
             return
         kind = obj.pop("kind", rule.kind)
-        rank = obj.get("rank") if isinstance(obj.get("rank"), int) else parsed.rank
+        rank = obj.get("rank")
+        if not isinstance(rank, int):
+            rank = line_rank
         self._held.append(Milestone(kind, line, rank, obj, text))
 
     # ---- rank groups ------------------------------------------------------------------------------

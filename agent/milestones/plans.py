@@ -1,0 +1,147 @@
+"""Pure: what the milestone engine remembers per line shape, so that a known shape costs one regex match.
+
+A line's shape is its bytes with ASCII digits folded to ``0`` (``agent/logs/block.DIGIT_FOLD``; the raw block
+path has it already).  For a shape the engine remembers a ``ShapePlan``: where the line's parts lie
+(``logline.LineLayout``) and the rule that matched the first line of that shape, with the rule's fields
+builder.  A later line of the shape runs that rule's regex once (which verifies it: the shape folds digits
+only, and a rule may name digits) and builds its fields with precompiled converters, instead of parsing the
+line and searching all candidate rules.  That is exact when every candidate rule before the remembered one
+treats all digits alike (``digit_uniform``): such a rule matches a line exactly where it matches the line's
+shape, so it cannot match a line of a shape on which it failed.  A shape for which that does not hold, or
+that needs more (a traceback, an ERROR record, a line answered line by line) gets no plan: its lines take
+the engine's full path, as do lines whose remembered rule does not match them.
+"""
+
+from __future__ import annotations
+
+import re
+import re._constants as sre_c
+import re._parser as sre_parse
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from agent.milestones.logline import LineLayout
+from agent.milestones.rulefile import CONVERT_ERRORS, CONVERTERS, Rule
+
+#: At most this many shapes remembered (lines of free text never repeat their shape).
+MAX_PLANS = 1 << 14
+
+_DIGITS = range(ord("0"), ord("9") + 1)
+_CHAR_OPS = (sre_c.LITERAL, sre_c.NOT_LITERAL, sre_c.LITERAL_IGNORE, sre_c.NOT_LITERAL_IGNORE)
+_RANGE_OPS = (sre_c.RANGE, sre_c.RANGE_UNI_IGNORE)
+_REF_OPS = (sre_c.GROUPREF, sre_c.GROUPREF_IGNORE, sre_c.GROUPREF_LOC_IGNORE, sre_c.GROUPREF_UNI_IGNORE)
+
+
+def _uniform(node: Any) -> bool:
+    """Whether a parsed regex node (or a list of them) treats every ASCII digit alike."""
+    if isinstance(node, sre_parse.SubPattern):
+        return all(_uniform(item) for item in node.data)
+    if isinstance(node, tuple) and len(node) == 2 and isinstance(node[0], sre_c._NamedIntConstant):
+        op, av = node
+        if op in _CHAR_OPS:
+            return av not in _DIGITS
+        if op in _RANGE_OPS:
+            lo, hi = av
+            return hi < _DIGITS.start or lo >= _DIGITS.stop or (lo <= _DIGITS.start and hi >= _DIGITS.stop - 1)
+        if op in _REF_OPS:  # a back-reference compares digits with digits
+            return False
+        return _uniform(av)
+    if isinstance(node, (list, tuple)):
+        return all(_uniform(item) for item in node)
+    return node is None or isinstance(node, int)  # group numbers, repeat counts, flags
+
+
+def digit_uniform(regex: re.Pattern[str]) -> bool:
+    """Whether ``regex`` treats all ASCII digits alike: then it matches a line exactly where it matches the
+    line with its digits folded to ``0``, with the same spans (False when unsure)."""
+    try:
+        return _uniform(sre_parse.parse(regex.pattern, regex.flags))
+    except (re.error, TypeError, ValueError, RecursionError):
+        return False
+
+
+FieldsBuilder = Callable[[re.Match[str]], dict[str, Any]]
+
+
+def fields_builder(rule: Rule) -> FieldsBuilder:
+    """A function from a match of ``rule`` to its milestone fields: ``rule``, the named groups that matched
+    (converted as ``rule.fields`` says; a value that does not convert stays a string), ``rule.set``, then
+    ``class`` and ``severity`` — converters and constants looked up once, not per line."""
+    groups = [
+        (name, index - 1, None if rule.fields.get(name, "str") == "str" else CONVERTERS[rule.fields[name]])
+        for name, index in rule.regex.groupindex.items()
+    ]
+    tail: dict[str, Any] = dict(rule.set)
+    if rule.error_class:
+        tail["class"] = rule.error_class
+    if rule.kind in ("error", "warning"):
+        tail["severity"] = rule.severity
+    name = rule.name
+
+    def build(m: re.Match[str]) -> dict[str, Any]:
+        fields: dict[str, Any] = {"rule": name}
+        values = m.groups()
+        for key, index, conv in groups:
+            value = values[index]
+            if value is not None:
+                if conv is None:
+                    fields[key] = value
+                else:
+                    try:
+                        fields[key] = conv(value)
+                    except CONVERT_ERRORS:
+                        fields[key] = value
+        if tail:
+            fields.update(tail)
+        return fields
+
+    return build
+
+
+class ShapePlan(NamedTuple):
+    """How to classify a line of a known shape: the rule to verify (None: no rule matches a line of this
+    shape), its fields builder, and where the line's parts lie."""
+
+    rule: Rule | None
+    build: FieldsBuilder | None
+    layout: LineLayout
+
+
+class ShapePlans:
+    """The plans of the shapes seen so far (bounded), with each rule's fields builder and digit_uniform."""
+
+    def __init__(self) -> None:
+        self.plans: dict[bytes, ShapePlan | None] = {}  # None: the shape takes the full path
+        self._builders: dict[int, tuple[Rule, FieldsBuilder]] = {}
+        self._uniform: dict[int, tuple[Rule, bool]] = {}
+
+    def builder(self, rule: Rule) -> FieldsBuilder:
+        """``fields_builder(rule)``, built once per rule."""
+        known = self._builders.get(id(rule))
+        if known is None or known[0] is not rule:
+            known = self._builders[id(rule)] = (rule, fields_builder(rule))
+        return known[1]
+
+    def uniform(self, rule: Rule) -> bool:
+        """``digit_uniform`` of the rule's regex, decided once per rule."""
+        known = self._uniform.get(id(rule))
+        if known is None or known[0] is not rule:
+            known = self._uniform[id(rule)] = (rule, digit_uniform(rule.regex))
+        return known[1]
+
+    def learn(
+        self, key: bytes, layout: LineLayout | None, candidates: Sequence[Rule], matched: int | None
+    ) -> ShapePlan | None:
+        """Remember the plan of shape ``key`` whose first line matched ``candidates[matched]`` (None: none
+        of them); no plan (None) when ``layout`` is None (the line needs the full path) or a later line of
+        the shape might match an earlier candidate (one that names digits)."""
+        if len(self.plans) >= MAX_PLANS:
+            self.plans.clear()
+        before = candidates if matched is None else candidates[:matched]
+        plan = None
+        if layout is not None and all(self.uniform(rule) for rule in before):
+            rule = None if matched is None else candidates[matched]
+            plan = ShapePlan(rule, None if rule is None else self.builder(rule), layout)
+        self.plans[key] = plan
+        return plan
+
