@@ -290,11 +290,17 @@ class MilestoneEngine:
             self._fired.add(rule.name)
         rank = layout.rank_of(text)
         if rule.marker:
-            self._marker(rule, m, text, line, rank)
+            ms = self._marker(rule, m, text, line, rank)
         else:
-            proc = layout.proc(text) if rule.per_rank else ""
-            self._emit(rule, plan.build(m) if plan.build else self._fields(rule, m), text, line, rank, proc)
-        return self._release()
+            fields = plan.build(m) if plan.build else self._fields(rule, m)
+            if rule.per_rank or (self.world_size is None and "world_size" in fields):
+                self._emit(rule, fields, text, line, rank, layout.proc(text) if rule.per_rank else "")
+                return self._release()
+            ms = Milestone(rule.kind, line, rank, fields, text)
+        if self._held:
+            self._held.append(ms)
+            return self._release()
+        return _tagged([ms])  # nothing held, no group or traceback open: released at once
 
     def _feed(self, text: str, line: int) -> list[Milestone]:
         if self._groups or self._traces:
@@ -411,7 +417,7 @@ class MilestoneEngine:
                         break
                     self._fired.add(rule.name)
                 if rule.marker:
-                    self._marker(rule, m, text, line, parsed.rank)
+                    self._held.append(self._marker(rule, m, text, line, parsed.rank))
                 else:
                     self._emit(rule, self._fields(rule, m), text, line, parsed.rank, parsed.proc)
                 break
@@ -436,7 +442,8 @@ class MilestoneEngine:
         else:
             self._held.append(ms)
 
-    def _marker(self, rule: Rule, m: re.Match[str], text: str, line: int, line_rank: int | None) -> None:
+    def _marker(self, rule: Rule, m: re.Match[str], text: str, line: int, line_rank: int | None) -> Milestone:
+        """The milestone a marker line names, or a ``bad_marker`` warning."""
         obj, problem = decode_marker(m.group("json"))
         if problem is None:
             if not isinstance(obj, dict):
@@ -445,13 +452,10 @@ class MilestoneEngine:
                 problem = f"marker has unknown kind {str(obj.get('kind'))[:80]!r}"
         if problem is not None or not isinstance(obj, dict):
             fields = {"rule": "bad_marker", "severity": "warning", "problem": problem}
-            self._held.append(Milestone("warning", line, line_rank, fields, text))
-            return
+            return Milestone("warning", line, line_rank, fields, text)
         kind = obj.pop("kind", rule.kind)
         rank = obj.get("rank")
-        if not isinstance(rank, int):
-            rank = line_rank
-        self._held.append(Milestone(kind, line, rank, obj, text))
+        return Milestone(kind, line, rank if isinstance(rank, int) else line_rank, obj, text)
 
     # ---- rank groups ------------------------------------------------------------------------------
     def _join(self, key: str, ms: Milestone, proc: str, rank: int | None) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from agent.milestones.logline import LineLayout
-from agent.milestones.rulefile import CONVERT_ERRORS, CONVERTERS, Rule
+from agent.milestones.rulefile import Rule, convert
 
 #: At most this many shapes remembered (lines of free text never repeat their shape).
 MAX_PLANS = 1 << 14
@@ -63,14 +63,19 @@ def digit_uniform(regex: re.Pattern[str]) -> bool:
 FieldsBuilder = Callable[[re.Match[str]], dict[str, Any]]
 
 
+#: Kinds whose converter starts with a plain ``int()``/``float()`` (rulefile._to_int/_to_float): that call
+#: alone decides a well-formed value; anything else goes through ``convert``.
+_PLAIN = {"int": int, "float": float, "percent": float, "seconds": float}
+
+
 def fields_builder(rule: Rule) -> FieldsBuilder:
-    """A function from a match of ``rule`` to its milestone fields: ``rule``, the named groups that matched
-    (converted as ``rule.fields`` says; a value that does not convert stays a string), ``rule.set``, then
-    ``class`` and ``severity`` — converters and constants looked up once, not per line."""
-    groups = [
-        (name, index - 1, None if rule.fields.get(name, "str") == "str" else CONVERTERS[rule.fields[name]])
-        for name, index in rule.regex.groupindex.items()
-    ]
+    """A function from a match of ``rule`` to its milestone fields, as ``convert`` makes them: ``rule``, the
+    named groups that matched (converted as ``rule.fields`` says; a value that does not convert stays a
+    string), ``rule.set``, then ``class`` and ``severity`` — looked up once per rule, not per line."""
+    groups: list[tuple[str, int, str | None, Callable[[str], Any] | None]] = []
+    for name, index in rule.regex.groupindex.items():
+        kind = rule.fields.get(name, "str")
+        groups.append((name, index - 1, None if kind == "str" else kind, _PLAIN.get(kind)))
     tail: dict[str, Any] = dict(rule.set)
     if rule.error_class:
         tail["class"] = rule.error_class
@@ -81,16 +86,22 @@ def fields_builder(rule: Rule) -> FieldsBuilder:
     def build(m: re.Match[str]) -> dict[str, Any]:
         fields: dict[str, Any] = {"rule": name}
         values = m.groups()
-        for key, index, conv in groups:
+        for key, index, kind, plain in groups:
             value = values[index]
-            if value is not None:
-                if conv is None:
-                    fields[key] = value
-                else:
-                    try:
-                        fields[key] = conv(value)
-                    except CONVERT_ERRORS:
-                        fields[key] = value
+            if value is None:
+                continue
+            if kind is None:
+                fields[key] = value
+                continue
+            if plain is not None:
+                try:
+                    number = plain(value)
+                    if number - number == 0:  # finite (inf - inf and nan are nan): what _to_float allows
+                        fields[key] = number
+                        continue
+                except ValueError:
+                    pass
+            fields[key] = convert(kind, value)
         if tail:
             fields.update(tail)
         return fields
