@@ -263,36 +263,42 @@ class MilestoneEngine:
         rules = None if self._prefilter.per_line(key) else self._prefilter.rules_for(text)
         layout: LineLayout | None = line_layout(text)
         msg = text[layout.message :]
-        matched = None
+        matched = m = None
         if rules is None or msg.lstrip().startswith(TRACEBACK_START):
             layout, rules = None, []
         for i, rule in enumerate(rules or ()):
-            if rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg) is not None:
+            m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
+            if m is not None:
                 matched = i
                 break
         if matched is None and layout is not None and layout.level in ("ERROR", "CRITICAL"):
             layout = None  # the line may hold an exception that no rule names (record_exception)
-        return self._plans.learn(key, layout, rules or [], matched)
+        return self._plans.learn(key, layout, rules or [], matched, m)
 
     def _run_plan(self, plan: ShapePlan, text: str, line: int) -> list[Milestone]:
-        """``_feed`` of a line of a known shape: its remembered rule, verified by one match on the line."""
+        """``_feed`` of a line of a known shape: its remembered rule, at its remembered spans when the rule
+        treats all digits alike, else verified by one match on the line (plans.py)."""
         rule = plan.rule
         if rule is None:  # no rule matches a line of this shape
             return self._release() if self._held else []
         layout = plan.layout
-        msg = text[layout.message :]
-        m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
-        if m is None:  # the rule names a digit this line lacks: search every candidate
-            return self._feed(text, line)
+        if plan.spans is not None:
+            values: Sequence[str | None] = plan.values(text)
+        else:
+            msg = text[layout.message :]
+            m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
+            if m is None:  # the rule names a digit this line lacks: search every candidate
+                return self._feed(text, line)
+            values = m.groups()
         if rule.once:
             if rule.name in self._fired:
                 return self._release() if self._held else []
             self._fired.add(rule.name)
         rank = layout.rank_of(text)
         if rule.marker:
-            ms = self._marker(rule, m, text, line, rank)
+            ms = self._marker(rule, values[rule.regex.groupindex["json"] - 1], text, line, rank)
         else:
-            fields = plan.build(m) if plan.build else self._fields(rule, m)
+            fields = (plan.build or self._plans.builder(rule))(values)
             if rule.per_rank or (self.world_size is None and "world_size" in fields):
                 self._emit(rule, fields, text, line, rank, layout.proc(text) if rule.per_rank else "")
                 return self._release()
@@ -417,7 +423,7 @@ class MilestoneEngine:
                         break
                     self._fired.add(rule.name)
                 if rule.marker:
-                    self._held.append(self._marker(rule, m, text, line, parsed.rank))
+                    self._held.append(self._marker(rule, m.group("json"), text, line, parsed.rank))
                 else:
                     self._emit(rule, self._fields(rule, m), text, line, parsed.rank, parsed.proc)
                 break
@@ -428,7 +434,7 @@ class MilestoneEngine:
         return self._release()
 
     def _fields(self, rule: Rule, m: re.Match[str]) -> dict[str, Any]:
-        return self._plans.builder(rule)(m)  # converters looked up once per rule (plans.fields_builder)
+        return self._plans.builder(rule)(m.groups())  # converters looked up once per rule (plans.fields_builder)
 
     def _emit(self, rule: Rule, fields: dict[str, Any], text: str, line: int, rank: int | None, proc: str) -> None:
         """Hold (or join to its rank group) the milestone of ``rule``'s match on a line of process ``proc``."""
@@ -442,9 +448,11 @@ class MilestoneEngine:
         else:
             self._held.append(ms)
 
-    def _marker(self, rule: Rule, m: re.Match[str], text: str, line: int, line_rank: int | None) -> Milestone:
-        """The milestone a marker line names, or a ``bad_marker`` warning."""
-        obj, problem = decode_marker(m.group("json"))
+    def _marker(self, rule: Rule, raw: str | None, text: str, line: int, line_rank: int | None) -> Milestone:
+        """The milestone a marker line (its JSON text ``raw``) names, or a ``bad_marker`` warning."""
+        if raw is None:  # a user's marker rule whose group "json" is optional
+            raise TypeError(f"marker rule {rule.name!r}: group 'json' matched nothing")
+        obj, problem = decode_marker(raw)
         if problem is None:
             if not isinstance(obj, dict):
                 problem = "marker is not a JSON object"

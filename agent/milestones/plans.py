@@ -1,15 +1,22 @@
 """Pure: what the milestone engine remembers per line shape, so that a known shape costs one regex match.
 
 A line's shape is its bytes with ASCII digits folded to ``0`` (``agent/logs/block.DIGIT_FOLD``; the raw block
-path has it already).  For a shape the engine remembers a ``ShapePlan``: where the line's parts lie
-(``logline.LineLayout``) and the rule that matched the first line of that shape, with the rule's fields
-builder.  A later line of the shape runs that rule's regex once (which verifies it: the shape folds digits
-only, and a rule may name digits) and builds its fields with precompiled converters, instead of parsing the
-line and searching all candidate rules.  That is exact when every candidate rule before the remembered one
-treats all digits alike (``digit_uniform``): such a rule matches a line exactly where it matches the line's
-shape, so it cannot match a line of a shape on which it failed.  A shape for which that does not hold, or
-that needs more (a traceback, an ERROR record, a line answered line by line) gets no plan: its lines take
-the engine's full path, as do lines whose remembered rule does not match them.
+path has it already), so a line differing from another in anything but its digits has another shape.  For a
+shape the engine remembers a ``ShapePlan``: where the line's parts lie (``logline.LineLayout``) and the rule
+that matched the first line of that shape, with the rule's fields builder.  Instead of parsing a later line
+of the shape and searching all candidate rules, the engine then:
+
+- for a rule that treats all ASCII digits alike (``digit_uniform``: no digit literal, no partial digit
+  range, no back-reference) takes the groups at the spans the first line's match had: such a regex matches a
+  line exactly where it matches the line's shape, with the same spans, so the match on the shape (the first
+  line's) is the match on every line of it — no regex runs;
+- for any other rule runs its regex once on the line (which verifies it: the shape folds digits only and the
+  rule names a digit), and takes the engine's full path when it does not match.
+
+Either way the fields are built with converters looked up once per rule.  A plan is only made when every
+candidate rule before the remembered one is digit-uniform: such a rule cannot match a line of a shape on
+which it failed.  A shape that needs more (a traceback, an ERROR record, a line answered line by line) gets no
+plan: its lines take the engine's full path.
 """
 
 from __future__ import annotations
@@ -60,7 +67,8 @@ def digit_uniform(regex: re.Pattern[str]) -> bool:
         return False
 
 
-FieldsBuilder = Callable[[re.Match[str]], dict[str, Any]]
+#: Builds a rule's fields from the values of its regex's groups (``Match.groups()``, None: did not match).
+FieldsBuilder = Callable[[Sequence[str | None]], dict[str, Any]]
 
 
 #: Kinds whose converter starts with a plain ``int()``/``float()`` (rulefile._to_int/_to_float): that call
@@ -83,9 +91,8 @@ def fields_builder(rule: Rule) -> FieldsBuilder:
         tail["severity"] = rule.severity
     name = rule.name
 
-    def build(m: re.Match[str]) -> dict[str, Any]:
+    def build(values: Sequence[str | None]) -> dict[str, Any]:
         fields: dict[str, Any] = {"rule": name}
-        values = m.groups()
         for key, index, kind, plain in groups:
             value = values[index]
             if value is None:
@@ -110,12 +117,18 @@ def fields_builder(rule: Rule) -> FieldsBuilder:
 
 
 class ShapePlan(NamedTuple):
-    """How to classify a line of a known shape: the rule to verify (None: no rule matches a line of this
-    shape), its fields builder, and where the line's parts lie."""
+    """How to classify a line of a known shape: its rule (None: no rule matches a line of this shape), the
+    rule's fields builder, where the line's parts lie, and for a digit-uniform rule the spans of its groups in
+    the line (None: verify the rule by a match on each line)."""
 
     rule: Rule | None
     build: FieldsBuilder | None
     layout: LineLayout
+    spans: list[tuple[int, int]] | None = None
+
+    def values(self, text: str) -> list[str | None]:
+        """The rule's group values in ``text``, a line of this shape (the plan must have ``spans``)."""
+        return [None if a < 0 else text[a:b] for a, b in self.spans or ()]
 
 
 class ShapePlans:
@@ -141,18 +154,31 @@ class ShapePlans:
         return known[1]
 
     def learn(
-        self, key: bytes, layout: LineLayout | None, candidates: Sequence[Rule], matched: int | None
+        self,
+        key: bytes,
+        layout: LineLayout | None,
+        candidates: Sequence[Rule],
+        matched: int | None,
+        m: re.Match[str] | None,
     ) -> ShapePlan | None:
-        """Remember the plan of shape ``key`` whose first line matched ``candidates[matched]`` (None: none
-        of them); no plan (None) when ``layout`` is None (the line needs the full path) or a later line of
-        the shape might match an earlier candidate (one that names digits)."""
+        """Remember the plan of shape ``key`` whose first line matched ``candidates[matched]`` with ``m``
+        (searched in the line's message; None: no candidate matched); no plan (None) when ``layout`` is
+        None (the line needs the full path) or a later line of the shape might match an earlier candidate
+        (one that names digits)."""
         if len(self.plans) >= MAX_PLANS:
             self.plans.clear()
         before = candidates if matched is None else candidates[:matched]
         plan = None
         if layout is not None and all(self.uniform(rule) for rule in before):
-            rule = None if matched is None else candidates[matched]
-            plan = ShapePlan(rule, None if rule is None else self.builder(rule), layout)
+            if matched is None or m is None:
+                plan = ShapePlan(None, None, layout)
+            else:
+                rule = candidates[matched]
+                spans = None
+                if self.uniform(rule):  # the match's spans hold for every line of the shape
+                    at = layout.message
+                    spans = [(a + at, b + at) if a >= 0 else (-1, -1) for a, b in m.regs[1:]]
+                plan = ShapePlan(rule, self.builder(rule), layout, spans)
         self.plans[key] = plan
         return plan
 
