@@ -83,9 +83,13 @@ _EXC_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Milestone:
-    """One milestone: stable kind, 1-based line number, TP rank (null when deduped or unknown)."""
+    """One milestone: stable kind, 1-based line number, TP rank (null when deduped or unknown).
+
+    Not frozen: one is made for every milestone line, and a frozen dataclass's ``__init__`` costs three
+    times as much; nothing changes a milestone's attributes once it is made (``dataclasses.replace``
+    makes a new one)."""
 
     kind: str
     line: int
@@ -246,14 +250,20 @@ class MilestoneEngine:
         return out
 
     def _feed_shaped(self, text: str, key: bytes, line: int) -> list[Milestone]:
-        """``feed`` of a line whose shape is ``key``: a known shape runs its plan (plans.py)."""
+        """``feed`` of a line whose shape is ``key``: a known shape runs its plan (plans.py): its remembered
+        rule, at its remembered spans when the rule treats all digits alike, else verified by one match."""
         if self._groups or self._traces or text[:1] == "{":
             return self.feed(text, line)
         try:
             plan = self._plans.plans.get(key, _UNSEEN)
             if plan is _UNSEEN:
                 plan = self._learn(text, key)
-            out = self._feed(text, line) if plan is None else self._run_plan(plan, text, line)
+            if plan is None:
+                out = self._feed(text, line)
+            elif plan.rule is None:  # no rule matches a line of this shape
+                out = self._release() if self._held else []
+            else:
+                out = self._run_plan(plan, plan.rule, text, line)
         except Exception as exc:
             out = self._line_error(text, line, exc)
         return self._roots.annotate(out) if out else out
@@ -275,38 +285,35 @@ class MilestoneEngine:
             layout = None  # the line may hold an exception that no rule names (record_exception)
         return self._plans.learn(key, layout, rules or [], matched, m)
 
-    def _run_plan(self, plan: ShapePlan, text: str, line: int) -> list[Milestone]:
-        """``_feed`` of a line of a known shape: its remembered rule, at its remembered spans when the rule
-        treats all digits alike, else verified by one match on the line (plans.py)."""
-        rule = plan.rule
-        if rule is None:  # no rule matches a line of this shape
-            return self._release() if self._held else []
-        layout = plan.layout
-        if plan.spans is not None:
-            values: Sequence[str | None] = plan.values(text)
-        else:
-            msg = text[layout.message :]
+    def _run_plan(self, plan: ShapePlan, rule: Rule, text: str, line: int) -> list[Milestone]:
+        regs = plan.regs
+        if regs is None:
+            msg = text[plan.layout.message :]
             m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
             if m is None:  # the rule names a digit this line lacks: search every candidate
                 return self._feed(text, line)
-            values = m.groups()
+            text_at, regs = m.string, m.regs
+        else:
+            text_at = text
         if rule.once:
             if rule.name in self._fired:
                 return self._release() if self._held else []
             self._fired.add(rule.name)
-        rank = layout.rank_of(text)
+        rank = None if plan.rank is None else int(text[plan.rank[0] : plan.rank[1]])
         if rule.marker:
-            ms = self._marker(rule, values[rule.regex.groupindex["json"] - 1], text, line, rank)
+            start, end = regs[plan.json]
+            ms = self._marker(rule, text_at[start:end] if start >= 0 else None, text, line, rank)
         else:
-            fields = (plan.build or self._plans.builder(rule))(values)
+            fields = plan.build(text_at, regs)
             if rule.per_rank or (self.world_size is None and "world_size" in fields):
-                self._emit(rule, fields, text, line, rank, layout.proc(text) if rule.per_rank else "")
+                self._emit(rule, fields, text, line, rank, plan.layout.proc(text) if rule.per_rank else "")
                 return self._release()
             ms = Milestone(rule.kind, line, rank, fields, text)
         if self._held:
             self._held.append(ms)
             return self._release()
-        return _tagged([ms])  # nothing held, no group or traceback open: released at once
+        # nothing held, no group or traceback open: released at once
+        return _tagged([ms]) if text[:1] == "[" else [ms]
 
     def _feed(self, text: str, line: int) -> list[Milestone]:
         if self._groups or self._traces:
@@ -434,7 +441,7 @@ class MilestoneEngine:
         return self._release()
 
     def _fields(self, rule: Rule, m: re.Match[str]) -> dict[str, Any]:
-        return self._plans.builder(rule)(m.groups())  # converters looked up once per rule (plans.fields_builder)
+        return self._plans.builder(rule)(m.string, m.regs)  # converters looked up once per rule (plans.fields_builder)
 
     def _emit(self, rule: Rule, fields: dict[str, Any], text: str, line: int, rank: int | None, proc: str) -> None:
         """Hold (or join to its rank group) the milestone of ``rule``'s match on a line of process ``proc``."""

@@ -67,8 +67,10 @@ def digit_uniform(regex: re.Pattern[str]) -> bool:
         return False
 
 
-#: Builds a rule's fields from the values of its regex's groups (``Match.groups()``, None: did not match).
-FieldsBuilder = Callable[[Sequence[str | None]], dict[str, Any]]
+#: Spans of a regex's groups by group number (``Match.regs``; (-1, -1): the group did not match).
+Regs = Sequence[tuple[int, int]]
+#: Builds a rule's fields from a string and the spans of its regex's groups in it (``m.string, m.regs``).
+FieldsBuilder = Callable[[str, Regs], dict[str, Any]]
 
 
 #: Kinds whose converter starts with a plain ``int()``/``float()`` (rulefile._to_int/_to_float): that call
@@ -83,7 +85,7 @@ def fields_builder(rule: Rule) -> FieldsBuilder:
     groups: list[tuple[str, int, str | None, Callable[[str], Any] | None]] = []
     for name, index in rule.regex.groupindex.items():
         kind = rule.fields.get(name, "str")
-        groups.append((name, index - 1, None if kind == "str" else kind, _PLAIN.get(kind)))
+        groups.append((name, index, None if kind == "str" else kind, _PLAIN.get(kind)))
     tail: dict[str, Any] = dict(rule.set)
     if rule.error_class:
         tail["class"] = rule.error_class
@@ -91,12 +93,13 @@ def fields_builder(rule: Rule) -> FieldsBuilder:
         tail["severity"] = rule.severity
     name = rule.name
 
-    def build(values: Sequence[str | None]) -> dict[str, Any]:
+    def build(text: str, regs: Regs) -> dict[str, Any]:
         fields: dict[str, Any] = {"rule": name}
         for key, index, kind, plain in groups:
-            value = values[index]
-            if value is None:
+            start, end = regs[index]
+            if start < 0:
                 continue
+            value = text[start:end]
             if kind is None:
                 fields[key] = value
                 continue
@@ -116,19 +119,21 @@ def fields_builder(rule: Rule) -> FieldsBuilder:
     return build
 
 
+def _no_fields(_text: str, _regs: Regs) -> dict[str, Any]:
+    return {}
+
+
 class ShapePlan(NamedTuple):
     """How to classify a line of a known shape: its rule (None: no rule matches a line of this shape), the
     rule's fields builder, where the line's parts lie, and for a digit-uniform rule the spans of its groups in
     the line (None: verify the rule by a match on each line)."""
 
     rule: Rule | None
-    build: FieldsBuilder | None
+    build: FieldsBuilder
     layout: LineLayout
-    spans: list[tuple[int, int]] | None = None
-
-    def values(self, text: str) -> list[str | None]:
-        """The rule's group values in ``text``, a line of this shape (the plan must have ``spans``)."""
-        return [None if a < 0 else text[a:b] for a, b in self.spans or ()]
+    regs: list[tuple[int, int]] | None = None  # in the line (``Match.regs`` of the message, shifted)
+    rank: tuple[int, int] | None = None  # ``layout.rank``
+    json: int = 0  # a marker rule's group "json" (its number)
 
 
 class ShapePlans:
@@ -171,14 +176,15 @@ class ShapePlans:
         plan = None
         if layout is not None and all(self.uniform(rule) for rule in before):
             if matched is None or m is None:
-                plan = ShapePlan(None, None, layout)
+                plan = ShapePlan(None, _no_fields, layout)
             else:
                 rule = candidates[matched]
-                spans = None
+                regs = None
                 if self.uniform(rule):  # the match's spans hold for every line of the shape
                     at = layout.message
-                    spans = [(a + at, b + at) if a >= 0 else (-1, -1) for a, b in m.regs[1:]]
-                plan = ShapePlan(rule, self.builder(rule), layout, spans)
+                    regs = [(a + at, b + at) if a >= 0 else (-1, -1) for a, b in m.regs]
+                json = rule.regex.groupindex.get("json", 0)
+                plan = ShapePlan(rule, self.builder(rule), layout, regs, layout.rank, json)
         self.plans[key] = plan
         return plan
 
