@@ -223,26 +223,37 @@ class MilestoneEngine:
         if not self._prefilter.usable:
             return self.feed_many(block.texts(), first)
         shapes = block.shapes
-        return self._feed_hits(BlockLines(block), shapes, self._prefilter.hits_of(shapes), first)
+        lines = BlockLines(block)
+        hits = self._prefilter.hits_of(shapes)
+        return self._feed_hits(lines, shapes, hits, first, lines.texts_at(hits))
 
     def _feed_hits(
-        self, texts: Sequence[str], keys: Sequence[bytes], hits: list[int], first: int
+        self,
+        texts: Sequence[str],
+        keys: Sequence[bytes],
+        hits: list[int],
+        first: int,
+        hit_texts: Sequence[str] | None = None,
     ) -> list[Milestone]:
-        """Feed the lines ``hits`` of ``texts`` (shapes ``keys``), and every line while a traceback is open."""
+        """Feed the lines ``hits`` of ``texts`` (shapes ``keys``; ``hit_texts``: their texts, when at hand),
+        and every line while a traceback is open."""
         out: list[Milestone] = []
         feed, feed_shaped, traces, n, i = self.feed, self._feed_shaped, self._traces, len(texts), 0
-        it = iter(hits)
+        if hit_texts is None:
+            hit_texts = texts if len(hits) == n else [texts[h] for h in hits]
+        j, n_hits = 0, len(hits)
         while i < n:
             if traces:  # an open traceback sees every line (its process's frames and exception)
                 out += feed(texts[i], first + i)
                 i += 1
                 continue
-            h = next(it, n)
-            if h < i:
-                continue  # fed already, while a traceback was open
-            if h >= n:
+            while j < n_hits and hits[j] < i:
+                j += 1  # fed already, while a traceback was open
+            if j >= n_hits:
                 break
-            out += feed_shaped(texts[h], keys[h], first + h)
+            h = hits[j]
+            out += feed_shaped(hit_texts[j], keys[h], first + h)
+            j += 1
             i = h + 1
         if i < n and (self._groups or self._held):
             self._expire(first + n - 1)  # what the skipped last line would have expired and released
@@ -258,15 +269,40 @@ class MilestoneEngine:
             plan = self._plans.plans.get(key, _UNSEEN)
             if plan is _UNSEEN:
                 plan = self._learn(text, key)
-            if plan is None:
-                out = self._feed(text, line)
-            elif plan.rule is None:  # no rule matches a line of this shape
-                out = self._release() if self._held else []
+            if plan is None or (rule := plan.rule) is None:
+                out = self._feed(text, line) if plan is None else self._release() if self._held else []
+                return self._roots.annotate(out) if out else out
+            regs = plan.regs
+            if regs is None:
+                msg = text[plan.layout.message :]
+                m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
+                if m is None:  # the rule names a digit this line lacks: search every candidate
+                    return self._roots.annotate(self._feed(text, line))
+                text_at, regs = m.string, m.regs
             else:
-                out = self._run_plan(plan, plan.rule, text, line)
+                text_at = text
+            if rule.once:
+                if rule.name in self._fired:
+                    return self._release() if self._held else []
+                self._fired.add(rule.name)
+            rank = None if plan.rank is None else int(text[plan.rank[0] : plan.rank[1]])
+            if rule.marker:
+                start, end = regs[plan.json]
+                ms = self._marker(rule, text_at[start:end] if start >= 0 else None, text, line, rank)
+            else:
+                fields = plan.build(text_at, regs)
+                if rule.per_rank or (self.world_size is None and "world_size" in fields):
+                    self._emit(rule, fields, text, line, rank, plan.layout.proc(text) if rule.per_rank else "")
+                    return self._roots.annotate(self._release())
+                ms = Milestone(rule.kind, line, rank, fields, text)
+            if self._held:
+                self._held.append(ms)
+                return self._roots.annotate(self._release())
+            # nothing held, no group or traceback open: released at once
+            out = _tagged([ms]) if text[:1] == "[" else [ms]
+            return self._roots.annotate(out) if ms.kind == "error" else out
         except Exception as exc:
-            out = self._line_error(text, line, exc)
-        return self._roots.annotate(out) if out else out
+            return self._roots.annotate(self._line_error(text, line, exc))
 
     def _learn(self, text: str, key: bytes) -> ShapePlan | None:
         """The plan of shape ``key`` from its line ``text`` (no effects: the line is classified after)."""
@@ -284,36 +320,6 @@ class MilestoneEngine:
         if matched is None and layout is not None and layout.level in ("ERROR", "CRITICAL"):
             layout = None  # the line may hold an exception that no rule names (record_exception)
         return self._plans.learn(key, layout, rules or [], matched, m)
-
-    def _run_plan(self, plan: ShapePlan, rule: Rule, text: str, line: int) -> list[Milestone]:
-        regs = plan.regs
-        if regs is None:
-            msg = text[plan.layout.message :]
-            m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
-            if m is None:  # the rule names a digit this line lacks: search every candidate
-                return self._feed(text, line)
-            text_at, regs = m.string, m.regs
-        else:
-            text_at = text
-        if rule.once:
-            if rule.name in self._fired:
-                return self._release() if self._held else []
-            self._fired.add(rule.name)
-        rank = None if plan.rank is None else int(text[plan.rank[0] : plan.rank[1]])
-        if rule.marker:
-            start, end = regs[plan.json]
-            ms = self._marker(rule, text_at[start:end] if start >= 0 else None, text, line, rank)
-        else:
-            fields = plan.build(text_at, regs)
-            if rule.per_rank or (self.world_size is None and "world_size" in fields):
-                self._emit(rule, fields, text, line, rank, plan.layout.proc(text) if rule.per_rank else "")
-                return self._release()
-            ms = Milestone(rule.kind, line, rank, fields, text)
-        if self._held:
-            self._held.append(ms)
-            return self._release()
-        # nothing held, no group or traceback open: released at once
-        return _tagged([ms]) if text[:1] == "[" else [ms]
 
     def _feed(self, text: str, line: int) -> list[Milestone]:
         if self._groups or self._traces:

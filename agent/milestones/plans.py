@@ -21,6 +21,7 @@ plan: its lines take the engine's full path.
 
 from __future__ import annotations
 
+import functools
 import re
 import re._constants as sre_c
 import re._parser as sre_parse
@@ -61,8 +62,13 @@ def _uniform(node: Any) -> bool:
 def digit_uniform(regex: re.Pattern[str]) -> bool:
     """Whether ``regex`` treats all ASCII digits alike: then it matches a line exactly where it matches the
     line with its digits folded to ``0``, with the same spans (False when unsure)."""
+    return _pattern_uniform(regex.pattern, regex.flags)
+
+
+@functools.lru_cache(maxsize=1024)  # every engine of a daemon asks about the same built-in rules
+def _pattern_uniform(pattern: str, flags: int) -> bool:
     try:
-        return _uniform(sre_parse.parse(regex.pattern, regex.flags))
+        return _uniform(sre_parse.parse(pattern, flags))
     except (re.error, TypeError, ValueError, RecursionError):
         return False
 
