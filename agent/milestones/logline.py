@@ -204,7 +204,8 @@ class Prefilter:
         self.usable = not gate.always and not any(
             ch in "0123456789" for w in (*gate.words, *gate.literals) for ch in w
         )
-        self.memo: dict[bytes, bool] = {}
+        self.memo: set[bytes] = set()  # the shapes answered so far
+        self._hit: set[bytes] = set()  # those of them that may pass the gate
         self._rules: dict[bytes, list[Rule] | None] = {}
         self._digit_anchors = frozenset(
             word
@@ -255,18 +256,20 @@ class Prefilter:
 
     def hits_of(self, keys: list[bytes]) -> list[int]:
         """Indices (ascending) of the lines whose shapes are ``keys`` that may pass the gate."""
-        memo = self.memo
-        answers = list(map(memo.get, keys))
-        if None in answers:  # shapes not seen yet (or forgotten): answer each once
-            new = {k for k, a in zip(keys, answers, strict=True) if a is None}
+        memo, hit = self.memo, self._hit
+        if not memo.issuperset(keys):  # shapes not seen yet (or forgotten): answer each once
+            new = set(keys).difference(memo)
             if len(memo) + len(new) > MEMO_MAX:  # bounded: lines of free text (prompts, paths) never repeat
                 memo.clear()
+                hit.clear()
                 new = set(keys)
             rules_for = self.rules_for
             for k in new:
                 text = k.decode("utf-8", "surrogatepass")  # a shape's answers are its lines' answers
                 # a JSON log record is read as the text lines it stands for: the gate sees those, not this
                 # (a shape answered line by line is a hit: its lines are confirmed one by one)
-                memo[k] = text[:1] == "{" or rules_for(text) is not None or self._rules.get(k) is _PER_LINE
-            answers = list(map(memo.__getitem__, keys))
-        return list(compress(range(len(keys)), answers))
+                if text[:1] == "{" or rules_for(text) is not None or self._rules.get(k) is _PER_LINE:
+                    hit.add(k)
+                memo.add(k)
+        # a shape's hash is kept in its bytes object: the second look-up per line costs no hashing
+        return list(compress(range(len(keys)), map(hit.__contains__, keys)))
