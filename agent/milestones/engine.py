@@ -53,7 +53,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent.logs.block import Block, BlockLines
-from agent.milestones.logline import Gate, LineLayout, ParsedLine, Prefilter, line_layout, parse_line, process_tag
+from agent.milestones.logline import (
+    Gate,
+    LineLayout,
+    ParsedLine,
+    Prefilter,
+    line_layout,
+    parse_line,
+    process_tag,
+)
 from agent.milestones.plans import ShapePlan, ShapePlans
 from agent.milestones.records import decode_marker, json_record_lines, record_exception
 from agent.milestones.rootcause import RootCauses
@@ -63,7 +71,6 @@ from agent.milestones.rulefile import (
     Rule,
     RuleError,
     RuleSet,
-    convert,
     load_rules,
     read_rule_file,
     validate_rules,
@@ -292,7 +299,9 @@ class MilestoneEngine:
             else:
                 fields = plan.build(text_at, regs)
                 if rule.per_rank or (self.world_size is None and "world_size" in fields):
-                    self._emit(rule, fields, text, line, rank, plan.layout.proc(text) if rule.per_rank else "")
+                    self._emit(
+                        rule, fields, text, line, rank, plan.layout.proc(text) if rule.per_rank else ""
+                    )
                     return self._roots.annotate(self._release())
                 ms = Milestone(rule.kind, line, rank, fields, text)
             if self._held:
@@ -307,8 +316,9 @@ class MilestoneEngine:
     def _learn(self, text: str, key: bytes) -> ShapePlan | None:
         """The plan of shape ``key`` from its line ``text`` (no effects: the line is classified after)."""
         rules = None if self._prefilter.per_line(key) else self._prefilter.rules_for(text)
-        layout: LineLayout | None = line_layout(text)
-        msg = text[layout.message :]
+        found = line_layout(text)
+        layout: LineLayout | None = found
+        msg = text[found.message :]
         matched = m = None
         if rules is None or msg.lstrip().startswith(TRACEBACK_START):
             layout, rules = None, []
@@ -447,10 +457,14 @@ class MilestoneEngine:
         return self._release()
 
     def _fields(self, rule: Rule, m: re.Match[str]) -> dict[str, Any]:
-        return self._plans.builder(rule)(m.string, m.regs)  # converters looked up once per rule (plans.fields_builder)
+        return self._plans.builder(rule)(
+            m.string, m.regs
+        )  # converters looked up once per rule (plans.fields_builder)
 
-    def _emit(self, rule: Rule, fields: dict[str, Any], text: str, line: int, rank: int | None, proc: str) -> None:
-        """Hold (or join to its rank group) the milestone of ``rule``'s match on a line of process ``proc``."""
+    def _emit(
+        self, rule: Rule, fields: dict[str, Any], text: str, line: int, rank: int | None, proc: str
+    ) -> None:
+        """Hold (or join to its rank group) the milestone of ``rule``'s match on a line of ``proc``."""
         if self.world_size is None:
             ws = fields.get("world_size")
             if isinstance(ws, int) and ws > 0:

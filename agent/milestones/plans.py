@@ -50,7 +50,9 @@ def _uniform(node: Any) -> bool:
             return av not in _DIGITS
         if op in _RANGE_OPS:
             lo, hi = av
-            return hi < _DIGITS.start or lo >= _DIGITS.stop or (lo <= _DIGITS.start and hi >= _DIGITS.stop - 1)
+            return (
+                hi < _DIGITS.start or lo >= _DIGITS.stop or (lo <= _DIGITS.start and hi >= _DIGITS.stop - 1)
+            )
         if op in _REF_OPS:  # a back-reference compares digits with digits
             return False
         return _uniform(av)
@@ -193,4 +195,3 @@ class ShapePlans:
                 plan = ShapePlan(rule, self.builder(rule), layout, regs, layout.rank, json)
         self.plans[key] = plan
         return plan
-
