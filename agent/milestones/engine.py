@@ -7,6 +7,9 @@ derived from every rule's ``words`` and ``contains`` prefilters and ``Traceback 
 whose answer (and the rules that may match) is remembered per line shape: the line with its digits folded
 to ``0`` (``logline.Prefilter``).  Most lines stop there; ``feed_many`` and ``feed_block`` (a raw block of
 lines, ``agent/logs/block.py``) skip them in bulk and decode only the lines that may match.
+On those paths a line that may match also runs its shape's plan (plans.py): the rule that matched the
+first line of the shape, taken at the same spans when it treats all digits alike, else verified by one
+match; a shape a plan cannot serve exactly takes the full path below, as ``feed`` always does.
 A line that passes is parsed into process prefix (``(Worker_TP3 pid=7) ``,
 ``(VllmWorker rank=3 pid=7) ``, ``(EngineCore_DP0 pid=7) ``…; the TP rank becomes ``Milestone.rank``),
 log header (new ``INFO 02-21 22:48:03 [file.py:12] `` or old ``INFO 02-21 22:48:03 file.py:12] ``) and
