@@ -86,14 +86,17 @@ FieldsBuilder = Callable[[str, Regs], dict[str, Any]]
 _PLAIN = {"int": int, "float": float, "percent": float, "seconds": float}
 
 
-def fields_builder(rule: Rule) -> FieldsBuilder:
+def fields_builder(rule: Rule, spans: Regs | None = None) -> FieldsBuilder:
     """A function from a match of ``rule`` to its milestone fields, as ``convert`` makes them: ``rule``, the
     named groups that matched (converted as ``rule.fields`` says; a value that does not convert stays a
-    string), ``rule.set``, then ``class`` and ``severity`` — looked up once per rule, not per line."""
+    string), ``rule.set``, then ``class`` and ``severity`` — looked up once per rule, not per line.  With
+    ``spans`` (a shape's, of a digit-uniform rule) it ignores the spans it is given and loops only over the
+    groups that match in that shape."""
     groups: list[tuple[str, int, str | None, Callable[[str], Any] | None]] = []
     for name, index in rule.regex.groupindex.items():
         kind = rule.fields.get(name, "str")
-        groups.append((name, index, None if kind == "str" else kind, _PLAIN.get(kind)))
+        if spans is None or spans[index][0] >= 0:
+            groups.append((name, index, None if kind == "str" else kind, _PLAIN.get(kind)))
     tail: dict[str, Any] = dict(rule.set)
     if rule.error_class:
         tail["class"] = rule.error_class
@@ -103,6 +106,8 @@ def fields_builder(rule: Rule) -> FieldsBuilder:
 
     def build(text: str, regs: Regs) -> dict[str, Any]:
         fields: dict[str, Any] = {"rule": name}
+        if spans is not None:
+            regs = spans
         for key, index, kind, plain in groups:
             start, end = regs[index]
             if start < 0:
@@ -192,6 +197,7 @@ class ShapePlans:
                     at = layout.message
                     regs = [(a + at, b + at) if a >= 0 else (-1, -1) for a, b in m.regs]
                 json = rule.regex.groupindex.get("json", 0)
-                plan = ShapePlan(rule, self.builder(rule), layout, regs, layout.rank, json)
+                build = self.builder(rule) if regs is None or rule.marker else fields_builder(rule, regs)
+                plan = ShapePlan(rule, build, layout, regs, layout.rank, json)
         self.plans[key] = plan
         return plan
