@@ -234,3 +234,17 @@ def test_steady_lines_run_on_remembered_spans() -> None:
     }
     assert {("throughput", True), ("eaglewatch_marker", True), ("step_ten", False)} <= by_rule
     assert ("http_ok", False) in by_rule
+
+
+def test_plans_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines of free text never repeat their shape: the plans are forgotten past MAX_PLANS, and the lines
+    after that still get what the full path gives."""
+    monkeypatch.setattr("agent.milestones.plans.MAX_PLANS", 5)
+    rules = load_rules(extra=DIGIT_RULES)
+    texts = [f"step {i} of 9 done {'x' * (i % 13)}" for i in range(60)] + ["status 200 ok", "wave 3"]
+    eng = MilestoneEngine(rules)
+    block = clean_block("".join(t + "\n" for t in texts).encode(), 0, 1 << 20)
+    assert block is not None
+    got = [m.to_dict() for m in eng.feed_block(block, 1) + eng.flush()]
+    assert len(eng._plans.plans) <= 5
+    assert got == _reference(rules, texts)
