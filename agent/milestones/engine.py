@@ -318,7 +318,9 @@ class MilestoneEngine:
 
     def _learn(self, text: str, key: bytes) -> ShapePlan | None:
         """The plan of shape ``key`` from its line ``text`` (no effects: the line is classified after)."""
-        rules = None if self._prefilter.per_line(key) else self._prefilter.rules_for(text)
+        rules = self._prefilter.rules_for(text)  # records whether the shape is answered line by line
+        if self._prefilter.per_line(key):
+            rules = None  # this line's candidates are not its shape's
         found = line_layout(text)
         layout: LineLayout | None = found
         msg = text[found.message :]

@@ -248,3 +248,22 @@ def test_plans_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     got = [m.to_dict() for m in eng.feed_block(block, 1) + eng.flush()]
     assert len(eng._plans.plans) <= 5
     assert got == _reference(rules, texts)
+
+
+@pytest.mark.parametrize("memo_max", [1, 3, 1 << 16])
+def test_a_shape_answered_line_by_line_gets_no_plan(monkeypatch: pytest.MonkeyPatch, memo_max: int) -> None:
+    """``200% Completed`` and ``100% Completed`` share a shape that a literal with a digit decides line by
+    line: neither line's candidates may be remembered for the shape, even when the prefilter's memo was
+    just forgotten."""
+    monkeypatch.setattr("agent.milestones.logline.MEMO_MAX", memo_max)
+    # a rule both lines are candidates for and neither matches: a plan learnt from 200%'s candidates alone
+    # would say "no rule matches this shape"
+    rules = load_rules(extra=[{"name": "never", "kind": "progress", "words": "checkpoint", "regex": "never"}])
+    done = "Loading safetensors checkpoint shards: 100% Completed | 4/4 [00:04<00:00, 1.02it/s]"
+    half = "Loading safetensors checkpoint shards: 200% Completed | 8/4 [00:02<00:02, 1.02it/s]"  # same shape
+    filler = [f"INFO 02-21 22:48:0{i} [x.py:1] weights {'y' * i}" for i in range(6)]
+    for texts in ([half, *filler, done, half, done], [done, half, *filler, done]):
+        want = _reference(rules, texts)
+        assert any(m["fields"]["rule"] == "weight_shards_done" for m in want)  # type: ignore[index]
+        for batch in (1, 2, 50):
+            assert _planned(rules, texts, batch=batch) == want
