@@ -7,6 +7,9 @@ derived from every rule's ``words`` and ``contains`` prefilters and ``Traceback 
 whose answer (and the rules that may match) is remembered per line shape: the line with its digits folded
 to ``0`` (``logline.Prefilter``).  Most lines stop there; ``feed_many`` and ``feed_block`` (a raw block of
 lines, ``agent/logs/block.py``) skip them in bulk and decode only the lines that may match.
+On those paths a line that may match also runs its shape's plan (plans.py): the rule that matched the
+first line of the shape, taken at the same spans when it treats all digits alike, else verified by one
+match; a shape a plan cannot serve exactly takes the full path below, as ``feed`` always does.
 A line that passes is parsed into process prefix (``(Worker_TP3 pid=7) ``,
 ``(VllmWorker rank=3 pid=7) ``, ``(EngineCore_DP0 pid=7) ``…; the TP rank becomes ``Milestone.rank``),
 log header (new ``INFO 02-21 22:48:03 [file.py:12] `` or old ``INFO 02-21 22:48:03 file.py:12] ``) and
@@ -53,7 +56,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent.logs.block import Block, BlockLines
-from agent.milestones.logline import Gate, ParsedLine, Prefilter, parse_line, process_tag
+from agent.milestones.logline import (
+    Gate,
+    LineLayout,
+    ParsedLine,
+    Prefilter,
+    line_layout,
+    parse_line,
+    process_tag,
+)
+from agent.milestones.plans import ShapePlan, ShapePlans
 from agent.milestones.records import decode_marker, json_record_lines, record_exception
 from agent.milestones.rootcause import RootCauses
 from agent.milestones.rulefile import (
@@ -62,7 +74,6 @@ from agent.milestones.rulefile import (
     Rule,
     RuleError,
     RuleSet,
-    convert,
     load_rules,
     read_rule_file,
     validate_rules,
@@ -82,9 +93,13 @@ _EXC_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Milestone:
-    """One milestone: stable kind, 1-based line number, TP rank (null when deduped or unknown)."""
+    """One milestone: stable kind, 1-based line number, TP rank (null when deduped or unknown).
+
+    Not frozen: one is made for every milestone line, and a frozen dataclass's ``__init__`` costs three
+    times as much; nothing changes a milestone's attributes once it is made (``dataclasses.replace``
+    makes a new one)."""
 
     kind: str
     line: int
@@ -108,6 +123,7 @@ class Milestone:
         return cls(d["kind"], d["line"], d["rank"], dict(d["fields"]), d["text"])
 
 
+_UNSEEN: Any = object()  # a shape without a plan yet
 _UNNAMED = "\0unnamed:"  # stands for a line without a process prefix (no real prefix holds a NUL)
 
 
@@ -165,6 +181,7 @@ class MilestoneEngine:
         self._gate_always = bool(self._gate.always)
         self._prefilter = Prefilter(self._gate, _may_matter)
         self._shapes = self._prefilter.usable  # the gate's answers can be remembered per line shape
+        self._plans = ShapePlans()  # per shape: the rule that matches and where the line's parts lie
         self._error_rules = [r for r in rules.rules if r.kind == "error"]
         self._groups: dict[str, _Group] = {}
         self._traces: dict[str, _Trace] = {}
@@ -208,35 +225,116 @@ class MilestoneEngine:
         """
         if not self._prefilter.usable:
             return [m for i, text in enumerate(texts) for m in self.feed(text, first + i)]
-        return self._feed_hits(texts, self._prefilter.hits(texts), first)
+        keys = self._prefilter.keys(texts)
+        return self._feed_hits(texts, keys, self._prefilter.hits_of(keys), first)
 
     def feed_block(self, block: Block, first: int) -> list[Milestone]:
         """``feed_many`` for a Block of raw lines: only the lines that may match are ever decoded."""
         if not self._prefilter.usable:
             return self.feed_many(block.texts(), first)
-        return self._feed_hits(BlockLines(block), self._prefilter.hits_of(block.shapes), first)
+        shapes = block.shapes
+        lines = BlockLines(block)
+        hits = self._prefilter.hits_of(shapes)
+        return self._feed_hits(lines, shapes, hits, first, lines.texts_at(hits))
 
-    def _feed_hits(self, texts: Sequence[str], hits: list[int], first: int) -> list[Milestone]:
-        """Feed the lines ``hits`` of ``texts`` (and every line while a traceback is open)."""
+    def _feed_hits(
+        self,
+        texts: Sequence[str],
+        keys: Sequence[bytes],
+        hits: list[int],
+        first: int,
+        hit_texts: Sequence[str] | None = None,
+    ) -> list[Milestone]:
+        """Feed the lines ``hits`` of ``texts`` (shapes ``keys``; ``hit_texts``: their texts, when at hand),
+        and every line while a traceback is open."""
         out: list[Milestone] = []
-        feed, traces, n, i = self.feed, self._traces, len(texts), 0
-        it = iter(hits)
+        feed, feed_shaped, traces, n, i = self.feed, self._feed_shaped, self._traces, len(texts), 0
+        if hit_texts is None:
+            hit_texts = texts if len(hits) == n else [texts[h] for h in hits]
+        j, n_hits = 0, len(hits)
         while i < n:
             if traces:  # an open traceback sees every line (its process's frames and exception)
                 out += feed(texts[i], first + i)
                 i += 1
                 continue
-            h = next(it, n)
-            if h < i:
-                continue  # fed already, while a traceback was open
-            if h >= n:
+            while j < n_hits and hits[j] < i:
+                j += 1  # fed already, while a traceback was open
+            if j >= n_hits:
                 break
-            out += feed(texts[h], first + h)
+            h = hits[j]
+            out += feed_shaped(hit_texts[j], keys[h], first + h)
+            j += 1
             i = h + 1
         if i < n and (self._groups or self._held):
             self._expire(first + n - 1)  # what the skipped last line would have expired and released
             out += self._release()
         return out
+
+    def _feed_shaped(self, text: str, key: bytes, line: int) -> list[Milestone]:
+        """``feed`` of a line whose shape is ``key``: a known shape runs its plan (plans.py): its remembered
+        rule, at its remembered spans when the rule treats all digits alike, else verified by one match."""
+        if self._groups or self._traces or text[:1] == "{":
+            return self.feed(text, line)
+        try:
+            plan = self._plans.plans.get(key, _UNSEEN)
+            if plan is _UNSEEN:
+                plan = self._learn(text, key)
+            if plan is None or (rule := plan.rule) is None:
+                out = self._feed(text, line) if plan is None else self._release() if self._held else []
+                return self._roots.annotate(out) if out else out
+            regs = plan.regs
+            if regs is None:
+                msg = text[plan.layout.message :]
+                m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
+                if m is None:  # the rule names a digit this line lacks: search every candidate
+                    return self._roots.annotate(self._feed(text, line))
+                text_at, regs = m.string, m.regs
+            else:
+                text_at = text
+            if rule.once:
+                if rule.name in self._fired:
+                    return self._release() if self._held else []
+                self._fired.add(rule.name)
+            rank = None if plan.rank is None else int(text[plan.rank[0] : plan.rank[1]])
+            if rule.marker:
+                start, end = regs[plan.json]
+                ms = self._marker(rule, text_at[start:end] if start >= 0 else None, text, line, rank)
+            else:
+                fields = plan.build(text_at, regs)
+                if rule.per_rank or (self.world_size is None and "world_size" in fields):
+                    self._emit(
+                        rule, fields, text, line, rank, plan.layout.proc(text) if rule.per_rank else ""
+                    )
+                    return self._roots.annotate(self._release())
+                ms = Milestone(rule.kind, line, rank, fields, text)
+            if self._held:
+                self._held.append(ms)
+                return self._roots.annotate(self._release())
+            # nothing held, no group or traceback open: released at once
+            out = _tagged([ms]) if text[:1] == "[" else [ms]
+            return self._roots.annotate(out) if ms.kind == "error" else out
+        except Exception as exc:
+            return self._roots.annotate(self._line_error(text, line, exc))
+
+    def _learn(self, text: str, key: bytes) -> ShapePlan | None:
+        """The plan of shape ``key`` from its line ``text`` (no effects: the line is classified after)."""
+        rules = self._prefilter.rules_for(text)  # records whether the shape is answered line by line
+        if self._prefilter.per_line(key):
+            rules = None  # this line's candidates are not its shape's
+        found = line_layout(text)
+        layout: LineLayout | None = found
+        msg = text[found.message :]
+        matched = m = None
+        if rules is None or msg.lstrip().startswith(TRACEBACK_START):
+            layout, rules = None, []
+        for i, rule in enumerate(rules or ()):
+            m = rule.regex.search(msg[:MAX_USER_TEXT] if rule.user else msg)
+            if m is not None:
+                matched = i
+                break
+        if matched is None and layout is not None and layout.level in ("ERROR", "CRITICAL"):
+            layout = None  # the line may hold an exception that no rule names (record_exception)
+        return self._plans.learn(key, layout, rules or [], matched, m)
 
     def _feed(self, text: str, line: int) -> list[Milestone]:
         if self._groups or self._traces:
@@ -353,9 +451,9 @@ class MilestoneEngine:
                         break
                     self._fired.add(rule.name)
                 if rule.marker:
-                    self._marker(rule, m, text, line, parsed)
+                    self._held.append(self._marker(rule, m.group("json"), text, line, parsed.rank))
                 else:
-                    self._emit_rule(rule, m, text, line, parsed)
+                    self._emit(rule, self._fields(rule, m), text, line, parsed.rank, parsed.proc)
                 break
         else:
             exc = record_exception(parsed)
@@ -364,32 +462,29 @@ class MilestoneEngine:
         return self._release()
 
     def _fields(self, rule: Rule, m: re.Match[str]) -> dict[str, Any]:
-        fields: dict[str, Any] = {"rule": rule.name}
-        kinds = rule.fields
-        for name, value in m.groupdict().items():
-            if value is not None:
-                kind = kinds.get(name)
-                fields[name] = value if kind is None or kind == "str" else convert(kind, value)
-        fields.update(rule.set)
-        if rule.error_class:
-            fields["class"] = rule.error_class
-        if rule.kind in ("error", "warning"):
-            fields["severity"] = rule.severity
-        return fields
+        return self._plans.builder(rule)(
+            m.string, m.regs
+        )  # converters looked up once per rule (plans.fields_builder)
 
-    def _emit_rule(self, rule: Rule, m: re.Match[str], text: str, line: int, parsed: ParsedLine) -> None:
-        fields = self._fields(rule, m)
-        ws = fields.get("world_size")
-        if self.world_size is None and isinstance(ws, int) and ws > 0:
-            self.world_size = ws
-        ms = Milestone(rule.kind, line, parsed.rank, fields, text)
+    def _emit(
+        self, rule: Rule, fields: dict[str, Any], text: str, line: int, rank: int | None, proc: str
+    ) -> None:
+        """Hold (or join to its rank group) the milestone of ``rule``'s match on a line of ``proc``."""
+        if self.world_size is None:
+            ws = fields.get("world_size")
+            if isinstance(ws, int) and ws > 0:
+                self.world_size = ws
+        ms = Milestone(rule.kind, line, rank, fields, text)
         if rule.per_rank:
-            self._join(rule.name, ms, parsed.proc, parsed.rank)
+            self._join(rule.name, ms, proc, rank)
         else:
             self._held.append(ms)
 
-    def _marker(self, rule: Rule, m: re.Match[str], text: str, line: int, parsed: ParsedLine) -> None:
-        obj, problem = decode_marker(m.group("json"))
+    def _marker(self, rule: Rule, raw: str | None, text: str, line: int, line_rank: int | None) -> Milestone:
+        """The milestone a marker line (its JSON text ``raw``) names, or a ``bad_marker`` warning."""
+        if raw is None:  # a user's marker rule whose group "json" is optional
+            raise TypeError(f"marker rule {rule.name!r}: group 'json' matched nothing")
+        obj, problem = decode_marker(raw)
         if problem is None:
             if not isinstance(obj, dict):
                 problem = "marker is not a JSON object"
@@ -397,11 +492,10 @@ class MilestoneEngine:
                 problem = f"marker has unknown kind {str(obj.get('kind'))[:80]!r}"
         if problem is not None or not isinstance(obj, dict):
             fields = {"rule": "bad_marker", "severity": "warning", "problem": problem}
-            self._held.append(Milestone("warning", line, parsed.rank, fields, text))
-            return
+            return Milestone("warning", line, line_rank, fields, text)
         kind = obj.pop("kind", rule.kind)
-        rank = obj.get("rank") if isinstance(obj.get("rank"), int) else parsed.rank
-        self._held.append(Milestone(kind, line, rank, obj, text))
+        rank = obj.get("rank")
+        return Milestone(kind, line, rank if isinstance(rank, int) else line_rank, obj, text)
 
     # ---- rank groups ------------------------------------------------------------------------------
     def _join(self, key: str, ms: Milestone, proc: str, rank: int | None) -> None:

@@ -65,6 +65,57 @@ def parse_line(text: str) -> ParsedLine:
     return ParsedLine(proc, rank, None, None, text[pos:])
 
 
+class LineLayout(NamedTuple):
+    """Where ``parse_line``'s parts lie in a line, as (start, end) spans: the same for every line of one
+    shape (digits folded to ``0``), since the prefix and header patterns treat all digits alike."""
+
+    tag: str | None  # "server" / "client"
+    name: tuple[int, int] | None  # the process name of the prefix; None without a prefix
+    pid: tuple[int, int]
+    rank: tuple[int, int] | None
+    level: str | None
+    message: int  # where the message starts
+
+    def proc(self, text: str) -> str:
+        """``ParsedLine.proc`` of a line of this layout."""
+        proc = ""
+        if self.name is not None:
+            proc = f"{text[self.name[0] : self.name[1]]} pid={text[self.pid[0] : self.pid[1]]}"
+        return f"[{self.tag}] {proc}".rstrip() if self.tag is not None else proc
+
+    def rank_of(self, text: str) -> int | None:
+        """``ParsedLine.rank`` of a line of this layout."""
+        return None if self.rank is None else int(text[self.rank[0] : self.rank[1]])
+
+
+#: parse_line's patterns: each must treat all ASCII digits alike for a layout to hold for a whole shape.
+LAYOUT_PATTERNS = (_PREFIX_RE, _HEADER_RE, _TP_RE, _TAG_RE)
+
+
+def line_layout(text: str) -> LineLayout:
+    """``parse_line``'s cuts of ``text`` as spans (tests/agent/test_shape_plans.py holds them equal)."""
+    name = rank = None
+    pid = (0, 0)
+    pos = 0
+    tag = _TAG_RE.match(text)
+    if tag:
+        pos = tag.end()
+    m = _PREFIX_RE.match(text, pos)
+    if m:
+        name, pid = m.span("proc"), m.span("pid")
+        if m.group("rank"):
+            rank = m.span("rank")
+        else:
+            t = _TP_RE.search(m.group("proc"))
+            if t:
+                g = 1 if t.group(1) else 2
+                rank = (name[0] + t.start(g), name[0] + t.end(g))
+        pos = m.end()
+    h = _HEADER_RE.match(text, pos)
+    level = h.group("level") if h else None
+    return LineLayout(tag.group("tag") if tag else None, name, pid, rank, level, h.end() if h else pos)
+
+
 def _anchor(literal: str) -> str | None:
     """The longest whitespace-delimited word that every line containing ``literal`` must also contain."""
     words = literal.split()
@@ -153,7 +204,8 @@ class Prefilter:
         self.usable = not gate.always and not any(
             ch in "0123456789" for w in (*gate.words, *gate.literals) for ch in w
         )
-        self.memo: dict[bytes, bool] = {}
+        self.memo: set[bytes] = set()  # the shapes answered so far
+        self._hit: set[bytes] = set()  # those of them that may pass the gate
         self._rules: dict[bytes, list[Rule] | None] = {}
         self._digit_anchors = frozenset(
             word
@@ -187,27 +239,37 @@ class Prefilter:
         """The memo key of a line: its shape (UTF-8 bytes, ASCII digits folded to ``0``)."""
         return text.encode("utf-8", "surrogatepass").translate(DIGIT_FOLD)
 
-    def hits(self, texts: Sequence[str]) -> list[int]:
-        """Indices (ascending) of the lines of ``texts`` that may pass the gate."""
+    def per_line(self, key: bytes) -> bool:
+        """Whether the lines of shape ``key`` are answered line by line (a literal with a digit decides)."""
+        return self._rules.get(key) is _PER_LINE
+
+    def keys(self, texts: Sequence[str]) -> list[bytes]:
+        """The shapes of ``texts`` (one encode, fold and split in C for the whole batch)."""
         keys = "\n".join(texts).encode("utf-8", "surrogatepass").translate(DIGIT_FOLD).split(b"\n")
         if len(keys) != len(texts):  # a text holding "\n" (the splitter never makes one): key by key
             keys = [self.key(t) for t in texts]
-        return self.hits_of(keys)
+        return keys
+
+    def hits(self, texts: Sequence[str]) -> list[int]:
+        """Indices (ascending) of the lines of ``texts`` that may pass the gate."""
+        return self.hits_of(self.keys(texts))
 
     def hits_of(self, keys: list[bytes]) -> list[int]:
         """Indices (ascending) of the lines whose shapes are ``keys`` that may pass the gate."""
-        memo = self.memo
-        answers = list(map(memo.get, keys))
-        if None in answers:  # shapes not seen yet (or forgotten): answer each once
-            new = {k for k, a in zip(keys, answers, strict=True) if a is None}
+        memo, hit = self.memo, self._hit
+        if not memo.issuperset(keys):  # shapes not seen yet (or forgotten): answer each once
+            new = set(keys).difference(memo)
             if len(memo) + len(new) > MEMO_MAX:  # bounded: lines of free text (prompts, paths) never repeat
                 memo.clear()
+                hit.clear()
                 new = set(keys)
             rules_for = self.rules_for
             for k in new:
                 text = k.decode("utf-8", "surrogatepass")  # a shape's answers are its lines' answers
                 # a JSON log record is read as the text lines it stands for: the gate sees those, not this
                 # (a shape answered line by line is a hit: its lines are confirmed one by one)
-                memo[k] = text[:1] == "{" or rules_for(text) is not None or self._rules.get(k) is _PER_LINE
-            answers = list(map(memo.__getitem__, keys))
-        return list(compress(range(len(keys)), answers))
+                if text[:1] == "{" or rules_for(text) is not None or self._rules.get(k) is _PER_LINE:
+                    hit.add(k)
+                memo.add(k)
+        # a shape's hash is kept in its bytes object: the second look-up per line costs no hashing
+        return list(compress(range(len(keys)), map(hit.__contains__, keys)))

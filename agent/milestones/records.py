@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from agent.milestones.logline import ParsedLine
@@ -71,14 +72,21 @@ def _finite_float(raw: str) -> float | None:
 
 # NaN, Infinity and -Infinity are accepted by Python's json but are not JSON: read them as null.
 _MARKER_DECODER = json.JSONDecoder(parse_constant=lambda _name: None, parse_float=_finite_float)
+#: the decoder's scanner (typeshed does not name the attribute JSONDecoder sets in __init__)
+_SCAN: Callable[[str, int], tuple[Any, int]] = _MARKER_DECODER.scan_once  # type: ignore[attr-defined]
 
 
 def decode_marker(raw: str) -> tuple[Any, str | None]:
     """(object, None) of a marker's JSON text, or (None, what is wrong with it)."""
-    if _nesting_depth(raw, MAX_MARKER_DEPTH) > MAX_MARKER_DEPTH:
+    if (
+        raw.count("[") + raw.count("{") > MAX_MARKER_DEPTH  # the common case, without a call
+        and _nesting_depth(raw, MAX_MARKER_DEPTH) > MAX_MARKER_DEPTH
+    ):
         return None, f"marker nests deeper than {MAX_MARKER_DEPTH} levels"
-    try:
-        obj, _ = _MARKER_DECODER.raw_decode(raw)
+    try:  # JSONDecoder.raw_decode without its Python frame: one marker line in two is decoded here
+        obj, _ = _SCAN(raw, 0)
+    except StopIteration as err:
+        return None, f"marker is not JSON: {json.JSONDecodeError('Expecting value', raw, err.value)}"[:500]
     except (ValueError, RecursionError) as exc:
         return None, f"marker is not JSON: {exc}"[:500]
     return obj, None

@@ -62,13 +62,11 @@ class RootCauses:
         self.last_line: int | None = None
 
     def annotate(self, released: list[Milestone]) -> list[Milestone]:
-        """The milestones with their wrappers annotated (others returned unchanged)."""
-        out = []
-        for ms in released:
+        """The milestones with their wrappers annotated (others unchanged), in the same list."""
+        for i, ms in enumerate(released):
             if ms.kind == "error":
-                ms = self._error(ms)
-            out.append(ms)
-        return out
+                released[i] = self._error(ms)
+        return released
 
     def _error(self, ms: Milestone) -> Milestone:
         if self.last_line is not None and abs(ms.line - self.last_line) > self.gap:

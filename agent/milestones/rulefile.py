@@ -173,11 +173,15 @@ CONVERTERS: dict[str, Callable[[str], Any]] = {
 }
 
 
+#: What a converter may raise on a value it cannot read (the value then stays a string).
+CONVERT_ERRORS = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, OverflowError)
+
+
 def convert(kind: str, raw: str) -> Any:
     """Convert a captured group; on failure keep the raw string (a log line never breaks ingestion)."""
     try:
         return CONVERTERS[kind](raw)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, OverflowError):
+    except CONVERT_ERRORS:
         return raw
 
 

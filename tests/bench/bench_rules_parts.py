@@ -1,4 +1,6 @@
-"""Where the per-line time of MilestoneEngine.feed goes, on the steady-state lines of a synthetic log.
+"""Where the per-line time of MilestoneEngine.feed goes, on the steady-state lines of a synthetic log, and
+what a classified line (one the prefilter lets through: throughput lines, EAGLEWATCH markers) costs on the
+full path (``feed``: parse, search the candidate rules) and on the bulk path (``feed_many``: shape plans).
 
 ``EAGLEWATCH_BENCH_QUICK=1`` uses 50000 lines instead of 200000. Prints BENCH lines for ``run_all.py``.
 """
@@ -56,6 +58,24 @@ def main() -> int:
     per_line("str.split", split, lines)
     per_line("split + isdisjoint", disjoint, lines)
     per_line("MilestoneEngine.feed", feed, lines)
+    classified = [lines[i] for i in eng._prefilter.hits(lines)]
+    rules = load_rules(backend="worker-extension")
+
+    fresh = [MilestoneEngine(rules) for _ in range(12)]  # made before the clock starts: one per timed run
+
+    def classified_full(ls: list[str]) -> None:
+        f = fresh.pop().feed
+        for i, t in enumerate(ls, 1):
+            f(t, i)
+
+    def classified_planned(ls: list[str]) -> None:
+        fresh.pop().feed_many(ls, 1)
+
+    for name, select in (("throughput", "throughput:"), ("marker", "EAGLEWATCH")):
+        chosen = [t for t in classified if select in t]
+        per_line(f"classified {name}, feed", classified_full, chosen)
+        per_line(f"classified {name}, plan", classified_planned, chosen)
+    print(f"classified lines: {len(classified)} of {len(lines)}")
     print(f"avg line length {sum(map(len, lines)) / len(lines):.0f} chars")
     return 0
 
