@@ -58,6 +58,8 @@ class CaptureCosts:
     files: int = 0
     drain_steps_ms_max: float = 0.0  # the longest wait in a drain for submitted steps to be assembled
     drain_files_ms_max: float = 0.0  # … and then for their files to be written
+    drain_queued_ms_max: float = 0.0  # writer process: a drain behind the items queued for the child
+    drain_child_ms_max: float = 0.0  # … then until the child's reply came back
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _steps: list[StepCost] = field(default_factory=list, repr=False, compare=False)
     _device: list[tuple[float, float]] = field(default_factory=list, repr=False, compare=False)
@@ -108,6 +110,12 @@ class CaptureCosts:
             self.drain_steps_ms_max = max(self.drain_steps_ms_max, steps_ms)
             self.drain_files_ms_max = max(self.drain_files_ms_max, files_ms)
 
+    def add_drain_route(self, queued_ms: float, child_ms: float) -> None:
+        """One waiting drain through a writer process: ms behind this side's queue, then in the child."""
+        with self._lock:
+            self.drain_queued_ms_max = max(self.drain_queued_ms_max, queued_ms)
+            self.drain_child_ms_max = max(self.drain_child_ms_max, child_ms)
+
     def add_held(self, ms: float) -> None:
         """How long the writer held one step's pinned buffer (submit to release)."""
         with self._lock:
@@ -146,6 +154,8 @@ class CaptureCosts:
                 "write_ms_max": round(max(self._writes, default=0.0), 3),
                 "drain_steps_ms_max": round(self.drain_steps_ms_max, 3),
                 "drain_files_ms_max": round(self.drain_files_ms_max, 3),
+                "drain_queued_ms_max": round(self.drain_queued_ms_max, 3),
+                "drain_child_ms_max": round(self.drain_child_ms_max, 3),
             }
             out.update(self.writer_fields)
             return out

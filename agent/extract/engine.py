@@ -258,8 +258,7 @@ def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest
 
 def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, prog: Progress) -> None:
     """Backend worker-extension: vLLM with our worker extension; the worker writes the files."""
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     from agent.extract.writer_proc import ENV as WRITER_ENV
     from agent.extract.writer_proc import WRITERS
@@ -303,10 +302,24 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         "tuning": info.get("tuning"),
     }
     configured(plan, info["dtype"], info["layer_class"], **found)
+    try:
+        capture_batches(llm, plan, todo, manifest, prog, pipelined=info.get("writer") == "process")
+    finally:
+        if tuning.from_env().trace:  # a diagnostic: written once, after the last step, failed runs too
+            llm.collective_rpc("eaglewatch_write_trace")
+
+
+def capture_batches(
+    llm: Any, plan: Plan, todo: list[Sample], manifest: Manifest, prog: Progress, pipelined: bool
+) -> None:
+    """Run the batches through the engine, collect their files, run the canary rounds."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = plan.spec
     prog.restart_clock()
     # a writer process overlaps a batch's last writes with the next batch's steps; writer threads would
-    # contend with the forward for the GIL, so with them each batch is waited for
-    pipelined = info.get("writer") == "process"
+    # contend with the forward for the GIL, so with them each batch is waited for (pipelined False)
     stop = spec.on_shape_failure == "stop"
     outstanding: list[list[Sample]] = []
     seen: set[int] = set()

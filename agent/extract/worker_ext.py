@@ -179,6 +179,7 @@ class EagleWatchCapture:
         self._ew_wrap_runner(runner, kind)
         if not self._ew_rank0:
             return None
+        started_s = sink.wait_ready() if isinstance(sink, ProcessSink) else None
         return {
             "rank": tp_rank,
             "layers_path": path,
@@ -190,7 +191,11 @@ class EagleWatchCapture:
             "writer": writer,
             "capture": capture,
             "stats_kernel": self._ew_stats_how,
-            "tuning": {**tune.fields(), **({"stats_warm_ms": self._ew_warm_ms} if self._ew_warm_ms else {})},
+            "tuning": {
+                **tune.fields(),
+                **({"stats_warm_ms": self._ew_warm_ms} if self._ew_warm_ms else {}),
+                **({"writer_start_s": round(started_s, 3)} if started_s is not None else {}),
+            },
             "model_runner": kind,
             "runner_class": f"{type(runner).__module__}.{type(runner).__name__}",
         }
@@ -251,9 +256,6 @@ class EagleWatchCapture:
         if self._ew_sink is None:
             return None
         results = self._ew_sink.drain(wait)
-        if self._ew_tuning.trace:  # rewritten whole at each drain: a killed job still leaves its steps so far
-            with open(self._ew_tuning.trace, "w") as fh:
-                json.dump(self._ew_sink.costs.trace(), fh)
         return {
             "results": results,
             "costs": self._ew_sink.costs.fields(),
@@ -261,6 +263,22 @@ class EagleWatchCapture:
             "tokens": self._ew_tokens,
             "gathers": self._ew_gathers,
         }
+
+    def eaglewatch_write_trace(self) -> str | None:
+        """Write the per-step costs trace where EAGLEWATCH_COSTS_TRACE says (rank 0; the job calls this once,
+        after its last step); the path written, or None.
+
+        Written then, to a new file renamed into place: rewriting it at every drain put a truncate of a file
+        still queued for writeback (behind gigabytes of captured samples) inside the drain, a wait of seconds
+        on the H200 machines."""
+        path = self._ew_tuning.trace
+        if self._ew_sink is None or not path:
+            return None
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(self._ew_sink.costs.trace(), fh)
+        os.replace(tmp, path)
+        return path
 
     # -- per step -------------------------------------------------------------------------------------
     def _ew_begin(self, so: Any) -> None:

@@ -24,6 +24,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import IO, Any
@@ -108,6 +109,8 @@ class ProcessSink:
         self._drained: queue.Queue[dict[str, Any]] = queue.Queue()
         self._pending = 0
         self._dead: str | None = None
+        self._drain_sent = 0.0  # when the forward thread sent the last drain to the child
+        self._ready = threading.Event()  # the child has started (imports done) and holds its sink
         self._seg_ids = itertools.count()
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
@@ -172,6 +175,19 @@ class ProcessSink:
             at += n + (-n % 64)
         return views, lambda: self._free.put(buf)
 
+    def wait_ready(self, timeout: float = 300.0) -> float:
+        """Block until the child has started (seconds waited); RuntimeError if it died or never did.
+
+        Called at setup: the child's start (importing torch, seconds) then happens beside the engine's
+        own setup instead of inside the first batch (measured on the CPU engine: a 2 s first drain)."""
+        t0 = time.monotonic()
+        while not self._ready.wait(0.1):
+            if self._dead is not None:
+                raise RuntimeError(self._dead)
+            if time.monotonic() - t0 > timeout:
+                raise RuntimeError(f"capture writer process did not start within {timeout:g} s")
+        return time.monotonic() - t0
+
     # -- CaptureSink's interface ----------------------------------------------------------------------
     def register(self, req_id: str, idx: int, prompt: list[int], canary: bool = False) -> None:
         """A new request entered the batch (ordered before its steps)."""
@@ -204,6 +220,7 @@ class ProcessSink:
 
     def drain(self, wait: bool = True) -> list[dict[str, Any]]:
         """The child's finished-sample results; wait: once it has written everything submitted."""
+        asked = time.perf_counter()
         self._q.put(("drain", wait))
         while True:
             try:
@@ -217,6 +234,9 @@ class ProcessSink:
         self._pending = int(reply["pending"])
         child = reply.get("costs") or {}
         self.costs.writer_fields = {k: child[k] for k in WRITER_FIELDS if k in child}
+        if wait:  # where a waiting drain's time goes: this side's queue, then the child
+            sent = self._drain_sent
+            self.costs.add_drain_route(1000 * (sent - asked), 1000 * (time.perf_counter() - sent))
         return list(reply["results"])
 
     def pending(self) -> int:
@@ -278,6 +298,7 @@ class ProcessSink:
                 elif op == "forget":
                     self._send({"op": "forget", "seg": item[1]})
                 elif op == "drain":
+                    self._drain_sent = time.perf_counter()
                     self._send({"op": "drain", "wait": item[1]})
                 else:
                     self._send({"op": op})
@@ -299,6 +320,8 @@ class ProcessSink:
                         release()
                 elif msg["op"] == "drained":
                     self._drained.put(msg)
+                elif msg["op"] == "ready":
+                    self._ready.set()
         except (ValueError, KeyError, TypeError) as e:  # a reply we cannot read: stop trusting the child
             self._dead = f"capture writer process sent an unreadable reply: {type(e).__name__}: {e}"
             self._proc.kill()
@@ -343,6 +366,7 @@ class _Child:
         op = msg["op"]
         if op == "config":
             self.sink = CaptureSink(SinkConfig(**msg["config"]))
+            self.send({"op": "ready"})
             return True
         assert self.sink is not None, "config must come first"
         if op == "register":

@@ -75,6 +75,30 @@ def test_a_dead_writer_process_fails_the_drain_with_a_reason(tmp_path: Path) -> 
     sink.close()
 
 
+def test_setup_waits_for_the_writer_process_to_start_and_a_waiting_drain_is_timed(tmp_path: Path) -> None:
+    """wait_ready returns once the child has started (its torch import is not left to the first drain); a
+    waiting drain records where its time went (this side's queue, then the child)."""
+    sink = ProcessSink(SinkConfig(str(tmp_path), L, H))
+    assert not sink._ready.is_set()  # just spawned: still importing torch
+    waited = sink.wait_ready()
+    assert sink._ready.is_set() and waited > 0
+    assert sink.wait_ready() < 0.5  # started already: no wait
+    sink.register("r", 0, [1, 2])
+    sink.submit(torch.ones((2, L, H)), [Span("r", 0, 0, 2)])
+    assert len(sink.drain(wait=True)) == 1
+    got = sink.costs.fields()
+    assert got["drain_child_ms_max"] > 0 and got["drain_queued_ms_max"] >= 0 and got["files"] == 1
+    sink.close()
+
+
+def test_a_writer_process_that_dies_at_start_fails_setup_with_a_reason(tmp_path: Path) -> None:
+    sink = ProcessSink(SinkConfig(str(tmp_path), L, H))
+    os.kill(sink._proc.pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=r"capture writer process (exited with status -9|unreachable)"):
+        sink.wait_ready(timeout=60)
+    sink.close()
+
+
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_drain_without_waiting_returns_what_is_done_and_loses_nothing(tmp_path: Path, kind: str) -> None:
     from agent.extract.capture import CaptureSink
