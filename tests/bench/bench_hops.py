@@ -10,7 +10,7 @@ of every hop):
 3. controller link: JSON lines → messages (protocol.decode_message) → log blocks (Block.from_message)
 4. controller store: crud.add_log_block per block (one row each) and crud.apply_event_batch for the events,
    in transactions of the store's writer (run here in the main thread) on a real SQLite file (WAL)
-5. web: every BusEvent → SSE bytes (web/sse.py)
+5. web: every BusEvent → SSE bytes (web/sse.py; log blocks as the run page asks for them)
 
 What this leaves out is the transport itself (Unix socket, the bridge process, sshd, asyncssh): bench_link
 measures the whole path through a real sshd against raw ``ssh tail -F`` and ``ssh cat``.
@@ -174,7 +174,8 @@ def main() -> int:
         wire = hops.run("2 agent stream", lambda: stream_hop(buf, events))
         messages = hops.run("3 controller link", lambda: link_hop(wire))
         published = hops.run("4 controller store", lambda: store_hop(tmp / "ew.db", messages))
-        sse = hops.run("5 web sse", lambda: [sse_encode(to_sse(ev)) for ev in published])
+        # log_blocks: the form the run page asks for (/events?log=blocks): one JSON string per block
+        sse = hops.run("5 web sse", lambda: [sse_encode(to_sse(ev, log_blocks=True)) for ev in published])
     total = sum(hops.secs.values())
     print(
         f"{n:,} lines ({len(data) / 1e6:.1f} MB), {len(events):,} journal events, {len(wire):,} protocol"
