@@ -168,7 +168,8 @@ class AgentClient:
             self.sock.close()
             raise
         self.timeout = timeout
-        self._buf = b""
+        self._lines: deque[bytes] = deque()  # complete lines not read yet
+        self._partial: list[bytes] = []  # the start of a line whose end has not arrived
         self._next_id = 0
         self.stream: deque[dict[str, Any]] = deque()
         self.hello = self._read()
@@ -189,13 +190,19 @@ class AgentClient:
 
     def _read(self, timeout: float | None = None) -> dict[str, Any]:
         self.sock.settimeout(timeout if timeout is not None else self.timeout)
-        while b"\n" not in self._buf:
+        # complete lines split off once per read and a partial line kept in pieces: linear in what arrives
+        # (re-splitting the whole buffer per message made a long backlog quadratic)
+        while not self._lines:
             chunk = self.sock.recv(1 << 16)
             if not chunk:
                 raise ConnectionError("daemon closed the connection")
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        msg: dict[str, Any] = json.loads(line)
+            if b"\n" not in chunk:
+                self._partial.append(chunk)
+                continue
+            *done, rest = b"".join([*self._partial, chunk]).split(b"\n")
+            self._lines.extend(done)
+            self._partial = [rest] if rest else []
+        msg: dict[str, Any] = json.loads(self._lines.popleft())
         return msg
 
     def read_message(self, timeout: float | None = None) -> dict[str, Any]:
