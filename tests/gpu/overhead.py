@@ -145,6 +145,13 @@ CONFIRM = [
     ("confirm-thread", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
     ("confirm-process-again", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
 ]
+#: end to end without the costs trace (rewritten in every drain it put seconds into the final drain of
+#: session 6's runs; now written once at the end), and once with it
+E2E = [
+    ("e2e-process", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
+    ("e2e-thread", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
+    ("e2e-process-traced", "worker-extension", True, {"EAGLEWATCH_WRITER": "process", "TRACE": "1"}, False),
+]
 WRITER = [
     ("worker-extension", "worker-extension", False, {}, False),
     ("worker-extension-threads", "worker-extension", False, {"EAGLEWATCH_WRITER": "thread"}, False),
@@ -173,7 +180,7 @@ def overhead(
     if mode == "graphs":
         base = {"graphs": plain(work, data, False, env, logs)}
         base["eager"] = base["graphs"]
-    elif mode in ("long", "tune", "warm", "confirm"):  # the capture runs V1 with graphs: plain V1 against it
+    elif mode in ("long", "tune", "warm", "confirm", "e2e"):  # the capture runs V1 with graphs: plain V1
         base = {"graphs": plain(work, data, False, {**env, "VLLM_USE_V2_MODEL_RUNNER": "0"}, logs, tag="-v1")}
         base["eager"] = base["graphs"]
     elif (
@@ -198,6 +205,7 @@ def overhead(
         "tune": TUNE,
         "warm": WARM,
         "confirm": CONFIRM,
+        "e2e": E2E,
     }[mode]
     records = []
     for n, (tag, backend, graphs, extra, tmpfs) in enumerate(variants):
@@ -211,6 +219,8 @@ def overhead(
             print(f"{name}: skipped, /dev/shm has {free} bytes free", flush=True)
             continue
         out = root / name
+        traced = mode in ("tune", "warm", "confirm") or extra.get("TRACE") == "1"
+        trace = {"EAGLEWATCH_COSTS_TRACE": str(logs / f"{name}.trace.json")} if traced else {}
         spec = {
             "name": name,
             "backend": backend,
@@ -219,7 +229,7 @@ def overhead(
             "output_dir": str(out),
             "batch_size": BATCH,
             "vllm_args": ARGS + ([] if graphs else ["--enforce-eager"]),
-            "env": {**extra, "EAGLEWATCH_COSTS_TRACE": str(logs / f"{name}.trace.json")},
+            "env": {k: v for k, v in extra.items() if k != "TRACE"} | trace,
         }
         res = run_job(name, spec, {"CUDA_VISIBLE_DEVICES": "0"}, logs)
         prog = [e for e in res["events"] if e["kind"] == "progress"]

@@ -355,6 +355,7 @@ def main() -> int:
             "overhead-tune",
             "overhead-warm",
             "overhead-confirm",
+            "overhead-e2e",
         ],
     )
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
