@@ -268,9 +268,9 @@ class EagleWatchCapture:
         """Write the per-step costs trace where EAGLEWATCH_COSTS_TRACE says (rank 0; the job calls this once,
         after its last step); the path written, or None.
 
-        Written then, to a new file renamed into place: rewriting it at every drain put a truncate of a file
-        still queued for writeback (behind gigabytes of captured samples) inside the drain, a wait of seconds
-        on the H200 machines."""
+        Written then, to a new file renamed into place: rewritten at every drain it put a truncate of a file
+        still queued for writeback (behind gigabytes of captured samples) inside the drain, the likely cause
+        of seconds-long final drains on the H200 machines (tests/gpu/validation.md, session 6)."""
         path = self._ew_tuning.trace
         if self._ew_sink is None or not path:
             return None
