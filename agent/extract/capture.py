@@ -18,6 +18,7 @@ from agent.extract.canary import compare_with_file
 from agent.extract.checks import apply_fault, check_sample, token_flags
 from agent.extract.costs import CaptureCosts
 from agent.extract.stats import file_stats, maybe_token_stats
+from agent.extract.writeback import DEFAULT_LIMIT_MB, Writeback
 from agent.extract.writer import sample_path, write_sample
 
 
@@ -85,6 +86,7 @@ class SinkConfig:
     fault: str | None = None
     stop_on_failure: bool = False
     writers: int = 4
+    writeback_mb: int = DEFAULT_LIMIT_MB  # capture bytes on their way to disk at most (0: the kernel decides)
 
 
 class CaptureSink:
@@ -100,6 +102,7 @@ class CaptureSink:
     def __init__(self, cfg: SinkConfig) -> None:
         self.cfg = cfg
         self.costs = CaptureCosts()
+        self.writeback = Writeback(cfg.writeback_mb << 20)
         self._reqs: dict[str, _Request] = {}
         self._q: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self._results: list[dict[str, Any]] = []
@@ -148,11 +151,16 @@ class CaptureSink:
         """Requests registered but not finished."""
         return len(self._reqs)
 
+    def cost_fields(self) -> dict[str, Any]:
+        """The capture_costs fields: the capture's own and the disk write-out's."""
+        return {**self.costs.fields(), **self.writeback.fields()}
+
     def close(self) -> None:
         """Stop the threads after the queue empties."""
         self._q.put(None)
         self._thread.join(timeout=60)
         self._pool.shutdown(wait=True)
+        self.writeback.close()
 
     def _error(self, e: BaseException) -> None:
         with self._lock:
@@ -257,7 +265,7 @@ class CaptureSink:
             written, nbytes = False, 0
             if not (findings and cfg.stop_on_failure):
                 t0 = time.perf_counter()
-                _, nbytes = write_sample(cfg.output_dir, req.idx, token_ids, hidden)
+                _, nbytes = write_sample(cfg.output_dir, req.idx, token_ids, hidden, self.writeback)
                 self.costs.add_write(time.perf_counter() - t0)
                 written = True
             result = {

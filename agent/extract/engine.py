@@ -178,6 +178,7 @@ class Progress:
     sp_gathers: int = 0  # captured states that arrived sequence-parallel sharded (all-gathered by us)
     engine_s: float = 0.0  # inside llm.generate: the engine's steps with the capture running beside them
     drain_s: float = 0.0  # in eaglewatch_drain: waiting for writes the steps did not hide
+    results_s: float = 0.0  # taking drained results in: checks reported, manifest saved, progress lines
     started: float = field(default_factory=time.monotonic)
     out_dir: str | None = None  # where free space is measured (None: not measured)
     tokens_todo: int = 0  # tokens this attempt captures in all: the ETA's numerator
@@ -419,7 +420,24 @@ def collect(
     """Take the writer's finished samples; report each batch once all its files are in (in order)."""
     t0 = time.monotonic()
     drained = one_result(llm.collective_rpc("eaglewatch_drain", args=(wait,)))
-    prog.drain_s += time.monotonic() - t0
+    t1 = time.monotonic()
+    prog.drain_s += t1 - t0
+    try:
+        take_drained(drained, plan, manifest, prog, outstanding, seen, wait)
+    finally:
+        prog.results_s += time.monotonic() - t1
+
+
+def take_drained(
+    drained: dict[str, Any],
+    plan: Plan,
+    manifest: Manifest,
+    prog: Progress,
+    outstanding: list[list[Sample]],
+    seen: set[int],
+    wait: bool,
+) -> None:
+    """Report one drain's results: checks, manifest, every batch whose files are all in."""
     prog.sp_gathers = int(drained.get("gathers", 0))
     prog.capture_costs = drained.get("costs") or prog.capture_costs
     for r in drained["results"]:

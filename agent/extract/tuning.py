@@ -3,7 +3,9 @@
 `EAGLEWATCH_SWITCH_INTERVAL_MS` sets the worker's GIL switch interval (Python's default 5 ms is how long
 a thread that wants the GIL may wait behind one that holds it: the forward thread's time in the capture is
 on the step's critical path). `EAGLEWATCH_PINNED_BUFFERS` and `EAGLEWATCH_WRITERS` size the pinned buffer
-pool and the writer threads. `EAGLEWATCH_COSTS_TRACE` names a file that receives one JSON row per step.
+pool and the writer threads. `EAGLEWATCH_WRITEBACK_MB` bounds the capture bytes on their way to disk
+(agent/extract/writeback.py; 0 leaves it to the kernel). `EAGLEWATCH_COSTS_TRACE` names a file that
+receives one JSON row per step.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+
+from agent.extract.writeback import DEFAULT_LIMIT_MB
 
 #: the GIL switch interval the worker runs with unless told otherwise (Python's own default is 5 ms)
 DEFAULT_SWITCH_INTERVAL_MS: float | None = None
@@ -25,6 +29,7 @@ class Tuning:
     switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS
     pinned_buffers: int = DEFAULT_PINNED_BUFFERS
     writers: int = DEFAULT_WRITERS
+    writeback_mb: int = DEFAULT_LIMIT_MB
     trace: str | None = None
 
     def fields(self) -> dict[str, object]:
@@ -52,12 +57,19 @@ def from_env(env: Mapping[str, str] | None = None) -> Tuning:
     switch = _number(env, "EAGLEWATCH_SWITCH_INTERVAL_MS", 0.01, 100.0)
     buffers = _number(env, "EAGLEWATCH_PINNED_BUFFERS", 2, 64)
     writers = _number(env, "EAGLEWATCH_WRITERS", 1, 64)
-    for name, value in (("EAGLEWATCH_PINNED_BUFFERS", buffers), ("EAGLEWATCH_WRITERS", writers)):
+    writeback = _number(env, "EAGLEWATCH_WRITEBACK_MB", 0, 65536)
+    whole = (
+        ("EAGLEWATCH_PINNED_BUFFERS", buffers),
+        ("EAGLEWATCH_WRITERS", writers),
+        ("EAGLEWATCH_WRITEBACK_MB", writeback),
+    )
+    for name, value in whole:
         if value is not None and value != int(value):
             raise ValueError(f"{name}={env[name]!r}: expected a whole number")
     return Tuning(
         switch_interval_ms=switch if switch is not None else DEFAULT_SWITCH_INTERVAL_MS,
         pinned_buffers=int(buffers) if buffers is not None else DEFAULT_PINNED_BUFFERS,
         writers=int(writers) if writers is not None else DEFAULT_WRITERS,
+        writeback_mb=int(writeback) if writeback is not None else DEFAULT_LIMIT_MB,
         trace=env.get("EAGLEWATCH_COSTS_TRACE") or None,
     )

@@ -136,6 +136,7 @@ class EagleWatchCapture:
             fault=cfg.get("fault"),
             stop_on_failure=bool(cfg.get("stop_on_failure")),
             writers=tune.writers,
+            writeback_mb=tune.writeback_mb,
         )
         sink = self._ew_make_sink(sink_cfg, writer, device, tune.pinned_buffers) if tp_rank == 0 else None
         self._ew_init(kind, len(cfg["layer_ids"]), sink)
@@ -258,7 +259,7 @@ class EagleWatchCapture:
         results = self._ew_sink.drain(wait)
         return {
             "results": results,
-            "costs": self._ew_sink.costs.fields(),
+            "costs": self._ew_sink.cost_fields(),
             "pending": self._ew_sink.pending(),
             "tokens": self._ew_tokens,
             "gathers": self._ew_gathers,

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from agent.extract.writeback import Writeback
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 
@@ -32,8 +34,12 @@ def sample_path(out_dir: str | Path, idx: int) -> Path:
 _ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int64": "I64", "int32": "I32"}
 
 
-def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> int:
+def write_safetensors(
+    path: Path, tensors: dict[str, torch.Tensor], writeback: Writeback | None = None
+) -> int:
     """Write a safetensors file straight from the tensors' memory (no serialised copy); returns its size.
+
+    writeback: the file's write-out to disk starts at once (writeback.Writeback), bounding dirty data.
 
     Format: u64 little-endian header length, JSON header (dtype, shape, data_offsets), padded with spaces
     to a multiple of 8, then the raw little-endian tensor bytes in header order.
@@ -57,11 +63,18 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> int:
         fh.write(raw)
         for v in views:
             fh.write(v)  # type: ignore[arg-type]  # ndarray is a buffer: no copy; write releases the GIL
+        if writeback is not None:
+            fh.flush()
+            writeback.push(os.dup(fh.fileno()), 8 + len(raw) + offset)
     return 8 + len(raw) + offset
 
 
 def write_sample(
-    out_dir: str | Path, idx: int, token_ids: torch.Tensor, hidden: torch.Tensor
+    out_dir: str | Path,
+    idx: int,
+    token_ids: torch.Tensor,
+    hidden: torch.Tensor,
+    writeback: Writeback | None = None,
 ) -> tuple[Path, int]:
     """Write token_ids [T] + hidden_states [T, L, H] to a temp file, then rename; returns (path, bytes).
 
@@ -71,7 +84,8 @@ def write_sample(
 
     final = sample_path(out_dir, idx)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    size = write_safetensors(tmp, {"token_ids": token_ids.to(torch.int64), "hidden_states": hidden})
+    tensors = {"token_ids": token_ids.to(torch.int64), "hidden_states": hidden}
+    size = write_safetensors(tmp, tensors, writeback)
     os.replace(tmp, final)
     return final, size
 

@@ -43,6 +43,9 @@ WRITER_FIELDS = (
     "write_ms_max",
     "drain_steps_ms_max",
     "drain_files_ms_max",
+    "writeback_wait_s",
+    "writeback_waits",
+    "writeback",
 )
 ENV = "EAGLEWATCH_WRITER"
 
@@ -243,6 +246,10 @@ class ProcessSink:
         """Requests registered but not finished, as of the last drain."""
         return self._pending
 
+    def cost_fields(self) -> dict[str, Any]:
+        """The capture_costs fields (the child's own, writes and write-out, as its last drain said)."""
+        return self.costs.fields()
+
     def close(self) -> None:
         """Let the child finish and exit; drop the shared buffers."""
         self._q.put(("close",))
@@ -385,7 +392,7 @@ class _Child:
             )
         elif op == "drain":
             results = self.sink.drain(wait=bool(msg.get("wait", True)))
-            costs = self.sink.costs.fields()
+            costs = self.sink.cost_fields()
             self.send({"op": "drained", "results": results, "pending": self.sink.pending(), "costs": costs})
         elif op == "forget":
             self.maps.pop(int(msg["seg"]), None)

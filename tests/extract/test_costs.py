@@ -80,6 +80,8 @@ def test_percentile_by_nearest_rank() -> None:
         ({"EAGLEWATCH_SWITCH_INTERVAL_MS": "0"}, "from 0.01 to 100"),
         ({"EAGLEWATCH_PINNED_BUFFERS": "1"}, "EAGLEWATCH_PINNED_BUFFERS='1': expected a number from 2 to 64"),
         ({"EAGLEWATCH_WRITERS": "2.5"}, "EAGLEWATCH_WRITERS='2.5': expected a whole number"),
+        ({"EAGLEWATCH_WRITEBACK_MB": "-1"}, "EAGLEWATCH_WRITEBACK_MB='-1': expected a number from 0 to"),
+        ({"EAGLEWATCH_WRITEBACK_MB": "0.5"}, "EAGLEWATCH_WRITEBACK_MB='0.5': expected a whole number"),
     ],
 )
 def test_malformed_tuning_names_the_variable(env: dict[str, str], message: str) -> None:
@@ -93,5 +95,7 @@ def test_tuning_defaults_and_values() -> None:
         {"EAGLEWATCH_SWITCH_INTERVAL_MS": "0.5", "EAGLEWATCH_PINNED_BUFFERS": "10", "EAGLEWATCH_WRITERS": "8"}
     )
     assert (got.switch_interval_ms, got.pinned_buffers, got.writers) == (0.5, 10, 8)
+    assert tuning.Tuning().writeback_mb == 1024
+    assert tuning.from_env({"EAGLEWATCH_WRITEBACK_MB": "0"}).writeback_mb == 0
     assert "trace" not in got.fields()
     assert tuning.from_env({"EAGLEWATCH_COSTS_TRACE": "/t.json"}).trace == "/t.json"

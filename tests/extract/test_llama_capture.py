@@ -87,7 +87,13 @@ def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> 
     assert conf["layers"] == LAYERS and conf["convention"] == "input" and conf["hidden_size"] == 128
     assert conf["dtype"] == "float32" and conf["backend"] == "worker-extension"
     assert conf["writer"] == "process"
-    tune = {"switch_interval_ms": None, "pinned_buffers": 6, "writers": 2, "trace": str(scenario["trace"])}
+    tune = {
+        "switch_interval_ms": None,
+        "pinned_buffers": 6,
+        "writers": 2,
+        "writeback_mb": 1024,
+        "trace": str(scenario["trace"]),
+    }
     got = dict(conf["tuning"])
     assert got.pop("writer_start_s") > 0  # setup waited for the writer process to start
     assert got == tune
@@ -100,6 +106,9 @@ def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> 
         costs["steps"] >= 1 and costs["forward_thread_s"] > 0 and costs["files"] >= 1 and costs["write_s"] > 0
     )
     assert costs["forward_thread_ms_max"] >= costs["forward_thread_ms_p50"] > 0
+    # the child pushed each file to disk as it wrote it (no "writeback" reason: the pacing ran)
+    assert costs["writeback_waits"] == 0 and costs["writeback_wait_s"] == 0 and "writeback" not in costs
+    assert done["results_seconds"] > 0 and done["drain_seconds"] >= 0
     rows = json.loads(scenario["trace"].read_text())  # one row per captured step, written at each drain
     assert len(rows) == costs["steps"] and all(0 < r["tokens"] <= 24 for r in rows)
     last = second.of("progress")[-1]

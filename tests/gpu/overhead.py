@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -145,18 +146,71 @@ CONFIRM = [
     ("confirm-thread", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
     ("confirm-process-again", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
 ]
-#: end to end without the costs trace (rewritten in every drain it put seconds into the final drain of
-#: session 6's runs; now written once at the end), and once with it
+#: end to end with each file's write-out started as it is written (agent/extract/writeback.py, the
+#: default), with the writer process and with writer threads, and once with it off (the kernel decides)
 E2E = [
     ("e2e-process", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
+    (
+        "e2e-process-kernel",
+        "worker-extension",
+        True,
+        {"EAGLEWATCH_WRITER": "process", "EAGLEWATCH_WRITEBACK_MB": "0"},
+        False,
+    ),
     ("e2e-thread", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
-    ("e2e-process-traced", "worker-extension", True, {"EAGLEWATCH_WRITER": "process", "TRACE": "1"}, False),
 ]
 WRITER = [
     ("worker-extension", "worker-extension", False, {}, False),
     ("worker-extension-threads", "worker-extension", False, {"EAGLEWATCH_WRITER": "thread"}, False),
     ("worker-extension-tmpfs", "worker-extension", False, {}, True),
 ]
+
+
+def _meminfo_mb(*names: str) -> float:
+    """The sum of /proc/meminfo's named fields, in MB."""
+    got = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        got[key] = int(rest.split()[0]) if rest.split() else 0
+    return sum(got.get(n, 0) for n in names) / 1024
+
+
+class DirtyPeak:
+    """Samples the host's dirty + writeback page cache every 50 ms while a job runs: its peak, in MB."""
+
+    def __init__(self) -> None:
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> DirtyPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, _meminfo_mb("Dirty", "Writeback"))
+
+
+def host_disk(work: Path) -> str:
+    """The kernel's dirty-page limits, available memory and the disk's direct write speed, for the note."""
+    vm = {}
+    for name in ("dirty_ratio", "dirty_background_ratio", "dirty_bytes", "dirty_background_bytes"):
+        vm[name] = Path(f"/proc/sys/vm/{name}").read_text().strip()
+    probe = work / "disk-probe"
+    res = subprocess.run(
+        ["dd", "if=/dev/zero", f"of={probe}", "bs=64M", "count=64", "oflag=direct"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    probe.unlink(missing_ok=True)
+    speed = (res.stderr.strip().splitlines() or ["dd: no output"])[-1]
+    return f"vm {vm}, MemAvailable {_meminfo_mb('MemAvailable'):.0f} MB, 4 GiB direct write: {speed}"
 
 
 def overhead(
@@ -194,6 +248,9 @@ def overhead(
         base = {"eager": plain(work, data, True, env, logs)}
         base["graphs"] = plain(work, data, False, env, logs) if mode == "full" else base["eager"]
     print(f"plain prefill: {base}", flush=True)
+    disk = host_disk(work) if mode == "e2e" else ""
+    if disk:
+        print(f"host: {disk}", flush=True)
     # quick: two rounds (plain, capture, plain, capture), so the record shows the run-to-run spread too
     variants = {
         "full": FULL,
@@ -231,7 +288,8 @@ def overhead(
             "vllm_args": ARGS + ([] if graphs else ["--enforce-eager"]),
             "env": {k: v for k, v in extra.items() if k != "TRACE"} | trace,
         }
-        res = run_job(name, spec, {"CUDA_VISIBLE_DEVICES": "0"}, logs)
+        with DirtyPeak() as dirty:
+            res = run_job(name, spec, {"CUDA_VISIBLE_DEVICES": "0"}, logs)
         prog = [e for e in res["events"] if e["kind"] == "progress"]
         done = next((e for e in res["events"] if e["kind"] == "completed"), {})
         conf = next((e for e in res["events"] if e["kind"] == "capture_configured"), {})
@@ -265,11 +323,12 @@ def overhead(
                     f"capture {tps} tok/s vs plain "
                     f"{'graphs' if graphs else 'eager'} {same['tokens_per_s']:.0f} tok/s; time in generate "
                     f"{engine_s} s vs plain {same['seconds']:.2f} s (per-step ratio {step_ratio}), waiting "
-                    f"for writes after batches {done.get('drain_seconds')} s; "
+                    f"for writes after batches {done.get('drain_seconds')} s, taking results in "
+                    f"{done.get('results_seconds')} s; peak dirty+writeback page cache {dirty.peak:.0f} MB; "
                     f"capture costs {done.get('capture_costs')}; "
                     f"{prompts} prompts x {TOKENS} tokens, batches of {BATCH}, {size / 1e9:.1f} GB "
                     f"written to {'/dev/shm' if tmpfs else 'disk'}; dummy weights, no HF reference; "
-                    f"milestones {ms['kinds']}; {res['seconds']} s"
+                    f"milestones {ms['kinds']}; {res['seconds']} s" + (f"; host: {disk}" if disk else "")
                 ),
             }
         )

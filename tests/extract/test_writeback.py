@@ -1,0 +1,81 @@
+"""Capture files pushed to disk as written (writeback.Writeback), against the real sync_file_range(2)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agent.extract.writeback import Writeback, libc_sync_file_range
+from agent.extract.writer import write_sample
+
+pytestmark = pytest.mark.skipif(libc_sync_file_range() is None, reason="sync_file_range is Linux only")
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _push_files(wb: Writeback, tmp_path: Path, n: int, size: int) -> None:
+    for i in range(n):
+        with open(tmp_path / f"f{i}", "wb") as fh:
+            fh.write(b"x" * size)
+            fh.flush()
+            wb.push(os.dup(fh.fileno()), size)
+
+
+def test_waits_for_the_oldest_files_only_past_the_bound(tmp_path: Path) -> None:
+    before = _open_fds()
+    wb = Writeback(limit_bytes=2 * 4096)
+    assert wb.active and wb.reason == ""
+    _push_files(wb, tmp_path, n=5, size=4096)
+    # two files fit in flight; each later one made the writer wait for one older file to reach the disk
+    assert wb.waits == 3 and wb.wait_s >= 0
+    assert wb.fields() == {"writeback_wait_s": round(wb.wait_s, 3), "writeback_waits": 3}
+    wb.close()
+    assert _open_fds() == before  # every dup'd descriptor was closed, waited for or not
+
+
+def test_under_the_bound_nothing_waits(tmp_path: Path) -> None:
+    wb = Writeback(limit_bytes=1 << 30)
+    _push_files(wb, tmp_path, n=4, size=65536)
+    assert wb.waits == 0
+    wb.close()
+
+
+def test_a_descriptor_that_refuses_turns_pacing_off_and_the_capture_goes_on(tmp_path: Path) -> None:
+    before = _open_fds()
+    wb = Writeback(limit_bytes=1 << 20)
+    r, w = os.pipe()  # sync_file_range on a pipe fails (ESPIPE), as on a file system without it
+    wb.push(w, 10)
+    assert not wb.active and "Illegal seek" in wb.reason
+    assert wb.fields()["writeback"] == wb.reason  # the job's capture_costs say pacing did not run, and why
+    _push_files(wb, tmp_path, n=2, size=100)  # later files are still written; their descriptors closed
+    assert (tmp_path / "f1").read_bytes() == b"x" * 100
+    os.close(r)
+    assert _open_fds() == before
+
+
+def test_off_closes_descriptors_and_says_so(tmp_path: Path) -> None:
+    before = _open_fds()
+    wb = Writeback(limit_bytes=0)
+    _push_files(wb, tmp_path, n=2, size=10)
+    assert not wb.active
+    assert wb.fields() == {"writeback_wait_s": 0.0, "writeback_waits": 0, "writeback": "off"}
+    assert _open_fds() == before
+
+
+def test_sample_written_through_the_pacer_is_whole(tmp_path: Path) -> None:
+    wb = Writeback(limit_bytes=1)  # each file is larger than the bound: it is waited for at once
+    hidden = torch.randn(7, 3, 16)
+    for idx in range(3):
+        path, size = write_sample(tmp_path, idx, torch.arange(7), hidden + idx, wb)
+        assert path.stat().st_size == size
+        got = load_file(str(path))
+        assert torch.equal(got["hidden_states"], hidden + idx) and got["token_ids"].tolist() == list(range(7))
+    assert wb.waits == 3
+    wb.close()
+    assert not list(tmp_path.glob(".*tmp"))
