@@ -125,7 +125,7 @@ class EagleWatchCapture:
         tp_rank = ps.get_tp_group().rank_in_group
         hidden = int(text_cfg.hidden_size)
         device = torch.device(getattr(runner, "device", torch.device("cpu")))
-        writer = choose_writer(cfg.get("writer"))
+        writer = choose_writer(cfg.get("writer"), cuda=device.type == "cuda")
         tune = tuning.from_env()
         if tune.switch_interval_ms is not None:  # every rank: each one's forward thread is on the step's path
             sys.setswitchinterval(tune.switch_interval_ms / 1000)

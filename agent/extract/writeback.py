@@ -48,17 +48,23 @@ def libc_sync_file_range() -> SyncFn | None:
 
 
 class Writeback:
-    """Starts each written file's write-out; keeps at most `limit_bytes` of them in flight (0: off)."""
+    """Files' write-out started by one flusher thread; writers block while more than `limit_bytes` of
+    pushed files are not yet on the disk (0: off, the kernel decides)."""
 
     def __init__(self, limit_bytes: int, sync: SyncFn | None = None) -> None:
         self.limit = limit_bytes
         self._sync = sync if sync is not None else (libc_sync_file_range() if limit_bytes > 0 else None)
         self.reason = "off" if limit_bytes <= 0 else ("" if self._sync else "no sync_file_range here")
-        self._lock = threading.Lock()
-        self._inflight: deque[tuple[int, int]] = deque()  # (owned fd, bytes), oldest first
-        self._bytes = 0
-        self.wait_s = 0.0  # writers waiting for older files to reach the disk
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[int, int]] = deque()  # (owned fd, bytes): written, write-out not started
+        self._inflight: deque[tuple[int, int]] = deque()  # write-out started, oldest first
+        self._inflight_bytes = 0
+        self._pending = 0  # bytes pushed and not yet on the disk (queued + in flight)
+        self.peak = 0  # the most pending bytes seen
+        self._closed = False
+        self.wait_s = 0.0  # writers blocked behind the disk
         self.waits = 0
+        self._thread: threading.Thread | None = None
 
     @property
     def active(self) -> bool:
@@ -66,59 +72,93 @@ class Writeback:
         return self._sync is not None and not self.reason
 
     def push(self, fd: int, size: int) -> None:
-        """Start writing out fd's file (flushed already); wait for the oldest while over the limit.
+        """Hand over a written (flushed) file: its write-out starts soon; blocks while over the limit.
 
-        Takes ownership of fd (pass a dup): it is closed once its file is on the disk or at close().
+        Takes ownership of fd (pass a dup): it is closed once its file is on the disk, or at close().
         """
-        if not self.active:
-            os.close(fd)
-            return
-        assert self._sync is not None
-        try:
-            self._sync(fd, 0, 0, WRITE)
-        except OSError as e:  # e.g. a file system without it: the capture goes on, unpaced
-            os.close(fd)
-            self._give_up(f"{e.strerror or e} on this file system")
-            return
-        with self._lock:
-            self._inflight.append((fd, size))
-            self._bytes += size
-        while True:
-            with self._lock:
-                if self._bytes <= self.limit or not self._inflight:
-                    return
-                old, n = self._inflight.popleft()
-                self._bytes -= n
+        with self._cond:
+            if not self.active or self._closed:
+                os.close(fd)
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._flush, name="eaglewatch-writeback", daemon=True)
+                self._thread.start()
+            self._queue.append((fd, size))
+            self._pending += size
+            self.peak = max(self.peak, self._pending)
+            self._cond.notify_all()
+            if self._pending <= self.limit:
+                return
             t0 = time.perf_counter()
-            try:
-                self._sync(old, 0, 0, WAIT_BEFORE | WRITE | WAIT_AFTER)
-            except OSError as e:
-                self._give_up(f"{e.strerror or e} while waiting")
-            finally:
-                os.close(old)
-            with self._lock:
-                self.wait_s += time.perf_counter() - t0
-                self.waits += 1
+            while self._pending > self.limit and self.active and not self._closed:
+                self._cond.wait()
+            self.wait_s += time.perf_counter() - t0
+            self.waits += 1
 
     def fields(self) -> dict[str, object]:
-        """The capture_costs fields: how long writers waited for the disk, and whether pacing ran."""
-        with self._lock:
-            out: dict[str, object] = {"writeback_wait_s": round(self.wait_s, 3)}
-            out["writeback_waits"] = self.waits
-        if self.reason:
-            out["writeback"] = self.reason
+        """The capture_costs fields: writers' waits for the disk, the most bytes pending, why it was off."""
+        with self._cond:
+            out: dict[str, object] = {
+                "writeback_wait_s": round(self.wait_s, 3),
+                "writeback_waits": self.waits,
+            }
+            out["writeback_peak_mb"] = round(self.peak / 2**20, 1)
+            if self.reason:
+                out["writeback"] = self.reason
         return out
 
     def close(self) -> None:
-        """Forget the files in flight (the kernel finishes writing them) and close their descriptors."""
-        with self._lock:
-            fds, self._inflight, self._bytes = [fd for fd, _ in self._inflight], deque(), 0
-        for fd in fds:
-            os.close(fd)
+        """Start the write-out of files still queued, close every descriptor; the kernel finishes the rest."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=60)
+        self._drop_all()
 
-    def _give_up(self, why: str) -> None:
-        with self._lock:
-            self.reason = why
-            fds, self._inflight, self._bytes = [fd for fd, _ in self._inflight], deque(), 0
+    def _flush(self) -> None:
+        assert self._sync is not None
+        while True:
+            with self._cond:
+                while not self._queue and not self._inflight and not self._closed and self.active:
+                    self._cond.wait()
+                if not self.active:
+                    return
+                if self._closed and not self._queue:
+                    return
+                # start new files first, unless half the bound is already in flight: then retire the oldest
+                start = bool(self._queue) and (not self._inflight or self._inflight_bytes <= self.limit // 2)
+                item = self._queue.popleft() if start else self._inflight.popleft()
+            try:
+                if start:
+                    self._sync(item[0], 0, 0, WRITE)
+                else:
+                    self._sync(item[0], 0, 0, WAIT_BEFORE | WRITE | WAIT_AFTER)
+            except OSError as e:  # e.g. a file system without it: the capture goes on, unpaced
+                os.close(item[0])
+                with self._cond:
+                    self.reason = f"{e.strerror or e} on this file system"
+                    self._pending -= item[1]
+                    self._cond.notify_all()
+                self._drop_all()
+                return
+            with self._cond:
+                if start:
+                    self._inflight.append(item)
+                    self._inflight_bytes += item[1]
+                    continue
+                self._inflight_bytes -= item[1]
+                self._pending -= item[1]
+                self._cond.notify_all()
+            os.close(item[0])
+
+    def _drop_all(self) -> None:
+        with self._cond:
+            fds = [fd for fd, _ in (*self._queue, *self._inflight)]
+            self._queue.clear()
+            self._inflight.clear()
+            self._inflight_bytes = self._pending = 0
+            self._cond.notify_all()
         for fd in fds:
             os.close(fd)

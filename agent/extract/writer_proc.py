@@ -50,15 +50,19 @@ WRITER_FIELDS = (
 ENV = "EAGLEWATCH_WRITER"
 
 
-def choose_writer(asked: str | None) -> str:
-    """The user's choice, else 'thread': on the H200 machines writer threads with a wait per batch gave
-    0.934–0.944 of plain prefill in four runs, the writer process 0.744–0.967 in five (tests/gpu/
-    validation.md), so the process stays an option until it is measured better."""
+def choose_writer(asked: str | None, cuda: bool = False) -> str:
+    """The user's choice, else the writer process on CUDA and writer threads elsewhere.
+
+    On the H200 (tests/gpu/validation.md, session 7) the writer process gave 0.950–0.968 of plain prefill
+    end to end in three runs and writer threads 0.83–0.88 in two: threads make each batch wait for its files
+    (they would contend with the forward for the GIL), the process overlaps them with the next batch. On
+    the CPU engine the forward and the writer share the same cores, so threads stay the default there.
+    """
     if asked:
         if asked not in WRITERS:
             raise ValueError(f"{ENV}={asked!r}: expected one of {', '.join(WRITERS)}")
         return asked
-    return "thread"
+    return "process" if cuda else "thread"
 
 
 def _map(fd: int, size: int) -> tuple[mmap.mmap, torch.Tensor]:

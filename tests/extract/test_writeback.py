@@ -27,34 +27,48 @@ def _push_files(wb: Writeback, tmp_path: Path, n: int, size: int) -> None:
             wb.push(os.dup(fh.fileno()), size)
 
 
-def test_waits_for_the_oldest_files_only_past_the_bound(tmp_path: Path) -> None:
+def test_a_file_over_the_bound_is_on_disk_before_its_writer_goes_on(tmp_path: Path) -> None:
     before = _open_fds()
-    wb = Writeback(limit_bytes=2 * 4096)
+    wb = Writeback(limit_bytes=1)
     assert wb.active and wb.reason == ""
-    _push_files(wb, tmp_path, n=5, size=4096)
-    # two files fit in flight; each later one made the writer wait for one older file to reach the disk
-    assert wb.waits == 3 and wb.wait_s >= 0
-    assert wb.fields() == {"writeback_wait_s": round(wb.wait_s, 3), "writeback_waits": 3}
+    _push_files(wb, tmp_path, n=4, size=4096)
+    # each push waited for its own file's write-out: never more than one file pending
+    assert wb.waits == 4 and wb.peak == 4096
+    assert wb.fields() == {
+        "writeback_wait_s": round(wb.wait_s, 3),
+        "writeback_waits": 4,
+        "writeback_peak_mb": 0.0,
+    }
     wb.close()
-    assert _open_fds() == before  # every dup'd descriptor was closed, waited for or not
+    assert _open_fds() == before  # every dup'd descriptor was closed
 
 
-def test_under_the_bound_nothing_waits(tmp_path: Path) -> None:
+def test_pending_bytes_stay_within_the_bound_plus_one_file(tmp_path: Path) -> None:
+    before = _open_fds()
+    wb = Writeback(limit_bytes=3 * 8192)
+    _push_files(wb, tmp_path, n=40, size=8192)
+    assert wb.peak <= 4 * 8192
+    wb.close()
+    assert _open_fds() == before
+
+
+def test_under_the_bound_no_writer_waits(tmp_path: Path) -> None:
     wb = Writeback(limit_bytes=1 << 30)
     _push_files(wb, tmp_path, n=4, size=65536)
-    assert wb.waits == 0
+    assert wb.waits == 0 and wb.peak <= 4 * 65536
     wb.close()
 
 
 def test_a_descriptor_that_refuses_turns_pacing_off_and_the_capture_goes_on(tmp_path: Path) -> None:
     before = _open_fds()
-    wb = Writeback(limit_bytes=1 << 20)
+    wb = Writeback(limit_bytes=1)  # the push waits for the flusher, so the failure is known when it returns
     r, w = os.pipe()  # sync_file_range on a pipe fails (ESPIPE), as on a file system without it
     wb.push(w, 10)
     assert not wb.active and "Illegal seek" in wb.reason
     assert wb.fields()["writeback"] == wb.reason  # the job's capture_costs say pacing did not run, and why
     _push_files(wb, tmp_path, n=2, size=100)  # later files are still written; their descriptors closed
     assert (tmp_path / "f1").read_bytes() == b"x" * 100
+    wb.close()
     os.close(r)
     assert _open_fds() == before
 
@@ -64,12 +78,17 @@ def test_off_closes_descriptors_and_says_so(tmp_path: Path) -> None:
     wb = Writeback(limit_bytes=0)
     _push_files(wb, tmp_path, n=2, size=10)
     assert not wb.active
-    assert wb.fields() == {"writeback_wait_s": 0.0, "writeback_waits": 0, "writeback": "off"}
+    assert wb.fields() == {
+        "writeback_wait_s": 0.0,
+        "writeback_waits": 0,
+        "writeback_peak_mb": 0.0,
+        "writeback": "off",
+    }
     assert _open_fds() == before
 
 
 def test_sample_written_through_the_pacer_is_whole(tmp_path: Path) -> None:
-    wb = Writeback(limit_bytes=1)  # each file is larger than the bound: it is waited for at once
+    wb = Writeback(limit_bytes=1)  # each file is larger than the bound: on disk before the next
     hidden = torch.randn(7, 3, 16)
     for idx in range(3):
         path, size = write_sample(tmp_path, idx, torch.arange(7), hidden + idx, wb)

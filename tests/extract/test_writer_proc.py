@@ -23,6 +23,8 @@ def _memfds() -> int:
 
 def test_choose_writer() -> None:
     assert choose_writer(None) == "thread"
+    assert choose_writer(None, cuda=True) == "process"  # pipelined with the next batch's steps on CUDA
+    assert choose_writer("thread", cuda=True) == "thread"  # the user's setting wins
     assert choose_writer("process") == "process"
     with pytest.raises(ValueError, match=r"EAGLEWATCH_WRITER='disk': expected one of process, thread"):
         choose_writer("disk")

@@ -146,18 +146,12 @@ CONFIRM = [
     ("confirm-thread", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
     ("confirm-process-again", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
 ]
-#: end to end with each file's write-out started as it is written (agent/extract/writeback.py, the
-#: default), with the writer process and with writer threads, and once with it off (the kernel decides)
+#: end to end as it ships (on CUDA: the writer process, each file's write-out started by a flusher thread as
+#: it is written, agent/extract/writeback.py), with the write-out left to the kernel, and as it ships again
 E2E = [
-    ("e2e-process", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
-    (
-        "e2e-process-kernel",
-        "worker-extension",
-        True,
-        {"EAGLEWATCH_WRITER": "process", "EAGLEWATCH_WRITEBACK_MB": "0"},
-        False,
-    ),
-    ("e2e-thread", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
+    ("e2e-default", "worker-extension", True, {}, False),
+    ("e2e-kernel", "worker-extension", True, {"EAGLEWATCH_WRITEBACK_MB": "0"}, False),
+    ("e2e-default-again", "worker-extension", True, {}, False),
 ]
 WRITER = [
     ("worker-extension", "worker-extension", False, {}, False),
