@@ -224,6 +224,7 @@ class Progress:
 def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest, prog: Progress) -> None:
     """Emit check lines for finished samples, update counters and the manifest; raise on policy stop."""
     stop_reason = None
+    per_file: list[tuple[int, list[dict[str, float]]]] = []  # layer_stats.jsonl lines, appended at once
     for r in sorted(results, key=lambda r: r.get("idx", -1)):
         if "error" in r:
             raise CaptureFailed(f"capture writer failed: {r['error']}")
@@ -236,7 +237,7 @@ def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest
             manifest.sample_tokens[r["idx"]] = r["tokens"]
             if r.get("layer_stats") and prog.stats is not None:
                 found = prog.stats.add(r["layer_stats"])
-                stats.append_file(plan.spec.output_dir or ".", r["idx"], plan.layer_ids, r["layer_stats"])
+                per_file.append((r["idx"], r["layer_stats"]))
                 for f in found:
                     signals.say(f"layer_collapse: {r['file']}: {f['message']}")
                 prog.collapses += [{**f, "file": r["file"]} for f in found]
@@ -251,6 +252,7 @@ def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest
         else:
             signals.emit("shape_check_passed", file=r["file"], index=r["idx"])
     if prog.stats is not None:
+        stats.append_files(plan.spec.output_dir or ".", plan.layer_ids, per_file)
         manifest.layer_stats = prog.stats.to_manifest()
     manifest.save(plan.spec.output_dir or ".")
     if stop_reason:

@@ -173,6 +173,8 @@ class RunStats:
     since: dict[int, dict[str, float]] = field(default_factory=dict)  # since the last progress line
     baseline: dict[int, list[dict[str, float | int]]] = field(default_factory=dict)
     flagged: set[tuple[int, str]] = field(default_factory=set)
+    #: each layer's baseline means (rms, non-zero fraction), fixed once its baseline files are in
+    means: dict[int, tuple[float, float]] = field(default_factory=dict)
 
     def add(self, per_slot: list[dict[str, float]]) -> list[dict[str, Any]]:
         """Fold one file's per-slot sums in; returns new findings [{layer, what, message}] (each once)."""
@@ -184,8 +186,10 @@ class RunStats:
             base = self.baseline.setdefault(layer, [])
             if len(base) < BASELINE_FILES:
                 base.append(values)
+                if len(base) == BASELINE_FILES:
+                    self.means[layer] = baseline_means(base)
                 continue
-            for what, message in judge(values, base):
+            for what, message in judge(values, base, self.means.get(layer)):
                 if (layer, what) not in self.flagged:
                     self.flagged.add((layer, what))
                     found.append({"layer": layer, "what": what, "message": f"layer {layer}: {message}"})
@@ -202,10 +206,21 @@ class RunStats:
         return {str(k): {**summary(v), "values": int(v["n"])} for k, v in self.totals.items() if v.get("n")}
 
 
-def judge(values: dict[str, float | int], base: list[dict[str, float | int]]) -> list[tuple[str, str]]:
-    """Collapse / explosion of one file's values against the baseline files' mean (pure)."""
+def baseline_means(base: list[dict[str, float | int]]) -> tuple[float, float]:
+    """The baseline files' mean RMS and mean non-zero fraction."""
     rms0 = sum(float(b["rms"]) for b in base) / len(base)
     nz0 = sum(1.0 - float(b["zero_fraction"]) for b in base) / len(base)
+    return rms0, nz0
+
+
+def judge(
+    values: dict[str, float | int],
+    base: list[dict[str, float | int]],
+    means: tuple[float, float] | None = None,
+) -> list[tuple[str, str]]:
+    """Collapse / explosion of one file's values against the baseline files' mean (pure; means: the
+    baseline's, computed once by the caller)."""
+    rms0, nz0 = means if means is not None else baseline_means(base)
     rms, nz = float(values["rms"]), 1.0 - float(values["zero_fraction"])
     out: list[tuple[str, str]] = []
     if rms0 > 0 and (rms == 0 or rms * COLLAPSE_FACTOR <= rms0):
@@ -223,6 +238,21 @@ def append_file(
     out_dir: str | Path, idx: int, layer_ids: list[int], per_slot: list[dict[str, float]]
 ) -> None:
     """One line of layer_stats.jsonl: {"idx", "layers": {id: {rms, max_abs, zero_fraction, non_finite}}}."""
-    line = {"idx": idx, "layers": {str(k): summary(v) for k, v in zip(layer_ids, per_slot, strict=False)}}
+    append_files(out_dir, layer_ids, [(idx, per_slot)])
+
+
+def append_files(
+    out_dir: str | Path, layer_ids: list[int], files: list[tuple[int, list[dict[str, float]]]]
+) -> None:
+    """The layer_stats.jsonl lines of several files (idx, per-slot sums), in one append."""
+    if not files:
+        return
+    lines = [
+        json.dumps(
+            {"idx": idx, "layers": {str(k): summary(v) for k, v in zip(layer_ids, per_slot, strict=False)}},
+            separators=(",", ":"),
+        )
+        for idx, per_slot in files
+    ]
     with (Path(out_dir) / PER_FILE).open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(line, separators=(",", ":")) + "\n")
+        fh.write("\n".join(lines) + "\n")

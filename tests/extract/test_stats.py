@@ -12,8 +12,10 @@ import torch
 from agent.extract.capture import CaptureSink, SinkConfig, Span
 from agent.extract.checks import ZERO_LAYER_FROM, ZERO_LAYER_SLOT, apply_fault
 from agent.extract.stats import (
+    BASELINE_FILES,
     RunStats,
     append_file,
+    append_files,
     file_stats,
     fused_step_stats,
     judge,
@@ -152,6 +154,23 @@ def test_run_stats_totals_baseline_and_findings_once(tmp_path: Path) -> None:
     (line,) = (tmp_path / "layer_stats.jsonl").read_text().splitlines()
     doc = json.loads(line)
     assert doc["idx"] == 7 and doc["layers"]["4"]["rms"] == pytest.approx(0.5)
+    # a drain's files go in one append, in order, each line the same as alone
+    append_files(tmp_path, [2, 4], [(8, [_file(1.0), _file(0.5)]), (9, [_file(2.0), _file(0.0)])])
+    lines = (tmp_path / "layer_stats.jsonl").read_text().splitlines()
+    assert [json.loads(x)["idx"] for x in lines] == [7, 8, 9]
+    assert json.loads(lines[1])["layers"] == doc["layers"]
+    assert json.loads(lines[2])["layers"]["2"]["rms"] == pytest.approx(2.0)
+    append_files(tmp_path, [2, 4], [])  # nothing drained: nothing written
+    assert len((tmp_path / "layer_stats.jsonl").read_text().splitlines()) == 3
+
+
+def test_baseline_means_are_fixed_once_the_baseline_is_in() -> None:
+    run = RunStats([2])
+    for _ in range(BASELINE_FILES):
+        run.add([_file(2.0)])
+    assert run.means == {2: (pytest.approx(2.0), 1.0)}
+    found = run.add([_file(0.1)])
+    assert [f["what"] for f in found] == ["collapse"] and "from 2" in found[0]["message"]
 
 
 def test_flags_from_stats_equal_token_flags() -> None:
