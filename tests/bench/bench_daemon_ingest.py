@@ -76,7 +76,10 @@ def follow_to_end(c: AgentClient, timeout: float) -> list[int]:
             seqs.append(msg["event"]["seq"])
             if msg["event"].get("type") == "state" and msg["event"].get("state") in _TERMINAL:
                 return seqs
-    buf = c._buf  # the bytes read past the last decoded message
+    # the bytes read past the last decoded message: complete lines queued, then a partial line
+    buf = b"".join(line + b"\n" for line in c._lines) + b"".join(c._partial)
+    c._lines.clear()
+    c._partial.clear()
     c.sock.settimeout(timeout)
     while True:
         cut = buf.rfind(b"\n") + 1
