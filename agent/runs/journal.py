@@ -43,6 +43,7 @@ class Journal:
         self._held: deque[_Held] = deque()  # batches sent to the stage, one per reply to come, oldest first
         self.stage_events = 0  # events written as the encoder stage encoded them
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._batch_listeners: list[Callable[[list[dict[str, Any]]], None]] = []
         self._unsynced = False  # written by append_many(sync=False), not fsynced yet
         self._fd_lock = threading.Lock()  # sync() may run in a worker thread: close() waits for it
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
@@ -76,6 +77,11 @@ class Journal:
     def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Call ``listener(event)`` after each append (durable, or written and awaiting ``sync()``)."""
         self._listeners.append(listener)
+
+    def subscribe_batches(self, listener: Callable[[list[dict[str, Any]]], None]) -> None:
+        """Call ``listener(events)`` once per batch written, after the per-event listeners (a backlog
+        writes thousands of events: one call a batch, not one an event)."""
+        self._batch_listeners.append(listener)
 
     def append(self, event: dict[str, Any]) -> dict[str, Any]:
         """Give ``event`` the next seq and a timestamp, write it durably, then tell the listeners."""
@@ -250,9 +256,13 @@ class Journal:
 
     def publish(self, full: list[dict[str, Any]]) -> None:
         """Tell the listeners about events written (by ``write_many``)."""
-        for ev in full:
-            for listener in list(self._listeners):
-                listener(ev)
+        if self._listeners:
+            for ev in full:
+                for listener in list(self._listeners):
+                    listener(ev)
+        if full:
+            for batch_listener in list(self._batch_listeners):
+                batch_listener(full)
 
     @property
     def unsynced(self) -> bool:

@@ -72,9 +72,9 @@ class RunWatcher(CursorKeeper, OutputChecks):
         self.log_changed = Broadcast()
         self.lines = LineBuffer()  # what followers stream: the log is read and split here only
         self.pulse = Pulse()
-        journal.subscribe(lambda _ev: self.events_changed.notify())
-        # Every event written goes into the summary, also those the journal's encoder stage held.
-        journal.subscribe(lambda ev: self.summary.observe(ev))
+        # Every batch written wakes the followers and goes into the summary, also those the journal's
+        # encoder stage held.
+        journal.subscribe_batches(self._written)
         self.summary = RunSummary.from_events(scan(journal.path))
         saved = read_json(paths.cursor)
         self.chain = LogChain.restore(
@@ -196,6 +196,12 @@ class RunWatcher(CursorKeeper, OutputChecks):
                 self.summary.observe(ev)
                 return
         self._outbox.append(ev)
+
+    def _written(self, events: list[dict[str, Any]]) -> None:
+        observe = self.summary.observe
+        for ev in events:
+            observe(ev)
+        self.events_changed.notify()
 
     def _commit(self, sync: bool = True) -> None:
         """Write the queued events and those in the journal's encoder stage (one fsync, unless ``sync`` is

@@ -131,6 +131,27 @@ def test_the_stage_writes_the_daemons_bytes_in_order(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("stage_on")
+def test_batch_listeners_hear_each_batch_once_after_the_event_listeners(tmp_path: Path) -> None:
+    batches = _batches()
+    j = Journal(tmp_path / "events.jsonl")
+    heard: list[tuple[str, int]] = []
+    j.subscribe(lambda ev: heard.append(("event", ev["seq"])))
+    j.subscribe_batches(lambda evs: heard.append(("batch", len(evs))))
+    _wait_ready(j)
+    for batch in batches:
+        j.submit(batch)
+    j.drain()
+    j.append({"type": "state", "state": "completed"})
+    want: list[tuple[str, int]] = []
+    seq = 0
+    for batch in [*batches, [{}]]:
+        want += [("event", seq + 1 + i) for i in range(len(batch))] + [("batch", len(batch))]
+        seq += len(batch)
+    assert heard == want
+    j.close()
+
+
+@pytest.mark.usefixtures("stage_on")
 def test_a_drain_does_not_wait_for_the_stage(tmp_path: Path) -> None:
     """Batches whose lines have not come back are encoded by the daemon itself; the child's late lines
     for them are dropped, and later batches still come from the child."""
