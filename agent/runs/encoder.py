@@ -16,10 +16,10 @@ import contextlib
 import fcntl
 import marshal
 import os
-import select
 import struct
 import subprocess
 import sys
+from collections import deque
 from typing import Any
 
 _HEAD = struct.Struct("<Q")
@@ -86,11 +86,12 @@ class EncoderStage:
             with contextlib.suppress(OSError):  # a lower pipe-max-size: the pipe keeps what it has
                 fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
             size = min(size, fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
-        # Lines may be up to 6x the marshal bytes (a control character becomes \u00XX): while this much is
-        # in flight, every reply fits in the pipe, so the child never blocks on a reply nobody reads.
+        # The daemon never blocks on the child: it reads replies only when they are there (its end is
+        # non-blocking) and sends only while this much input is unanswered, far less than the pipe holds.
+        os.set_blocking(self._in, False)
         self.limit = size // 8
         self.in_flight = 0  # bytes sent whose lines have not come back
-        self._sizes: list[int] = []
+        self._sizes: deque[int] = deque()  # each unanswered batch's input bytes, oldest first
         self._buf = bytearray()
         self.ready = False
 
@@ -101,8 +102,11 @@ class EncoderStage:
 
     def poll_ready(self) -> bool:
         """Whether the child has started (imports done); never waits."""
-        if not self.ready and self._readable(0):
-            got = os.read(self._in, 1)
+        if not self.ready:
+            try:
+                got = os.read(self._in, 1)
+            except BlockingIOError:
+                return False
             if got != _READY:
                 raise StageError(f"journal encoder exited at start (code {self._proc.poll()})")
             self.ready = True
@@ -117,21 +121,16 @@ class EncoderStage:
         self._sizes.append(len(payload))
         self.in_flight += len(payload)
 
-    @property
-    def pending(self) -> int:
-        """Batches sent whose lines have not come back."""
-        return len(self._sizes)
-
-    def replies(self, wait: bool) -> list[tuple[bool, bytes]]:
-        """Replies that have come back, oldest first, as (encoded, lines or error text); with ``wait``,
-        every batch in flight."""
+    def replies(self) -> list[tuple[bool, bytes]]:
+        """Replies that have come back, oldest first, as (encoded, lines or error text); never waits."""
         out: list[tuple[bool, bytes]] = []
         while self._sizes:
-            if not self._readable(None if wait else 0):
+            try:
+                chunk = os.read(self._in, 1 << 20)
+            except BlockingIOError:
                 break
-            chunk = os.read(self._in, 1 << 20)
             if not chunk:
-                raise StageError(f"journal encoder exited (code {self._proc.wait()})")
+                raise StageError(f"journal encoder exited (code {self._proc.poll()})")
             self._buf += chunk
             while len(self._buf) >= _HEAD.size:
                 (head,) = _HEAD.unpack_from(self._buf)
@@ -140,11 +139,8 @@ class EncoderStage:
                     break
                 out.append((not head & _FAILED, bytes(self._buf[_HEAD.size : _HEAD.size + n])))
                 del self._buf[: _HEAD.size + n]
-                self.in_flight -= self._sizes.pop(0)
+                self.in_flight -= self._sizes.popleft()
         return out
-
-    def _readable(self, timeout: float | None) -> bool:
-        return bool(select.select([self._in], [], [], timeout)[0])
 
     def close(self) -> None:
         """End the child (it exits when its input closes); what is in flight is dropped."""

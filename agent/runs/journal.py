@@ -204,7 +204,7 @@ class Journal:
     def _reap(self, stage: EncoderStage) -> None:
         """Write the batches whose lines have come back, oldest first (never waits)."""
         try:
-            replies = stage.replies(wait=False)
+            replies = stage.replies()
         except StageError as exc:
             self._end_stage(exc)
             return
