@@ -215,6 +215,10 @@ def test_a_batch_nobody_can_encode_fails_as_write_many_does(tmp_path: Path) -> N
 
 
 def test_the_stage_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENCODER_ENV, raising=False)
+    assert not stage_wanted()  # off unless asked for
+    monkeypatch.setenv(ENCODER_ENV, "on")
+    assert stage_wanted()
     monkeypatch.setenv(ENCODER_ENV, "off")
     assert not stage_wanted()
     monkeypatch.setenv(ENCODER_ENV, "yes")

@@ -50,7 +50,7 @@ _TERMINAL = ("completed", "failed", "stopped", "lost")
 
 def stage_mode() -> str:
     """Whether the daemon's journals encode a backlog in an encoder stage here, and why."""
-    mode = os.environ.get(ENCODER_ENV, "auto")
+    mode = os.environ.get(ENCODER_ENV, "off")
     return f"{ENCODER_ENV}={mode}: stage {'on' if stage_wanted() else 'off'}"
 
 
