@@ -72,7 +72,9 @@ class RunWatcher(CursorKeeper, OutputChecks):
         self.log_changed = Broadcast()
         self.lines = LineBuffer()  # what followers stream: the log is read and split here only
         self.pulse = Pulse()
-        journal.subscribe(lambda _ev: self.events_changed.notify())
+        # Every batch written wakes the followers and goes into the summary, also those the journal's
+        # encoder stage held.
+        journal.subscribe_batches(self._written)
         self.summary = RunSummary.from_events(scan(journal.path))
         saved = read_json(paths.cursor)
         self.chain = LogChain.restore(
@@ -195,14 +197,29 @@ class RunWatcher(CursorKeeper, OutputChecks):
                 return
         self._outbox.append(ev)
 
+    def _written(self, events: list[dict[str, Any]]) -> None:
+        observe = self.summary.observe
+        for ev in events:
+            observe(ev)
+        self.events_changed.notify()
+
     def _commit(self, sync: bool = True) -> None:
-        """Write the queued events (one fsync, unless ``sync`` is False) and take them into the summary."""
+        """Write the queued events and those in the journal's encoder stage (one fsync, unless ``sync`` is
+        False); the journal's listener takes them into the summary."""
         if self._outbox:
             events, self._outbox = self._outbox, []
-            for ev in self.journal.append_many(events, sync=sync):
-                self.summary.observe(ev)
+            self.journal.append_many(events, sync=sync)
+        else:
+            self.journal.drain()  # the cursor is saved after a commit: it must not point past the file
         if sync:
             self.journal.sync()
+
+    def _submit(self) -> None:
+        """Hand the queued events to the journal's encoder stage: numbered now, written by a later submit
+        or commit, while the watcher reads and classifies on."""
+        if self._outbox:
+            events, self._outbox = self._outbox, []
+            self.journal.submit(events)
 
     def note(self, events: list[dict[str, Any]]) -> None:
         """Journal events from outside the log (the scheduler's word on the job) and look again soon."""
@@ -217,6 +234,7 @@ class RunWatcher(CursorKeeper, OutputChecks):
     def start(self) -> None:
         """Start watching (a no-op for a run already in a terminal state)."""
         if self.summary.terminal is None and self.task is None:
+            self.journal.start_stage()
             self.task = asyncio.get_running_loop().create_task(self._run(), name=f"watch-{self.paths.run}")
 
     def wake(self) -> None:
@@ -306,11 +324,14 @@ class RunWatcher(CursorKeeper, OutputChecks):
             else:  # merged lines carry a shard tag each: split them one by one
                 head, block = self.splitter.feed(data), None
             self._feed_lines(head, self.splitter.pending_offset, block)
-            # The lines' milestones are written now too (not fsynced yet): followers send lines and events
-            # together, before the journal fsync and cursor write.
-            self._commit(sync=False)
             if len(data) < READ_CHUNK:
+                # Caught up: the lines' milestones are written now (not fsynced yet), encoded here with no
+                # round trip: followers send lines and events together, before the fsync and cursor write.
+                self._commit(sync=False)
                 break
+            # A backlog: its events are encoded in the journal's encoder stage (another core) while the
+            # next chunk is read and classified; followers get them a chunk later.
+            self._submit()
             now = time.monotonic()
             if now - started >= COMMIT_EVERY_S:
                 # A long backlog must not starve the other runs and clients: let them in, and have the
