@@ -239,9 +239,13 @@ def test_a_bad_stage_setting_is_logged_and_the_daemon_encodes(
     j.close()
 
 
-def test_a_child_that_exits_at_start_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A child that cannot import the agent (a broken PYTHONPATH) says so instead of hanging the daemon."""
-    monkeypatch.setattr("sys.path", ["/nonexistent"])
+def test_a_child_that_exits_at_start_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A child that cannot import the agent (a broken package first on its path) says so instead of hanging
+    the daemon. (A path without the agent is not enough: an editable install finds it anyway.)"""
+    broken = tmp_path / "agent"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise ImportError('a broken agent package')\n")
+    monkeypatch.setattr("sys.path", [str(tmp_path)])
     monkeypatch.setenv("PYTHONSAFEPATH", "1")
     stage = EncoderStage()
     try:
