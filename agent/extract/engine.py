@@ -425,7 +425,7 @@ def collect(
     t1 = time.monotonic()
     prog.drain_s += t1 - t0
     try:
-        take_drained(drained, plan, manifest, prog, outstanding, seen, wait)
+        take_drained(drained, plan, manifest, prog, (outstanding, seen, wait))
     finally:
         prog.results_s += time.monotonic() - t1
 
@@ -435,11 +435,11 @@ def take_drained(
     plan: Plan,
     manifest: Manifest,
     prog: Progress,
-    outstanding: list[list[Sample]],
-    seen: set[int],
-    wait: bool,
+    batches: tuple[list[list[Sample]], set[int], bool],
 ) -> None:
-    """Report one drain's results: checks, manifest, every batch whose files are all in."""
+    """Report one drain's results: checks, manifest, and each batch (of collect's outstanding, seen,
+    wait) whose files are all in."""
+    outstanding, seen, wait = batches
     prog.sp_gathers = int(drained.get("gathers", 0))
     prog.capture_costs = drained.get("costs") or prog.capture_costs
     for r in drained["results"]:
