@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 
@@ -118,6 +119,15 @@ class Writeback:
         self._drop_all()
 
     def _flush(self) -> None:
+        try:
+            self._flush_loop()
+        except BaseException as e:  # never leave a writer waiting on a flusher that is gone
+            traceback.print_exc()
+            with self._cond:
+                self.reason = self.reason or f"the flusher stopped: {type(e).__name__}: {e}"
+            self._drop_all()
+
+    def _flush_loop(self) -> None:
         assert self._sync is not None
         while True:
             with self._cond:
@@ -135,8 +145,11 @@ class Writeback:
                     self._sync(item[0], 0, 0, WRITE)
                 else:
                     self._sync(item[0], 0, 0, WAIT_BEFORE | WRITE | WAIT_AFTER)
-            except OSError as e:  # e.g. a file system without it: the capture goes on, unpaced
+            except BaseException as e:
                 os.close(item[0])
+                if not isinstance(e, OSError):
+                    raise
+                # e.g. a file system without it: the capture goes on, unpaced
                 with self._cond:
                     self.reason = f"{e.strerror or e} on this file system"
                     self._pending -= item[1]

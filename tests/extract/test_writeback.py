@@ -98,3 +98,18 @@ def test_sample_written_through_the_pacer_is_whole(tmp_path: Path) -> None:
     assert wb.waits == 3
     wb.close()
     assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_a_flusher_that_breaks_never_leaves_a_writer_waiting(tmp_path: Path) -> None:
+    """A bug inside the flusher (here a sync function that raises what the real call never does: a stand-in,
+    since the kernel's call cannot be made to) turns pacing off and releases the waiting writer."""
+    before = _open_fds()
+
+    def broken(fd: int, offset: int, nbytes: int, flags: int) -> int:
+        raise RuntimeError("boom")
+
+    wb = Writeback(limit_bytes=1, sync=broken)
+    _push_files(wb, tmp_path, n=2, size=100)  # the first push waits for the flusher, which breaks
+    assert not wb.active and wb.reason == "the flusher stopped: RuntimeError: boom"
+    wb.close()
+    assert _open_fds() == before
