@@ -279,7 +279,11 @@ def test_a_daemon_with_the_stage_journals_a_backlog_once_in_order(tmp_path: Path
     agent = start_agent(state, env={ENCODER_ENV: "on"})
     try:
         with AgentClient(agent.socket, timeout=120) as c:
-            c.result("launch", run="big", spec={"backend": "command", "command": ["cat", str(log)]})
+            # The job waits before it writes: the stage (started with the watcher) must be ready when the
+            # backlog comes, or the daemon rightly encodes it all itself (a child starts in ~0.1 s; on a
+            # loaded 2-core machine it once took longer than the whole backlog's reading).
+            wait_then_cat = ["sh", "-c", 'sleep 3; exec cat "$1"', "sh", str(log)]
+            c.result("launch", run="big", spec={"backend": "command", "command": wait_then_cat})
             c.result("follow", run="big", after_seq=0)
             seen = c.wait_for(terminal_event, timeout=120)
         events = scan(state / "runs" / "big" / "events.jsonl")
