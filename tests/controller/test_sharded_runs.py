@@ -26,13 +26,20 @@ from controller.service import Controller
 from controller.settings import Settings
 from tests.controller.conftest import wait_for
 from tests.controller.test_cli import cli
+from tests.extract.jobrun import IN_PROCESS_ENGINE
 from tests.helpers.sshd import SSHD, kill_tree_matching
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 LENGTHS = [5, 37, 12, 30, 1, 23, 9]  # shard 0 of 2: samples 0-2, shard 1: samples 3-6
 LAYERS = [2, 4, 5, 8]
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+#: the engine core in the job's process (jobrun.IN_PROCESS_ENGINE): this test's subject is not vLLM's layout
+CPU_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    **IN_PROCESS_ENGINE,
+}
 
 
 def _spec(tmp: Path, model: Path, data: Path, out: str, **more: Any) -> dict[str, Any]:

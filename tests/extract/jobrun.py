@@ -43,6 +43,13 @@ def parse_events(text: str) -> list[dict[str, Any]]:
     return out
 
 
+#: vLLM's engine core in the job's own process: an engine start costs ~25 s instead of ~50 s here (one Python
+#: process importing torch and vLLM, not three). For tests whose subject is not vLLM's process layout
+#: (sharding, Slurm, the controller's view of a run); the capture tests keep vLLM's default layout, which
+#: is what users run.
+IN_PROCESS_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 def write_spec(path: Path, **fields: Any) -> Path:
     """A spec file with host 'local' and the given fields."""
     path.write_text(json.dumps({"host": "local", **fields}))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.extract.checks import BATCH_SKEW, ZERO_LAYER_FROM, ZERO_LAYER_SLOT
-from tests.extract.jobrun import run_job, write_spec
+from tests.extract.jobrun import IN_PROCESS_ENGINE, run_job, write_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -30,7 +30,7 @@ def test_zero_layer_collapse_is_seen_while_running(tmp_path: Path) -> None:
         inject_fault="zero_layer",
         vllm_args=["--dtype", "float32"],  # see test_fault_injection: bf16 dies on this CPU
     )
-    job = run_job(spec)
+    job = run_job(spec, env=IN_PROCESS_ENGINE)  # statistics/faults are the subject, not vLLM's layout
     assert job.rc == 0, job.output[-3000:]
     (forecast,) = job.of("forecast")
     files = sorted(out.glob("hs_*.safetensors"))
@@ -87,7 +87,7 @@ def test_batch_dependent_states_fail_the_canary_and_stop(tmp_path: Path) -> None
             "EAGLEWATCH_WRITER": "process"
         },  # the GPU default, pipelined: the canary must wait for the files
     )
-    job = run_job(spec)
+    job = run_job(spec, env=IN_PROCESS_ENGINE)  # statistics/faults are the subject, not vLLM's layout
     assert job.rc == 1, job.output[-3000:]
     (canary,) = job.of("canary_checked")
     assert job.of("capture_configured")[0]["writer"] == "process"

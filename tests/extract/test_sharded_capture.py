@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.extract.jobrun import JobResult, run_job, write_spec
+from tests.extract.jobrun import IN_PROCESS_ENGINE, JobResult, run_job, write_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -47,14 +47,15 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     whole, sharded = tmp / "whole", tmp / "sharded"
     res: dict[str, Any] = {"whole": whole, "sharded": sharded}
-    res["one"] = run_job(spec("one", whole))
+    env = IN_PROCESS_ENGINE  # the shards' slicing and merge are the subject here, not vLLM's process layout
+    res["one"] = run_job(spec("one", whole), env=env)
     s1 = spec("s1", sharded, shard={"index": 1, "count": 2})
-    res["killed"] = run_job(s1, stop_when=lambda e: e["kind"] == "batch_captured")
+    res["killed"] = run_job(s1, stop_when=lambda e: e["kind"] == "batch_captured", env=env)
     res["after_kill"] = sorted(p.name for p in sharded.glob("hs_*.safetensors"))
-    res["s0"] = run_job(spec("s0", sharded, shard={"index": 0, "count": 2}))
-    res["resumed"] = run_job(s1)
+    res["s0"] = run_job(spec("s0", sharded, shard={"index": 0, "count": 2}), env=env)
+    res["resumed"] = run_job(s1, env=env)
     res["empty_out"] = tmp / "empty"
-    res["empty"] = run_job(spec("e", tmp / "empty", shard={"index": 0, "count": 8}))
+    res["empty"] = run_job(spec("e", tmp / "empty", shard={"index": 0, "count": 8}), env=env)
     return res
 
 

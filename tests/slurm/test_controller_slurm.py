@@ -17,10 +17,17 @@ from controller.models import HostCreate
 from controller.service import Controller
 from controller.settings import Settings
 from tests.controller.conftest import wait_for
+from tests.extract.jobrun import IN_PROCESS_ENGINE
 from tests.helpers.sshd import SSHD
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh, pytest.mark.timeout(300)]
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+#: the engine core in the job's process (jobrun.IN_PROCESS_ENGINE): this test's subject is not vLLM's layout
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    **IN_PROCESS_ENGINE,
+}
 
 
 async def _ended(ctl: Controller, run_id: str) -> bool:

@@ -29,6 +29,7 @@ from controller.models import HostCreate, RunDetail
 from controller.service import Controller
 from controller.settings import Settings
 from tests.controller.conftest import wait_for
+from tests.extract.jobrun import IN_PROCESS_ENGINE
 from tests.helpers.sshd import SSHD, kill_tree_matching
 
 pytestmark = [
@@ -38,7 +39,13 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(600),
 ]
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+#: the engine core in the job's process (jobrun.IN_PROCESS_ENGINE): this test's subject is not vLLM's layout
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    **IN_PROCESS_ENGINE,
+}
 TERMINAL = ("completed", "failed", "stopped", "lost")
 
 
