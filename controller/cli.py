@@ -146,6 +146,9 @@ def hosts_check(name: str) -> None:
     """Connect to a host now (bootstrapping the agent) and show its GPUs."""
     host = run_ctl(lambda ctl: ctl.check_host(name))
     out.print(f"{host.name}: reachable, agent {host.agent_version}, key {host.fingerprint or '-'}")
+    if host.link_route:
+        why = f" ({host.link_route_reason})" if host.link_route_reason else ""
+        out.print(Text(f"  link: {host.link_route}{why}"))  # the reason quotes the server: no markup
     for g in host.gpus:
         out.print(
             Text(

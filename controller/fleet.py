@@ -38,6 +38,8 @@ class Supervisors:
         self.supervise = supervise
         self.only_hosts = only_hosts
         self.hosts: dict[str, HostSupervisor] = {}
+        #: (route, reason) of each host's latest ``check`` link (a one-shot supervisor's).
+        self._checked: dict[str, tuple[str, str]] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -105,6 +107,15 @@ class Supervisors:
             await tmp.connected_to(link, fp)
         finally:
             await link.close()
+        if tmp.route is not None:
+            self._checked[name] = tmp.route
+
+    def route_of(self, name: str) -> tuple[str, str] | None:
+        """(route, reason) of the latest link to ``name``: the supervised one, else the latest check's."""
+        sup = self.hosts.get(name)
+        if sup is not None and sup.route is not None:
+            return sup.route
+        return self._checked.get(name)
 
     async def fetch_fingerprint(self, dest: str) -> str:
         """Host key fingerprint presented at ``dest``."""

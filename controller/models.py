@@ -282,6 +282,11 @@ class HostPublic(BaseModel):
     account: str | None = None
     sbatch_args: list[str] = []
     slurm_gpus: str | None = None
+    #: The path this controller's latest link to the host took (controller/streamlocal.py ROUTE_*:
+    #: ``direct-streamlocal``, ``connect-bridge`` or ``local-pipes``) and why not a shorter one; null before
+    #: this process has linked to it.
+    link_route: str | None = None
+    link_route_reason: str | None = None
 
 
 class AlertPublic(BaseModel):

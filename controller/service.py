@@ -131,11 +131,18 @@ class Controller:
 
     async def list_hosts(self) -> list[HostPublic]:
         """Every host, by name."""
-        return await self.store.read(queries.list_hosts)
+        return [self._with_route(h) for h in await self.store.read(queries.list_hosts)]
 
     async def get_host(self, name: str) -> HostPublic:
         """One host; NotFound if unknown."""
-        return await self.store.read(queries.get_host, name)
+        return self._with_route(await self.store.read(queries.get_host, name))
+
+    def _with_route(self, host: HostPublic) -> HostPublic:
+        """The host with the path of this process's latest link to it (not stored: it is per process)."""
+        route = self.supervisors.route_of(host.name)
+        if route is None:
+            return host
+        return host.model_copy(update={"link_route": route[0], "link_route_reason": route[1] or None})
 
     async def remove_host(self, name: str) -> None:
         """Forget a host; Conflict while it has runs that are not finished."""

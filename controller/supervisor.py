@@ -45,6 +45,8 @@ class HostSupervisor:
         self.store = store
         self.policy = policy
         self.link: Link | None = None
+        #: (route, reason) of the latest link that came up (Link.route): kept after it drops.
+        self.route: tuple[str, str] | None = None
         self.connected = asyncio.Event()
         self.following: set[str] = set()
         self._events = EventQueue()
@@ -115,6 +117,7 @@ class HostSupervisor:
             log.warning("host %s: gpus failed: %s", self.name, exc)
             gpus = None
         version = link.hello.get("agent_version")
+        self.route = (link.route, link.route_reason)
         await self.store.write(
             lambda tx: crud.host_up(tx=tx, name=self.name, agent_version=version, fingerprint=fp, gpus=gpus)
         )

@@ -51,6 +51,9 @@ def test_hosts_runs_logs_alerts(tmp_path: Path, reap: None, job_script: Path) ->
     assert dup.returncode == 1 and "already exists" in dup.stderr
     hosts = json.loads(cli(tmp_path, "hosts", "ls", "--json").stdout)
     assert [(h["name"], h["reachable"]) for h in hosts] == [("loc", True)]
+    check = cli(tmp_path, "hosts", "check", "loc")
+    assert check.returncode == 0, check.stderr
+    assert "loc: reachable" in check.stdout and "link: local-pipes" in check.stdout
 
     start = cli(
         tmp_path,

@@ -125,6 +125,9 @@ async def test_bridge_kept_when_sshd_forbids_streamlocal(
         assert "refused a direct-streamlocal channel" in sup.link.route_reason
         assert sup.link.transport.describe().startswith("ssh:")
         assert _bridges(closed_sshd)  # the connect bridge carries the link, as before
+        host = await ctl.get_host("gpu1")  # and the host's view says which path and why
+        assert host.link_route == ROUTE_BRIDGE
+        assert host.link_route_reason and "refused a direct-streamlocal channel" in host.link_route_reason
         run_id = await ctl.create_run(
             {
                 "host": "gpu1",
@@ -152,6 +155,8 @@ async def test_supervisor_reconnects_over_the_direct_channel(
         sup = ctl.supervisors.hosts["gpu1"]
         await sup.connected.wait()
         assert sup.link is not None and sup.link.route == ROUTE_DIRECT
+        listed = {h.name: h for h in await ctl.list_hosts()}
+        assert (listed["gpu1"].link_route, listed["gpu1"].link_route_reason) == (ROUTE_DIRECT, None)
         run_id = await ctl.create_run(
             {
                 "host": "gpu1",

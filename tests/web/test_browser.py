@@ -142,6 +142,8 @@ def test_start_watch_alert_stop(page: Any, live_server: LiveServer, tmp_path: Pa
     page.goto("/")
     assert page.locator("tr[data-run] [data-field=state]").first.inner_text() == "stopped"
     assert "reachable" in page.locator("article[data-host=local]").inner_text()
+    route = page.locator("article[data-host=local] [data-field=link_route]").inner_text()
+    assert route == "link: local-pipes"
     screenshot(page, "dashboard")
     page.goto("/alerts")
     assert "shape_check_failed" in page.locator("#alerts").inner_text()

@@ -233,6 +233,12 @@
       r.className = "reach reach-" + key;
       r.textContent = h.reachable == null ? "unknown" : h.reachable ? "reachable" : "unreachable";
       gpuList(card.querySelector('[data-field="gpus"]'), h.gpus);
+      // host events from the store carry no route (it is per controller process): only the API's do
+      const route = card.querySelector('[data-field="link_route"]');
+      if (route && h.link_route) {
+        route.textContent = "link: " + h.link_route + (h.link_route_reason ? " (" + h.link_route_reason + ")" : "");
+        route.hidden = false;
+      }
     }
     function catchUp() {
       // changes between rendering and the stream's start: re-read the lists once the stream is open
