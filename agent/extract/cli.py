@@ -177,6 +177,7 @@ def _run(plan: object, samples: list[Any], window: tuple[int, int] | None = None
         engine_seconds=round(prog.engine_s, 3),
         drain_seconds=round(prog.drain_s, 3),
         results_seconds=round(prog.results_s, 3),
+        results_wait_seconds=round(prog.results_wait_s, 3),
         **extra,
     )
     signals.say(f"completed: {len(manifest.sample_tokens)} samples, {tokens} tokens in {secs} s -> {out}")

@@ -12,6 +12,7 @@ from typing import Any
 from agent.extract import canary, forecast, runtime, signals, stats, tuning
 from agent.extract.dataset import Sample
 from agent.extract.preflight import Plan
+from agent.extract.results_lane import ResultsLane
 from agent.extract.stats import RunStats
 from agent.extract.writer import Manifest
 
@@ -179,6 +180,7 @@ class Progress:
     engine_s: float = 0.0  # inside llm.generate: the engine's steps with the capture running beside them
     drain_s: float = 0.0  # in eaglewatch_drain: waiting for writes the steps did not hide
     results_s: float = 0.0  # taking drained results in: checks reported, manifest saved, progress lines
+    results_wait_s: float = 0.0  # the driver's share of results_s (the rest ran beside the next batch)
     started: float = field(default_factory=time.monotonic)
     out_dir: str | None = None  # where free space is measured (None: not measured)
     tokens_todo: int = 0  # tokens this attempt captures in all: the ETA's numerator
@@ -324,39 +326,49 @@ def capture_batches(
     # a writer process overlaps a batch's last writes with the next batch's steps; writer threads would
     # contend with the forward for the GIL, so with them each batch is waited for (pipelined False)
     stop = spec.on_shape_failure == "stop"
+    # with the process, a drain's results are also taken in while the next batch runs; under stop they are
+    # taken at once, so that a bad sample stops the run before the next batch starts
+    overlap = pipelined and not stop
     outstanding: list[list[Sample]] = []
     seen: set[int] = set()
     first: list[Sample] | None = None  # the first batch, until its canary round has started
     starts = range(0, len(todo), spec.batch_size)
-    for start in starts:
-        batch = todo[start : start + spec.batch_size]
-        prompts = [TokensPrompt(prompt_token_ids=list(s.token_ids)) for s in batch]
-        params = [
-            SamplingParams(max_tokens=1, temperature=0.0, extra_args={"eaglewatch_idx": s.idx}) for s in batch
-        ]
-        t0 = time.monotonic()
-        llm.generate(prompts, params, use_tqdm=False)
-        prog.engine_s += time.monotonic() - t0
-        outstanding.append(batch)
-        if start == starts[0]:
-            first = batch
-        # the canary compares with the first batch's files: it starts once they are all written; under
-        # on_shape_failure=stop it is waited for, so a mismatch stops the run after the first batch
-        wait = not pipelined or (first is not None and stop)
-        collect(llm, plan, manifest, prog, outstanding, seen, wait=wait)
-        if first is not None and all(s.idx in seen for s in first):
+    with ResultsLane(overlap) as lane:
+        for start in starts:
+            batch = todo[start : start + spec.batch_size]
+            prompts = [TokensPrompt(prompt_token_ids=list(s.token_ids)) for s in batch]
+            params = [
+                SamplingParams(max_tokens=1, temperature=0.0, extra_args={"eaglewatch_idx": s.idx})
+                for s in batch
+            ]
+            t0 = time.monotonic()
+            llm.generate(prompts, params, use_tqdm=False)
+            prog.engine_s += time.monotonic() - t0
+            lane.join()  # the previous drain's results are in before anything here reads them
+            if overlap and first is not None and all(s.idx in seen for s in first):
+                start_canary(llm, plan, first, manifest.dtype, "first batch", prog)
+                first = None
+            outstanding.append(batch)
+            if start == starts[0]:
+                first = batch
+            # the canary compares with the first batch's files: it starts once they are all written; under
+            # on_shape_failure=stop it is waited for, so a mismatch stops the run after the first batch
+            wait = not pipelined or (first is not None and stop)
+            collect(llm, plan, manifest, prog, (outstanding, seen, wait), lane)
+            if not overlap and first is not None and all(s.idx in seen for s in first):
+                start_canary(llm, plan, first, manifest.dtype, "first batch", prog)
+                first = None
+                if stop and prog.canaries:
+                    collect(llm, plan, manifest, prog, (outstanding, seen, True), lane)
+        collect(llm, plan, manifest, prog, (outstanding, seen, True), lane)
+        if first is not None:
             start_canary(llm, plan, first, manifest.dtype, "first batch", prog)
-            first = None
-            if stop and prog.canaries:
-                collect(llm, plan, manifest, prog, outstanding, seen, wait=True)
-    collect(llm, plan, manifest, prog, outstanding, seen, wait=True)
-    if first is not None:
-        start_canary(llm, plan, first, manifest.dtype, "first batch", prog)
-    end = canary.end_batch(todo, spec.batch_size)
-    if end is not None:
-        start_canary(llm, plan, end, manifest.dtype, "end", prog)
-    if prog.canaries:
-        collect(llm, plan, manifest, prog, outstanding, seen, wait=True)
+        end = canary.end_batch(todo, spec.batch_size)
+        if end is not None:
+            start_canary(llm, plan, end, manifest.dtype, "end", prog)
+        if prog.canaries:
+            collect(llm, plan, manifest, prog, (outstanding, seen, True), lane)
+    prog.results_wait_s = lane.waited_s
     if prog.canaries:
         late = ", ".join(r.when for r in prog.canaries)
         raise CaptureFailed(f"canary ({late}): its re-captures did not all come back")
@@ -415,19 +427,24 @@ def collect(
     plan: Plan,
     manifest: Manifest,
     prog: Progress,
-    outstanding: list[list[Sample]],
-    seen: set[int],
-    wait: bool,
+    batches: tuple[list[list[Sample]], set[int], bool],
+    lane: ResultsLane,
 ) -> None:
-    """Take the writer's finished samples; report each batch once all its files are in (in order)."""
+    """Drain the writer's finished samples (waiting for all when ``batches``' flag says so), then take them
+    in on ``lane``: a waiting drain's at once, since the caller reads them next."""
+    wait = batches[2]
     t0 = time.monotonic()
     drained = one_result(llm.collective_rpc("eaglewatch_drain", args=(wait,)))
-    t1 = time.monotonic()
-    prog.drain_s += t1 - t0
-    try:
-        take_drained(drained, plan, manifest, prog, (outstanding, seen, wait))
-    finally:
-        prog.results_s += time.monotonic() - t1
+    prog.drain_s += time.monotonic() - t0
+
+    def take() -> None:
+        t1 = time.monotonic()
+        try:
+            take_drained(drained, plan, manifest, prog, batches)
+        finally:
+            prog.results_s += time.monotonic() - t1
+
+    lane.run(take, inline=wait)
 
 
 def take_drained(
