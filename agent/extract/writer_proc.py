@@ -53,8 +53,8 @@ ENV = "EAGLEWATCH_WRITER"
 def choose_writer(asked: str | None, cuda: bool = False) -> str:
     """The user's choice, else the writer process on CUDA and writer threads elsewhere.
 
-    On the H200 (tests/gpu/validation.md, session 7) the writer process gave 0.950–0.968 of plain prefill
-    end to end in three runs and writer threads 0.83–0.88 in two: threads make each batch wait for its files
+    On the H200 (tests/gpu/validation.md, session 7) the writer process gave 0.950–0.974 of plain prefill
+    end to end in six runs and writer threads 0.83–0.88 in two: threads make each batch wait for its files
     (they would contend with the forward for the GIL), the process overlaps them with the next batch. On
     the CPU engine the forward and the writer share the same cores, so threads stay the default there.
     """
