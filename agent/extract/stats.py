@@ -234,17 +234,11 @@ def judge(
     return out
 
 
-def append_file(
-    out_dir: str | Path, idx: int, layer_ids: list[int], per_slot: list[dict[str, float]]
-) -> None:
-    """One line of layer_stats.jsonl: {"idx", "layers": {id: {rms, max_abs, zero_fraction, non_finite}}}."""
-    append_files(out_dir, layer_ids, [(idx, per_slot)])
-
-
 def append_files(
     out_dir: str | Path, layer_ids: list[int], files: list[tuple[int, list[dict[str, float]]]]
 ) -> None:
-    """The layer_stats.jsonl lines of several files (idx, per-slot sums), in one append."""
+    """The layer_stats.jsonl lines of several files (idx, per-slot sums), in one append: each line
+    {"idx", "layers": {id: {rms, max_abs, zero_fraction, non_finite}}}."""
     if not files:
         return
     lines = [

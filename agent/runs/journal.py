@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.runs.encoder import EncoderStage, StageError, stage_wanted
-from agent.runs.jsonline import _dumps, encode_lines
+from agent.runs.jsonline import dump_line, encode_lines
 
 log = logging.getLogger("eaglewatch.agent")
 _TAIL_CHUNK = 1 << 16
@@ -346,7 +346,7 @@ def _line_seq(raw: bytes) -> tuple[int, bytes] | None:
         return None
     if not isinstance(obj, dict) or type(obj.get("seq")) is not int:
         return None
-    return obj["seq"], _dumps(obj).encode("utf-8")
+    return obj["seq"], dump_line(obj).encode("utf-8")
 
 
 def read_raw(path: Path, byte_offset: int = 0) -> tuple[list[tuple[int, bytes]], int]:

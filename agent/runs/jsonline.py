@@ -23,7 +23,7 @@ def _finite(value: Any) -> Any:
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
-def _dumps(event: dict[str, Any]) -> str:
+def dump_line(event: dict[str, Any]) -> str:
     """One journal line: strict JSON, since followers (the controller, SSE) must be able to read it."""
     try:
         return _encode(event)
@@ -42,7 +42,7 @@ _string = json.encoder.encode_basestring
 
 
 def _milestone_line(ev: dict[str, Any], strings: dict[str, str], stamps: dict[int, str]) -> str | None:
-    """``ev``'s line as ``_dumps`` writes it, or None where only ``_dumps`` knows (another shape, a
+    """``ev``'s line as ``dump_line`` writes it, or None where only ``dump_line`` knows (another shape, a
     NaN, a subclass of int or str)."""
     if tuple(ev) != _MILESTONE_KEYS:
         return None
@@ -56,7 +56,7 @@ def _milestone_line(ev: dict[str, Any], strings: dict[str, str], stamps: dict[in
         return None
     try:
         fields = "".join(_value(ev["fields"], 0))
-    except ValueError:  # a NaN or Infinity: _dumps writes it as null
+    except ValueError:  # a NaN or Infinity: dump_line writes it as null
         return None
     # A batch's events share one ts object (alive all the call: its id names it; equality would take
     # -0.0 for 0.0).
@@ -76,12 +76,12 @@ def _milestone_line(ev: dict[str, Any], strings: dict[str, str], stamps: dict[in
 
 
 def encode_lines(events: list[dict[str, Any]]) -> bytes:
-    """Journal lines for ``events``, each ending in a newline: ``_dumps``'s bytes, milestones (most of
+    """Journal lines for ``events``, each ending in a newline: ``dump_line``'s bytes, milestones (most of
     a backlog's events) built from a template (the encoder stage makes the same bytes)."""
     strings: dict[str, str] = {}  # a batch's few types and kinds, encoded once
     stamps: dict[int, str] = {}
     out: list[str] = []
     for ev in events:
         line = _milestone_line(ev, strings, stamps)
-        out.append(line if line is not None else _dumps(ev) + "\n")
+        out.append(line if line is not None else dump_line(ev) + "\n")
     return "".join(out).encode("utf-8")

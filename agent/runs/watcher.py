@@ -329,8 +329,9 @@ class RunWatcher(CursorKeeper, OutputChecks):
                 # round trip: followers send lines and events together, before the fsync and cursor write.
                 self._commit(sync=False)
                 break
-            # A backlog: its events are encoded in the journal's encoder stage (another core) while the
-            # next chunk is read and classified; followers get them a chunk later.
+            # A backlog: its events go to the journal's encoder stage (a child on another core, where
+            # EAGLEWATCH_AGENT_ENCODER starts one; else written here at once) while the next chunk is read
+            # and classified; followers get the stage's events a chunk later.
             self._submit()
             now = time.monotonic()
             if now - started >= COMMIT_EVERY_S:

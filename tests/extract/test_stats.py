@@ -14,7 +14,6 @@ from agent.extract.checks import ZERO_LAYER_FROM, ZERO_LAYER_SLOT, apply_fault
 from agent.extract.stats import (
     BASELINE_FILES,
     RunStats,
-    append_file,
     append_files,
     file_stats,
     fused_step_stats,
@@ -150,7 +149,7 @@ def test_run_stats_totals_baseline_and_findings_once(tmp_path: Path) -> None:
     assert manifest["2"]["rms"] == pytest.approx(1.0) and manifest["2"]["zero_fraction"] == 0
     assert manifest["2"]["values"] == 500
     assert manifest["4"]["rms"] == pytest.approx(math.sqrt(12 / 5)) and manifest["4"]["zero_fraction"] == 0.4
-    append_file(tmp_path, 7, [2, 4], [_file(1.0), _file(0.5)])
+    append_files(tmp_path, [2, 4], [(7, [_file(1.0), _file(0.5)])])
     (line,) = (tmp_path / "layer_stats.jsonl").read_text().splitlines()
     doc = json.loads(line)
     assert doc["idx"] == 7 and doc["layers"]["4"]["rms"] == pytest.approx(0.5)
