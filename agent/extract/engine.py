@@ -328,7 +328,7 @@ def capture_batches(
     stop = spec.on_shape_failure == "stop"
     # with the process, a drain's results are also taken in while the next batch runs; under stop they are
     # taken at once, so that a bad sample stops the run before the next batch starts
-    overlap = pipelined and not stop
+    overlap = pipelined and not stop and tuning.from_env().results_overlap
     outstanding: list[list[Sample]] = []
     seen: set[int] = set()
     first: list[Sample] | None = None  # the first batch, until its canary round has started

@@ -4,8 +4,9 @@
 a thread that wants the GIL may wait behind one that holds it: the forward thread's time in the capture is
 on the step's critical path). `EAGLEWATCH_PINNED_BUFFERS` and `EAGLEWATCH_WRITERS` size the pinned buffer
 pool and the writer threads. `EAGLEWATCH_WRITEBACK_MB` bounds the capture bytes on their way to disk
-(agent/extract/writeback.py; 0 leaves it to the kernel). `EAGLEWATCH_COSTS_TRACE` names a file that
-receives one JSON row per step.
+(agent/extract/writeback.py; 0 leaves it to the kernel). `EAGLEWATCH_RESULTS_OVERLAP=0` takes each drain's
+results in between batches instead of beside the next one (agent/extract/results_lane.py; the driver reads
+it). `EAGLEWATCH_COSTS_TRACE` names a file that receives one JSON row per step.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Tuning:
     pinned_buffers: int = DEFAULT_PINNED_BUFFERS
     writers: int = DEFAULT_WRITERS
     writeback_mb: int = DEFAULT_LIMIT_MB
+    results_overlap: bool = True
     trace: str | None = None
 
     def fields(self) -> dict[str, object]:
@@ -66,10 +68,14 @@ def from_env(env: Mapping[str, str] | None = None) -> Tuning:
     for name, value in whole:
         if value is not None and value != int(value):
             raise ValueError(f"{name}={env[name]!r}: expected a whole number")
+    overlap = env.get("EAGLEWATCH_RESULTS_OVERLAP", "").strip()
+    if overlap not in ("", "0", "1"):
+        raise ValueError(f"EAGLEWATCH_RESULTS_OVERLAP={overlap!r}: expected 0 or 1")
     return Tuning(
         switch_interval_ms=switch if switch is not None else DEFAULT_SWITCH_INTERVAL_MS,
         pinned_buffers=int(buffers) if buffers is not None else DEFAULT_PINNED_BUFFERS,
         writers=int(writers) if writers is not None else DEFAULT_WRITERS,
         writeback_mb=int(writeback) if writeback is not None else DEFAULT_LIMIT_MB,
+        results_overlap=overlap != "0",
         trace=env.get("EAGLEWATCH_COSTS_TRACE") or None,
     )

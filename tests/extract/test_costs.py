@@ -82,6 +82,7 @@ def test_percentile_by_nearest_rank() -> None:
         ({"EAGLEWATCH_WRITERS": "2.5"}, "EAGLEWATCH_WRITERS='2.5': expected a whole number"),
         ({"EAGLEWATCH_WRITEBACK_MB": "-1"}, "EAGLEWATCH_WRITEBACK_MB='-1': expected a number from 0 to"),
         ({"EAGLEWATCH_WRITEBACK_MB": "0.5"}, "EAGLEWATCH_WRITEBACK_MB='0.5': expected a whole number"),
+        ({"EAGLEWATCH_RESULTS_OVERLAP": "yes"}, "EAGLEWATCH_RESULTS_OVERLAP='yes': expected 0 or 1"),
     ],
 )
 def test_malformed_tuning_names_the_variable(env: dict[str, str], message: str) -> None:
@@ -97,5 +98,9 @@ def test_tuning_defaults_and_values() -> None:
     assert (got.switch_interval_ms, got.pinned_buffers, got.writers) == (0.5, 10, 8)
     assert tuning.Tuning().writeback_mb == 1024
     assert tuning.from_env({"EAGLEWATCH_WRITEBACK_MB": "0"}).writeback_mb == 0
+    assert (
+        tuning.Tuning().results_overlap
+        and not tuning.from_env({"EAGLEWATCH_RESULTS_OVERLAP": "0"}).results_overlap
+    )
     assert "trace" not in got.fields()
     assert tuning.from_env({"EAGLEWATCH_COSTS_TRACE": "/t.json"}).trace == "/t.json"

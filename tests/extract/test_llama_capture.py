@@ -92,6 +92,7 @@ def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> 
         "pinned_buffers": 6,
         "writers": 2,
         "writeback_mb": 1024,
+        "results_overlap": True,
         "trace": str(scenario["trace"]),
     }
     got = dict(conf["tuning"])

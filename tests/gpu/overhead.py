@@ -147,8 +147,16 @@ CONFIRM = [
     ("confirm-process-again", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
 ]
 #: end to end as it ships (on CUDA: the writer process, each file's write-out started by a flusher thread as
-#: it is written, agent/extract/writeback.py), with the write-out left to the kernel, and as it ships again
+#: it is written, agent/extract/writeback.py, a drain's results taken in beside the next batch,
+#: agent/extract/results_lane.py) against results taken in between batches, twice each, alternating
 E2E = [
+    ("e2e-default", "worker-extension", True, {}, False),
+    ("e2e-inline", "worker-extension", True, {"EAGLEWATCH_RESULTS_OVERLAP": "0"}, False),
+    ("e2e-default-again", "worker-extension", True, {}, False),
+    ("e2e-inline-again", "worker-extension", True, {"EAGLEWATCH_RESULTS_OVERLAP": "0"}, False),
+]
+#: session 7's end-to-end variants (write-out paced by the flusher thread, or left to the kernel)
+E2E_KERNEL = [
     ("e2e-default", "worker-extension", True, {}, False),
     ("e2e-kernel", "worker-extension", True, {"EAGLEWATCH_WRITEBACK_MB": "0"}, False),
     ("e2e-default-again", "worker-extension", True, {}, False),
@@ -228,7 +236,14 @@ def overhead(
     if mode == "graphs":
         base = {"graphs": plain(work, data, False, env, logs)}
         base["eager"] = base["graphs"]
-    elif mode in ("long", "tune", "warm", "confirm", "e2e"):  # the capture runs V1 with graphs: plain V1
+    elif mode in (
+        "long",
+        "tune",
+        "warm",
+        "confirm",
+        "e2e",
+        "e2ekernel",
+    ):  # the capture runs V1 with graphs: plain V1
         base = {"graphs": plain(work, data, False, {**env, "VLLM_USE_V2_MODEL_RUNNER": "0"}, logs, tag="-v1")}
         base["eager"] = base["graphs"]
     elif (
@@ -242,7 +257,7 @@ def overhead(
         base = {"eager": plain(work, data, True, env, logs)}
         base["graphs"] = plain(work, data, False, env, logs) if mode == "full" else base["eager"]
     print(f"plain prefill: {base}", flush=True)
-    disk = host_disk(work) if mode == "e2e" else ""
+    disk = host_disk(work) if mode.startswith("e2e") else ""
     if disk:
         print(f"host: {disk}", flush=True)
     # quick: two rounds (plain, capture, plain, capture), so the record shows the run-to-run spread too
@@ -257,6 +272,7 @@ def overhead(
         "warm": WARM,
         "confirm": CONFIRM,
         "e2e": E2E,
+        "e2ekernel": E2E_KERNEL,
     }[mode]
     records = []
     for n, (tag, backend, graphs, extra, tmpfs) in enumerate(variants):

@@ -5,6 +5,10 @@
 - `correctness`: tiny Llama and tiny DeepSeek-V3 (MLA, kv_lora_rank 512), both backends, TP=1 and TP=2,
   CUDA graphs on and off where the backend allows, each compared with an HF-transformers reference (fp32 on
   the CPU, from the same checkpoint) and TP=2 with TP=1; the agent's rules read every real GPU log;
+- `current`: `correctness` plus the worker extension with CUDA graphs on (its shipped default) at TP=1;
+  on a one-GPU machine the TP=2 cases are left out (printed, not recorded);
+- `versions`: four TP=1 cases (both backends, graphs on and off) for another vLLM release, installed by
+  install_wheelhouse.sh into its own GPUWH_SITE;
 - `overhead`: a Llama-3.1-8B-shaped model (random weights, vLLM's dummy loader): plain vLLM prefill against
   the capture, same prompts, same batches; then a run launched and stopped through the agent daemon.
 Writes DIR/validation.json (one record per run, the fields tests/gpu/validation.md describes) and
@@ -48,7 +52,8 @@ WORK = Path("/tmp/ew-gpu")
 def env_for(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment every job and engine gets here."""
     env = {**os.environ, **BASE_ENV}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in ("/tmp/site", str(ROOT), env.get("PYTHONPATH", "")) if p)
+    site = os.environ.get("GPUWH_SITE", "/tmp/site")  # install_wheelhouse.sh's; another vLLM lives elsewhere
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (site, str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(extra or {})
     return env
 
@@ -63,6 +68,12 @@ def vllm_version() -> str:
         check=False,
     )
     return out.stdout.strip() or f"import failed: {out.stderr[-500:]}"
+
+
+def gpu_count() -> int:
+    """The GPUs this machine shows (nvidia-smi), at least 1."""
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+    return max(1, sum(1 for line in out.splitlines() if line.startswith("GPU ")))
 
 
 def make_data(path: Path, lengths: list[int], vocab: int, seed: int) -> list[list[int]]:
@@ -205,6 +216,17 @@ GRAPHS_TP2 = [
     case("llama-tiny", "worker-extension", 2, True),
     case("deepseek-v3-tiny", "worker-extension", 2, True),
 ]
+#: phase `current`: the correctness matrix plus the worker extension's shipped default (CUDA graphs on, the
+#: aux capture path), so one call checks the code as it ships against HF
+CURRENT_TP1 = CASES_TP1 + [c for c in GRAPHS_TP1 if c["graphs"]]
+#: phase `versions`: another vLLM release (its own wheelhouse, GPUWH_SITE): both backends on the tiny Llama,
+#: eager and with graphs, and the aux path on a dense-routing DeepSeek-V3
+VERSIONS_TP1 = [
+    case("llama-tiny", "worker-extension", 1, False),
+    case("llama-tiny", "worker-extension", 1, True),
+    case("llama-tiny", "vllm-native", 1, True),
+    case("deepseek-v3-tiny-dense", "worker-extension", 1, True),
+]
 RUNNER_ENV = {"1": "0", "2": "1"}  # case runner_env (V1/V2 forced) -> VLLM_USE_V2_MODEL_RUNNER
 
 
@@ -255,9 +277,15 @@ def correctness(
     data = WORK / "tiny.jsonl"
     samples = make_data(data, [5, 37, 12, 64, 1, 50, 23, 200], 500, 7)
     refs = {m: hf_states(p, samples, TINY_LAYERS) for m, p in models.items()}
+    ngpu = gpu_count()
+    if ngpu < 2 and tp2:  # a one-GPU kind: TP=2 cannot run here, and says so rather than failing
+        print(f"[run_gpu] {ngpu} GPU(s): the {len(tp2)} TP=2 cases are not run", flush=True)
+        tp2 = []
     results: dict[str, dict[str, Any]] = {}
-    with ThreadPoolExecutor(max_workers=8) as pool:  # TP=1 runs share the two GPUs, four at a time each
-        futs = {c["tag"]: pool.submit(run_case, c, models, data, logs, str(i % 2)) for i, c in enumerate(tp1)}
+    with ThreadPoolExecutor(max_workers=4 * ngpu) as pool:  # TP=1 runs share the GPUs, four at a time each
+        futs = {
+            c["tag"]: pool.submit(run_case, c, models, data, logs, str(i % ngpu)) for i, c in enumerate(tp1)
+        }
         results.update({t: f.result() for t, f in futs.items()})
     with ThreadPoolExecutor(max_workers=4) as pool:
         futs = {c["tag"]: pool.submit(run_case, c, models, data, logs, "0,1") for c in tp2}
@@ -344,6 +372,8 @@ def main() -> int:
         choices=[
             "smoke",
             "correctness",
+            "current",
+            "versions",
             "writer",
             "graphs",
             "overhead",
@@ -356,6 +386,7 @@ def main() -> int:
             "overhead-warm",
             "overhead-confirm",
             "overhead-e2e",
+            "overhead-e2ekernel",
         ],
     )
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
@@ -369,6 +400,10 @@ def main() -> int:
         records = correctness(logs, version, CASES_TP1[:1], [])
     elif args.phase == "correctness":
         records = correctness(logs, version, CASES_TP1, CASES_TP2)
+    elif args.phase == "current":
+        records = correctness(logs, version, CURRENT_TP1, CASES_TP2)
+    elif args.phase == "versions":
+        records = correctness(logs, version, VERSIONS_TP1, [])
     elif args.phase == "writer":
         records = correctness(logs, version, WRITER_TP1, WRITER_TP2)
     elif args.phase == "graphs":

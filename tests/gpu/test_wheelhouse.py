@@ -338,3 +338,16 @@ def test_pins_fit_the_vllm_requirements_they_were_chosen_for() -> None:
         "opentelemetry-api>=1.27.0",
     ]
     assert wh.check_pins(vllm_reqs, wh.PINS) == []
+
+
+def test_pin_overrides_take_another_vllms_pins_and_name_a_bad_one() -> None:
+    got = wh.with_overrides(wh.PINS, ["apache-tvm-ffi==0.1.9", " llguidance == 1.3.0 "])
+    assert got["apache-tvm-ffi"] == "0.1.9" and got["llguidance"] == "1.3.0"
+    assert {k: v for k, v in got.items() if k not in ("apache-tvm-ffi", "llguidance")} == {
+        k: v for k, v in wh.PINS.items() if k not in ("apache-tvm-ffi", "llguidance")
+    }
+    assert wh.PINS["apache-tvm-ffi"] == "0.1.10"  # the module's own pins stay as they are
+    with pytest.raises(ValueError, match=r"--pin 'xgrammar': expected NAME==VERSION"):
+        wh.with_overrides(wh.PINS, ["xgrammar"])
+    with pytest.raises(ValueError, match=r"--pin 'torch==2.11.0': torch is not one of PINS"):
+        wh.with_overrides(wh.PINS, ["torch==2.11.0"])

@@ -732,6 +732,19 @@ def build_variant(
     return tar, files, stats
 
 
+def with_overrides(pins: dict[str, str], overrides: Sequence[str]) -> dict[str, str]:
+    """``pins`` with each ``NAME==VERSION`` of ``overrides`` in its place; ValueError naming a bad one."""
+    out = dict(pins)
+    for item in overrides:
+        name, sep, version = item.partition("==")
+        if not sep or not name.strip() or not version.strip():
+            raise ValueError(f"--pin {item!r}: expected NAME==VERSION")
+        if name.strip() not in pins:
+            raise ValueError(f"--pin {item!r}: {name.strip()} is not one of PINS ({', '.join(sorted(pins))})")
+        out[name.strip()] = version.strip()
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Build the wheelhouse (default); ``unpack DIR`` and ``check DIR SITE`` are for the machine."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -750,7 +763,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="auto",
         help="auto (default): measure the plain tar and xz; take xz only if it saves a part",
     )
+    ap.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="NAME==VERSION",
+        help="replace one of PINS (repeatable): another vLLM's own exact pins, e.g. apache-tvm-ffi==0.1.9",
+    )
     args = ap.parse_args(argv)
+    try:
+        pins = with_overrides(PINS, args.pin)
+    except ValueError as e:
+        ap.error(str(e))
     out: Path = args.out
     dl: Path = args.download_dir or out / "dl"
     build = out / "build"
@@ -761,16 +785,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"== 1. wheels (cp312, manylinux x86_64) in {dl}")
     vllm_src, vllm_reused = fetch_wheels(dl, {"vllm": args.vllm})["vllm"]
     _, _, vllm_requires = wheel_metadata(vllm_src)
-    bad = check_pins(vllm_requires, PINS)
+    bad = check_pins(vllm_requires, pins)
     if bad:
         print("PINS break vLLM's Requires-Dist:\n  " + "\n  ".join(bad), file=sys.stderr)
         return 2
     if args.vllm != VLLM_VERSION:
         print(f"  note: PINS were chosen for vLLM {VLLM_VERSION}; they satisfy {args.vllm}'s Requires-Dist")
-    deps_found = fetch_wheels(dl, PINS)
+    deps_found = fetch_wheels(dl, pins)
     for name, (p, reused) in sorted({"vllm": (vllm_src, vllm_reused), **deps_found}.items()):
         how = "reused" if reused else "downloaded"
-        print(f"  {name:<22}{({'vllm': args.vllm} | PINS)[name]:<16}{mb(p.stat().st_size):<24}{how}")
+        print(f"  {name:<22}{({'vllm': args.vllm} | pins)[name]:<16}{mb(p.stat().st_size):<24}{how}")
     deps = {n: p for n, (p, _) in deps_found.items()}
 
     print("\n== requirement check (python 3.12.3, linux x86_64; image packages from KINDS.md, 2026-11-17)")
@@ -854,7 +878,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     codec, payload = min(candidates, key=lambda c: (nparts(c[1].stat().st_size, part_bytes), c[0] != "none"))
     final_name = TAR_NAME + CODEC_SUFFIX[codec]
     wheel_files = tars["deflate" if codec == "none" else "stored"][1]
-    versions = {"vllm": args.vllm, **PINS}
+    versions = {"vllm": args.vllm, **pins}
     names = {vllm_src.name: "vllm", **{p.name: n for n, p in deps.items()}}
 
     for old in out.glob("part*"):
