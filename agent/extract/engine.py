@@ -89,7 +89,9 @@ def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
         reasons["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn: forked workers can hang on CUDA"
     version = runtime.parse_version(plan.vllm_version) or (0, 0, 0)
     try:
-        capture = runtime.choose_capture(spec.backend, platform, spec.vllm_args, user_env)
+        capture = runtime.choose_capture(
+            spec.backend, platform, spec.vllm_args, user_env, "; ".join(plan.aux_refusals) or None
+        )
     except runtime.CaptureConflict as e:
         raise CaptureFailed(str(e)) from None
     choice = runtime.choose_runner(
@@ -140,7 +142,8 @@ def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
     signals.say(f"capture {capture.path}, {'compiled' if capture.compiled else 'eager'}: {capture.reason}")
     if plan.version_note:
         signals.emit("warning", source="eaglewatch", message=plan.version_note)
-    for message in plan.bug_warnings:
+    aux_warnings = plan.aux_warnings if capture.path == "aux" else ()
+    for message in (*plan.bug_warnings, *aux_warnings):
         signals.emit("warning", source="eaglewatch", message=message)
     return args, capture
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,8 +16,10 @@ from agent.extract.runtime import parse_version
 
 DEFAULT_FILE = Path(__file__).with_name("known_bugs.toml")
 ALLOW_ENV = "EAGLEWATCH_ALLOW_KNOWN_BUGS"
-#: Facts of a run a bug entry may require (its `when`).
-CONDITIONS = frozenset({"captures_final_layer", "vlm_wrapper"})
+#: Facts of a run a bug entry may require (its `when`). "aux_outputs": the capture reads vLLM's EAGLE-3 aux
+#: hidden-state outputs (vllm-native always; the worker extension only on its compiled "aux" path, which is
+#: chosen after the preflight, so bugs that need it are handed to that choice: `aux_path_bugs`).
+CONDITIONS = frozenset({"captures_final_layer", "vlm_wrapper", "aux_outputs"})
 BACKENDS = frozenset({"worker-extension", "vllm-native"})
 Severity = Literal["warning", "refuse"]
 Version = tuple[int, int, int]
@@ -147,7 +149,22 @@ def target_for(
     inner_archs = inner.get("architectures") if isinstance(inner, dict) else None
     archs += [a for a in inner_archs or [] if isinstance(a, str) and a not in archs]
     n = int(config["num_hidden_layers"])
-    return Target(version, tuple(archs), backend, run_conditions(config, layer_ids, convention, n))
+    conditions = run_conditions(config, layer_ids, convention, n)
+    if backend == "vllm-native":
+        conditions |= {"aux_outputs"}
+    return Target(version, tuple(archs), backend, conditions)
+
+
+def with_aux(target: Target) -> Target:
+    """The same run, capturing through vLLM's aux outputs (the worker extension's compiled path)."""
+    return replace(target, conditions=target.conditions | {"aux_outputs"})
+
+
+def aux_path_bugs(bugs: Iterable[KnownBug], target: Target) -> list[KnownBug]:
+    """The bugs that apply only if this run reads vLLM's aux outputs: the worker extension then captures
+    through its layer hooks instead (agent/extract/runtime.py choose_capture)."""
+    aux = with_aux(target)
+    return [b for b in bugs if applies(b, aux) and not applies(b, target)]
 
 
 def applies(bug: KnownBug, target: Target) -> bool:

@@ -35,6 +35,10 @@ class Plan:
     moe: bool = False
     version_note: str | None = None  # a warning for a vLLM inside the checked range that was not tested
     bug_warnings: tuple[str, ...] = ()  # known vLLM bugs that apply with severity "warning" (or allowed)
+    # known bugs in vLLM's aux outputs for this run (worker extension): refusals keep it off the aux path,
+    # warnings are said only if it takes that path
+    aux_refusals: tuple[str, ...] = ()
+    aux_warnings: tuple[str, ...] = ()
 
 
 def load_spec(path: str) -> RunSpec:
@@ -177,11 +181,13 @@ def preflight(spec: RunSpec, bugs: list[known_bugs.KnownBug] | None = None) -> P
         table = known_bugs.load_bugs() if bugs is None else bugs
     except known_bugs.BugTableError as e:
         raise SpecError(f"known-bug table: {e}") from None
-    refusals, bug_warnings = known_bugs.gate(
-        table, target, known_bugs.allowed_ids({**os.environ, **spec.env})
-    )
+    allowed = known_bugs.allowed_ids({**os.environ, **spec.env})
+    refusals, bug_warnings = known_bugs.gate(table, target, allowed)
     if refusals:
         raise SpecError("; ".join(refusals))
+    aux_refusals, aux_warnings = known_bugs.gate(
+        known_bugs.aux_path_bugs(table, target), known_bugs.with_aux(target), allowed
+    )
     out = Path(spec.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -190,4 +196,18 @@ def preflight(spec: RunSpec, bugs: list[known_bugs.KnownBug] | None = None) -> P
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
     moe = runtime.is_moe(cfg)
-    return Plan(spec, model_dir, n, hidden, dtype, layer_ids, version, archs, moe, note, tuple(bug_warnings))
+    return Plan(
+        spec,
+        model_dir,
+        n,
+        hidden,
+        dtype,
+        layer_ids,
+        version,
+        archs,
+        moe,
+        note,
+        tuple(bug_warnings),
+        tuple(aux_refusals),
+        tuple(aux_warnings),
+    )

@@ -127,9 +127,12 @@ class CaptureConflict(ValueError):
 
 
 def choose_capture(
-    backend: str, platform: str, vllm_args: list[str], env: Mapping[str, str]
+    backend: str, platform: str, vllm_args: list[str], env: Mapping[str, str], aux_refused: str | None = None
 ) -> CaptureChoice:
-    """The capture path and whether the model stays compiled; the user's own settings win over the default."""
+    """The capture path and whether the model stays compiled; the user's own settings win over the default.
+
+    aux_refused: why vLLM's aux outputs would give wrong data for this run (a known bug), if they would.
+    """
     eager = has_arg(vllm_args, "--enforce-eager")
     if backend != "worker-extension":
         if platform != "cuda":
@@ -144,6 +147,8 @@ def choose_capture(
     if user == "hooks":
         return CaptureChoice("hooks", False, f"{CAPTURE_ENV}=hooks (your setting): eager, Python layer hooks")
     if user == "aux":
+        if aux_refused:
+            raise CaptureConflict(f"{CAPTURE_ENV}=aux (your setting) reads vLLM's aux outputs: {aux_refused}")
         if runner is True:
             raise CaptureConflict(
                 f"{CAPTURE_ENV}=aux reads vLLM's aux hidden-state outputs through the V1 model runner, but "
@@ -158,6 +163,10 @@ def choose_capture(
     if runner is True:
         return CaptureChoice(
             "hooks", False, f"{RUNNER_ENV}=1 (your setting): the V2 runner is captured eager, through hooks"
+        )
+    if aux_refused:
+        return CaptureChoice(
+            "hooks", False, f"eager, Python layer hooks: the aux outputs would be wrong ({aux_refused})"
         )
     return _aux(True, "CUDA graphs stay on: the states come out of the compiled model (aux outputs)", env)
 

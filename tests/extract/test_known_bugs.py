@@ -12,6 +12,7 @@ from agent.extract.known_bugs import (
     BugTableError,
     KnownBug,
     Target,
+    aux_path_bugs,
     gate,
     load_bugs,
     match,
@@ -24,6 +25,8 @@ from agent.spec import RunSpec, parse_spec
 
 BUGS = load_bugs()
 FINAL = frozenset({"captures_final_layer"})
+AUX = frozenset({"aux_outputs"})
+FINAL_AUX = FINAL | AUX
 VLM = frozenset({"vlm_wrapper"})
 DSV3, KIMI25, LLAMA = ("DeepseekV3ForCausalLM",), ("KimiK25ForConditionalGeneration",), ("LlamaForCausalLM",)
 
@@ -31,23 +34,24 @@ DSV3, KIMI25, LLAMA = ("DeepseekV3ForCausalLM",), ("KimiK25ForConditionalGenerat
 @pytest.mark.parametrize(
     ("version", "archs", "backend", "conditions", "want"),
     [
-        # DeepSeek-V2 family, final layer asked for through vLLM's own capture: dropped before 0.25.0
-        ("0.24.0", DSV3, "vllm-native", FINAL, ["deepseek-v2-final-layer-drop"]),
-        ("0.19.1", KIMI25, "vllm-native", FINAL, ["deepseek-v2-final-layer-drop"]),
-        ("0.24.9rc1", DSV3, "vllm-native", FINAL, ["deepseek-v2-final-layer-drop"]),
-        ("0.25.0", DSV3, "vllm-native", FINAL, []),  # the fix (PR #46973)
-        ("0.26.0", DSV3, "vllm-native", FINAL, []),
-        ("0.24.0", DSV3, "worker-extension", FINAL, []),  # our hooks capture the final layer themselves
-        ("0.24.0", DSV3, "vllm-native", frozenset(), []),  # final layer not requested
-        ("0.24.0", LLAMA, "vllm-native", FINAL, []),
+        # DeepSeek-V2 family, final layer read from vLLM's aux outputs: dropped before 0.25.0
+        ("0.24.0", DSV3, "vllm-native", FINAL_AUX, ["deepseek-v2-final-layer-drop"]),
+        ("0.19.1", KIMI25, "vllm-native", FINAL_AUX, ["deepseek-v2-final-layer-drop"]),
+        ("0.24.9rc1", DSV3, "vllm-native", FINAL_AUX, ["deepseek-v2-final-layer-drop"]),
+        ("0.20.0", DSV3, "worker-extension", FINAL_AUX, ["deepseek-v2-final-layer-drop"]),  # its aux path
+        ("0.25.0", DSV3, "vllm-native", FINAL_AUX, []),  # the fix (PR #46973)
+        ("0.26.0", DSV3, "vllm-native", FINAL_AUX, []),
+        ("0.24.0", DSV3, "worker-extension", FINAL, []),  # its layer hooks capture the final layer themselves
+        ("0.24.0", DSV3, "vllm-native", AUX, []),  # final layer not requested
+        ("0.24.0", LLAMA, "vllm-native", FINAL_AUX, []),
         # VLM wrapper under extract_hidden_states on 0.18
         ("0.18.0", LLAMA, "vllm-native", VLM, ["vlm-text-config-attention-heads"]),
-        ("0.18.1", LLAMA, "vllm-native", VLM | FINAL, ["vlm-text-config-attention-heads"]),
+        ("0.18.1", LLAMA, "vllm-native", VLM | FINAL_AUX, ["vlm-text-config-attention-heads"]),
         (
             "0.18.0",
             KIMI25,
             "vllm-native",
-            VLM | FINAL,
+            VLM | FINAL_AUX,
             ["deepseek-v2-final-layer-drop", "vlm-text-config-attention-heads"],
         ),
         ("0.19.0", LLAMA, "vllm-native", VLM, []),
@@ -55,7 +59,7 @@ DSV3, KIMI25, LLAMA = ("DeepseekV3ForCausalLM",), ("KimiK25ForConditionalGenerat
         ("0.18.0", LLAMA, "vllm-native", frozenset(), []),
         ("0.18.0", LLAMA, "worker-extension", VLM, []),
         # a version that cannot be read matches no range (the version gate deals with it)
-        ("unknown", DSV3, "vllm-native", FINAL, []),
+        ("unknown", DSV3, "vllm-native", FINAL_AUX, []),
     ],
 )
 def test_shipped_table_matches(
@@ -84,11 +88,16 @@ def test_target_for_a_vlm_wrapper_names_both_architectures() -> None:
     cfg = {"architectures": ["KimiK25ForConditionalGeneration"], "num_hidden_layers": 61,
            "text_config": {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61}}  # fmt: skip
     target = target_for("0.24.0", cfg, "vllm-native", [2, 30, 58, 61], "input")
-    assert target == Target("0.24.0", (*KIMI25, *DSV3), "vllm-native", FINAL | VLM)
+    assert target == Target("0.24.0", (*KIMI25, *DSV3), "vllm-native", FINAL | VLM | AUX)
+    # the worker extension reads aux outputs only on its compiled path, chosen after the preflight
+    hooks = target_for("0.24.0", cfg, "worker-extension", [2, 30, 58, 61], "input")
+    assert hooks.conditions == FINAL | VLM
+    assert [b.id for b in aux_path_bugs(BUGS, hooks)] == ["deepseek-v2-final-layer-drop"]
+    assert aux_path_bugs(BUGS, target) == []  # vllm-native: gated by the preflight itself
 
 
 def test_gate_refuses_warns_and_allows() -> None:
-    target = Target("0.24.0", DSV3, "vllm-native", FINAL)
+    target = Target("0.24.0", DSV3, "vllm-native", FINAL_AUX)
     refusals, warnings = gate(BUGS, target, frozenset())
     assert warnings == [] and len(refusals) == 1
     assert "drops the final layer" in refusals[0] and "vllm/issues/48124" in refusals[0]
@@ -137,7 +146,7 @@ def _spec(tmp_path: Path, config: dict[str, object], **over: object) -> RunSpec:
     return parse_spec({**base, **over})
 
 
-def _here(severity: str) -> list[KnownBug]:
+def _here(severity: str, when: tuple[str, ...] = ("captures_final_layer",)) -> list[KnownBug]:
     """A bug entry that applies to the vLLM installed here (its real version), for DeepSeek-V3 models."""
     return parse_bugs(
         {
@@ -149,7 +158,7 @@ def _here(severity: str) -> list[KnownBug]:
                     "link": "https://example.invalid/1",
                     "vllm_min": "0.0.0",
                     "archs": ["DeepseekV3ForCausalLM"],
-                    "when": ["captures_final_layer"],
+                    "when": list(when),
                 }
             ]
         }
@@ -177,3 +186,18 @@ def test_preflight_passes_warnings_and_overrides(tmp_path: Path) -> None:
     assert "capturing anyway" in preflight(allowed, bugs=_here("refuse")).bug_warnings[0]
     not_final = _spec(tmp_path / "c", DS_CONFIG, layers=[2, 4])
     assert preflight(not_final, bugs=_here("refuse")).bug_warnings == ()
+
+
+@pytest.mark.skipif(vllm_version() is None, reason="the preflight needs an installed vLLM")
+def test_preflight_hands_an_aux_output_bug_to_the_worker_extensions_capture_choice(tmp_path: Path) -> None:
+    aux_bug = _here("refuse", when=("captures_final_layer", "aux_outputs"))
+    with pytest.raises(SpecError, match="known vLLM bug here"):  # vllm-native reads aux outputs: refused
+        preflight(_spec(tmp_path / "a", DS_CONFIG), bugs=aux_bug)
+    plan = preflight(_spec(tmp_path / "b", DS_CONFIG, backend="worker-extension"), bugs=aux_bug)
+    assert plan.bug_warnings == () and plan.aux_warnings == ()
+    assert len(plan.aux_refusals) == 1 and plan.aux_refusals[0].startswith("known vLLM bug here: drops")
+    allowed = _spec(tmp_path / "c", DS_CONFIG, backend="worker-extension", env={ALLOW_ENV: "here"})
+    plan = preflight(allowed, bugs=aux_bug)
+    assert plan.aux_refusals == () and "capturing anyway" in plan.aux_warnings[0]
+    not_final = _spec(tmp_path / "d", DS_CONFIG, backend="worker-extension", layers=[2, 4])
+    assert preflight(not_final, bugs=aux_bug).aux_refusals == ()

@@ -185,6 +185,25 @@ def test_capture_settings_that_cannot_both_hold() -> None:
         choose_capture("worker-extension", "cuda", [], {"EAGLEWATCH_CAPTURE": "graphs"})
 
 
+def test_a_known_aux_output_bug_sends_the_worker_extension_to_its_hooks() -> None:
+    why = "known vLLM bug deepseek-v2-final-layer-drop: vLLM before 0.25.0 drops the final layer's state"
+    got = choose_capture("worker-extension", "cuda", [], {}, why)
+    assert (got.path, got.compiled, got.needs_v1, got.set_env) == ("hooks", False, False, {})
+    assert (
+        got.reason.startswith("eager, Python layer hooks: the aux outputs would be wrong")
+        and why in got.reason
+    )
+    with pytest.raises(
+        CaptureConflict, match=r"EAGLEWATCH_CAPTURE=aux \(your setting\) reads vLLM's aux .*0\.25"
+    ):
+        choose_capture("worker-extension", "cuda", [], {"EAGLEWATCH_CAPTURE": "aux"}, why)
+    # paths that never read the worker extension's aux outputs are as before
+    assert choose_capture("worker-extension", "cuda", ["--enforce-eager"], {}, why).reason == (
+        "--enforce-eager (your setting): Python layer hooks"
+    )
+    assert choose_capture("worker-extension", "cpu", [], {}, why).path == "hooks"
+
+
 def test_aux_capture_selects_v1_on_gpu_and_says_why() -> None:
     aux = choose_capture("worker-extension", "cuda", [], {})
     choice = choose_runner("worker-extension", (0, 26, 0), "cuda", LLAMA, False, None, aux)
