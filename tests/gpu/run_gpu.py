@@ -5,8 +5,9 @@
 - `correctness`: tiny Llama and tiny DeepSeek-V3 (MLA, kv_lora_rank 512), both backends, TP=1 and TP=2,
   CUDA graphs on and off where the backend allows, each compared with an HF-transformers reference (fp32 on
   the CPU, from the same checkpoint) and TP=2 with TP=1; the agent's rules read every real GPU log;
-- `current`: `correctness` plus the worker extension with CUDA graphs on (its shipped default) at TP=1;
-  on a one-GPU machine the TP=2 cases are left out (printed, not recorded);
+- `current`: `correctness` plus the worker extension with CUDA graphs on (its shipped default), and at TP=2
+  the dense-routing DeepSeek-V3 against its TP=1 run; on a one-GPU machine the TP=2 cases are left out
+  (printed, not recorded);
 - `versions`: four TP=1 cases (both backends, graphs on and off) for another vLLM release, installed by
   install_wheelhouse.sh into its own GPUWH_SITE;
 - `overhead`: a Llama-3.1-8B-shaped model (random weights, vLLM's dummy loader): plain vLLM prefill against
@@ -219,6 +220,9 @@ GRAPHS_TP2 = [
 #: phase `current`: the correctness matrix plus the worker extension's shipped default (CUDA graphs on, the
 #: aux capture path), so one call checks the code as it ships against HF
 CURRENT_TP1 = CASES_TP1 + [c for c in GRAPHS_TP1 if c["graphs"]]
+#: …and at TP=2 (two GPUs) the dense-routing DeepSeek-V3 too: the top-2 model's TP=2 vs TP=1 difference is
+#: dominated by expert-routing flips, so only the dense one shows whether TP=2 equals TP=1 for MLA + MoE
+CURRENT_TP2 = [*CASES_TP2, case("deepseek-v3-tiny-dense", "worker-extension", 2, True)]
 #: phase `versions`: another vLLM release (its own wheelhouse, GPUWH_SITE): both backends on the tiny Llama,
 #: eager and with graphs, and the aux path on a dense-routing DeepSeek-V3
 VERSIONS_TP1 = [
@@ -401,7 +405,7 @@ def main() -> int:
     elif args.phase == "correctness":
         records = correctness(logs, version, CASES_TP1, CASES_TP2)
     elif args.phase == "current":
-        records = correctness(logs, version, CURRENT_TP1, CASES_TP2)
+        records = correctness(logs, version, CURRENT_TP1, CURRENT_TP2)
     elif args.phase == "versions":
         records = correctness(logs, version, VERSIONS_TP1, [])
     elif args.phase == "writer":
