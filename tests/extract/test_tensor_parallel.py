@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.extract.jobrun import JobResult, run_job, write_spec
+from tests.extract.jobrun import IN_PROCESS_ENGINE, JobResult, run_job, write_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -64,6 +64,8 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             vllm_args=CHUNKED,
         )
         env = _bare()
+        if tp == 1:  # the reference run: vLLM's process layout is not its subject (jobrun.IN_PROCESS_ENGINE)
+            env.update(IN_PROCESS_ENGINE)
         if tp == 2:
             (tmp / "aux").mkdir()
             env.update(EAGLEWATCH_WORKER_EXTENSION=AUX_EXT, EAGLEWATCH_AUX_DIR=str(tmp / "aux"))
