@@ -77,7 +77,7 @@ def _print_forecast(path: str) -> int:
 
 
 def _run(plan: object, samples: list[Any], window: tuple[int, int] | None = None) -> int:
-    from agent.extract import engine, signals
+    from agent.extract import engine, engine_setup, signals
     from agent.extract.forecast import engine_dtype, forecast_lengths, refuse_overrun
     from agent.extract.preflight import Plan
     from agent.extract.stats import RunStats
@@ -152,7 +152,7 @@ def _run(plan: object, samples: list[Any], window: tuple[int, int] | None = None
                 run_native(plan, todo, manifest, prog)
             else:
                 engine.run_worker_extension(plan, todo, manifest, prog)
-    except engine.CaptureFailed as e:
+    except engine_setup.CaptureFailed as e:
         signals.emit("failed", reason=str(e))
         signals.say(f"FAILED: {e}")
         return 1

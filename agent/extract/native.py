@@ -11,15 +11,13 @@ from typing import Any
 from agent.extract import canary
 from agent.extract.dataset import Sample
 from agent.extract.engine import (
-    CaptureFailed,
     Progress,
     batch_done,
     configured,
-    engine_kwargs,
     handle_results,
-    prepare_engine,
     report_canary,
 )
+from agent.extract.engine_setup import CaptureFailed, engine_kwargs, prepare_engine
 from agent.extract.preflight import Plan
 from agent.extract.stats import file_stats, maybe_token_stats
 from agent.extract.writer import Manifest, sample_path, write_sample

@@ -1,0 +1,148 @@
+"""Starting vLLM for a capture: engine arguments, platform and capture defaults, engine_config."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from agent.extract import runtime, signals
+from agent.extract.preflight import Plan
+
+
+class CaptureFailed(RuntimeError):
+    """The run must stop (policy stop on a bad sample, or a worker error); the message is the reason."""
+
+
+def engine_kwargs(model: str, vllm_args: list[str]) -> dict[str, Any]:
+    """Turn the spec's vllm_args (CLI-style argv) into LLM(...) keyword arguments (non-defaults only)."""
+    if not vllm_args:
+        return {}
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    base = vars(parser.parse_args(["--model", model]))
+    got = vars(parser.parse_args(["--model", model, *vllm_args]))
+    return {k: v for k, v in got.items() if v != base.get(k) and k != "model"}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def _mem_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 4 << 30
+
+
+def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
+    """Apply the capture, runner and platform defaults to os.environ; emit engine_config.
+
+    Returns the extra engine arguments and the capture choice (`compiled`: whether to run eager).
+    """
+    from vllm.platforms import current_platform
+
+    spec = plan.spec
+    platform = "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
+    user_env = {**os.environ, **spec.env}  # the spec's env was applied already; either way it is the user's
+    defaults: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    args: list[str] = []
+    if platform == "cpu":
+        cpu = runtime.cpu_defaults(
+            user_env,
+            spec.vllm_args,
+            spec.tensor_parallel_size,
+            sorted(os.sched_getaffinity(0)),
+            _cpu_flags(),
+            _mem_available(),
+            plan.dtype,
+        )
+        defaults.update(cpu.env)
+        reasons.update(cpu.reasons)
+        args = cpu.args
+    elif platform == "cuda" and "VLLM_WORKER_MULTIPROC_METHOD" not in user_env:
+        defaults["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        reasons["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn: forked workers can hang on CUDA"
+    version = runtime.parse_version(plan.vllm_version) or (0, 0, 0)
+    try:
+        capture = runtime.choose_capture(
+            spec.backend, platform, spec.vllm_args, user_env, "; ".join(plan.aux_refusals) or None
+        )
+    except runtime.CaptureConflict as e:
+        raise CaptureFailed(str(e)) from None
+    choice = runtime.choose_runner(
+        spec.backend,
+        version,
+        platform,
+        plan.architectures,
+        plan.moe,
+        runtime.flag(user_env.get(runtime.RUNNER_ENV)),
+        capture,
+    )
+    defaults.update(choice.set_env)
+    if choice.set_env:
+        reasons[runtime.RUNNER_ENV] = choice.reason
+    if capture.set_env:
+        defaults.update(capture.set_env)
+        reasons.update(
+            {
+                k: "compile cache off: it would load a model compiled without aux outputs"
+                for k in capture.set_env
+            }
+        )
+    if capture.path == "aux":
+        from agent.extract import aux_capture
+
+        # read by the wrapped Worker.load_model in each worker, which inherits this environment
+        defaults[aux_capture.ENV] = aux_capture.env_value(
+            plan.layer_ids, spec.layer_convention, plan.num_hidden_layers
+        )
+    os.environ.update(defaults)
+    signals.emit(
+        "engine_config",
+        source="eaglewatch",
+        platform=platform,
+        vllm=plan.vllm_version,
+        model_runner=choice.runner,
+        runner_reason=choice.reason,
+        cuda_graphs=capture.compiled and platform == "cuda",
+        compiled=capture.compiled,
+        capture=capture.path,
+        capture_reason=capture.reason,
+        defaults={**defaults, **({"vllm_args": args} if args else {})},
+        reasons=reasons,
+    )
+    for key, why in reasons.items():
+        signals.say(f"default {key}: {why}")
+    signals.say(f"model runner {choice.runner}: {choice.reason}")
+    signals.say(f"capture {capture.path}, {'compiled' if capture.compiled else 'eager'}: {capture.reason}")
+    if plan.version_note:
+        signals.emit("warning", source="eaglewatch", message=plan.version_note)
+    aux_warnings = plan.aux_warnings if capture.path == "aux" else ()
+    for message in (*plan.bug_warnings, *aux_warnings):
+        signals.emit("warning", source="eaglewatch", message=message)
+    return args, capture
+
+
+def one_result(results: Any) -> Any:
+    """collective_rpc gives a list (one entry per worker) or one value (unique reply rank): rank 0's."""
+    if isinstance(results, list):
+        found = [r for r in results if r is not None]
+        if len(found) != 1:
+            raise CaptureFailed(f"expected one reply from TP rank 0, got {len(found)} of {len(results)}")
+        return found[0]
+    return results
