@@ -30,8 +30,16 @@ def test_zero_layer_collapse_is_seen_while_running(tmp_path: Path) -> None:
         inject_fault="zero_layer",
         vllm_args=["--dtype", "float32"],  # see test_fault_injection: bf16 dies on this CPU
     )
-    job = run_job(spec, env=IN_PROCESS_ENGINE)  # statistics/faults are the subject, not vLLM's layout
+    # statistics/faults are the subject, not vLLM's layout; the CUDA default's writer process, with each
+    # drain's results taken in between batches (EAGLEWATCH_RESULTS_OVERLAP=0): the driver waits for all of it
+    env = {**IN_PROCESS_ENGINE, "EAGLEWATCH_WRITER": "process", "EAGLEWATCH_RESULTS_OVERLAP": "0"}
+    job = run_job(spec, env=env)
     assert job.rc == 0, job.output[-3000:]
+    conf = job.of("capture_configured")[0]
+    assert conf["writer"] == "process" and conf["tuning"]["results_overlap"] is False
+    done = job.of("completed")[0]
+    assert done["results_seconds"] > 0
+    assert abs(done["results_wait_seconds"] - done["results_seconds"]) <= 0.002  # each rounded to 1 ms
     (forecast,) = job.of("forecast")
     files = sorted(out.glob("hs_*.safetensors"))
     written = sum(f.stat().st_size for f in files)
