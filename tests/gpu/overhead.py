@@ -161,6 +161,8 @@ E2E_KERNEL = [
     ("e2e-kernel", "worker-extension", True, {"EAGLEWATCH_WRITEBACK_MB": "0"}, False),
     ("e2e-default-again", "worker-extension", True, {}, False),
 ]
+#: modes whose capture runs the V1 runner with graphs (the aux path): their plain baseline is V1 too
+V1_PLAIN_MODES = ("long", "tune", "warm", "confirm", "e2e", "e2ekernel")
 WRITER = [
     ("worker-extension", "worker-extension", False, {}, False),
     ("worker-extension-threads", "worker-extension", False, {"EAGLEWATCH_WRITER": "thread"}, False),
@@ -236,14 +238,7 @@ def overhead(
     if mode == "graphs":
         base = {"graphs": plain(work, data, False, env, logs)}
         base["eager"] = base["graphs"]
-    elif mode in (
-        "long",
-        "tune",
-        "warm",
-        "confirm",
-        "e2e",
-        "e2ekernel",
-    ):  # the capture runs V1 with graphs: plain V1
+    elif mode in V1_PLAIN_MODES:
         base = {"graphs": plain(work, data, False, {**env, "VLLM_USE_V2_MODEL_RUNNER": "0"}, logs, tag="-v1")}
         base["eager"] = base["graphs"]
     elif (
