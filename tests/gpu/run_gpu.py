@@ -315,7 +315,7 @@ def correctness(
         cap = next((e for e in res["events"] if e["kind"] == "capture_configured"), {})
         ok = res["rc"] == 0 and err is not None and err <= BF16_TOL and diff != float("inf")
         want_kinds = {"weights_loaded", "kv_cache_ready", "engine_ready"}
-        if c["graphs"]:
+        if c["graphs"] and conf.get("cuda_graphs"):  # the job may run eager instead
             want_kinds.add("cuda_graphs_captured")
         if c["backend"] == "worker-extension":
             want_kinds.add("extension_injected")
@@ -378,6 +378,7 @@ def main() -> int:
             "correctness",
             "current",
             "versions",
+            "versions-mla",
             "writer",
             "graphs",
             "overhead",
@@ -408,6 +409,8 @@ def main() -> int:
         records = correctness(logs, version, CURRENT_TP1, CURRENT_TP2)
     elif args.phase == "versions":
         records = correctness(logs, version, VERSIONS_TP1, [])
+    elif args.phase == "versions-mla":
+        records = correctness(logs, version, VERSIONS_TP1[3:], [])
     elif args.phase == "writer":
         records = correctness(logs, version, WRITER_TP1, WRITER_TP2)
     elif args.phase == "graphs":
