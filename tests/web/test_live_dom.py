@@ -8,7 +8,9 @@ still exactly right.
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,5 +108,56 @@ def test_milestones_and_log_rows_stream_in_order(page: Any, live_server: LiveSer
                 assert page.locator("#log b").count() == 0
                 assert "<b>not bold</b>" in page.locator("#log").inner_text()
         assert rows[-1][0] == lines[-1]["offset"] and rows[0][1] > 0
+        c.post(f"/api/runs/{run_id}/stop")
+    assert page.dialogs == [] and page.js_errors == []
+
+
+#: Counts the progress chart's redraws (each one replaces the SVG's children).
+CHART_DRAWS = """() => {
+  window.__draws = 0;
+  new MutationObserver(() => { window.__draws += 1; })
+    .observe(document.getElementById('chart-progress'), {childList: true});
+}"""
+TOKENS_POINTS = """(n) => { const p = document.querySelector('#chart-progress polyline.s2');
+  return p !== null && p.getAttribute('points').split(' ').length === n; }"""
+
+
+def test_progress_chart_redraws_at_most_once_a_second_and_catches_up(
+    page: Any,  # noqa: F811
+    live_server: LiveServer,
+    tmp_path: Path,
+) -> None:
+    """Milestones shown one after another as fast as they come: their <li>s go in at once, the chart (a
+    rebuild from every sample) follows at most once a second and then holds every sample."""
+    n = 20
+    fifo = tmp_path / "wake"
+    os.mkfifo(fifo)
+    out = tmp_path / "out"
+    with httpx.Client(base_url=live_server.url, timeout=30) as c:
+        c.headers["x-csrf-token"] = c.get("/api/csrf").json()["csrf_token"]
+        spec = {"name": "chart", "host": "local", "backend": "command", "output_dir": str(out),
+                "command": [sys.executable, JOB, str(out), "--progress", str(n), "--wait-fifo", str(fifo),
+                            "--hang"]}  # fmt: skip
+        r = c.post("/api/runs", json=spec)
+        assert r.status_code == 201, r.text
+        run_id = r.json()["id"]
+        page.goto(f"/runs/{run_id}")
+        page.wait_for_selector("#live-status[data-state=live]")
+        page.evaluate(CHART_DRAWS)
+        wake = os.open(fifo, os.O_WRONLY)  # the job opens it before its first progress line
+        try:
+            start = time.monotonic()
+            for i in range(1, n + 1):
+                os.write(wake, b"\n")
+                page.wait_for_function(
+                    f"document.querySelectorAll('#timeline li.ms-progress').length >= {i}", timeout=20000
+                )
+            took = time.monotonic() - start
+        finally:
+            os.close(wake)
+        page.wait_for_function(TOKENS_POINTS, arg=n, timeout=5000)
+        draws = page.evaluate("window.__draws")
+        # one right away, then one a second at most (the last one within a second of the last sample)
+        assert 1 <= draws <= 2 + int(took), (draws, took)
         c.post(f"/api/runs/{run_id}/stop")
     assert page.dialogs == [] and page.js_errors == []

@@ -432,6 +432,18 @@
     // A milestone's <li> goes in at once; what costs a layout or a redraw (trimming old progress entries,
     // scrolling, the chart) waits for the next frame, once for however many milestones came before it.
     let tidyPending = 0, progressChanged = false, trim = false;
+    // The progress chart is rebuilt from every sample: at most once a second (the newest sample always
+    // drawn within it), so that a milestone arriving meanwhile does not wait behind a redraw.
+    const CHART_EVERY_MS = 1000;
+    let chartTimer = 0, chartDrawnAt = -Infinity;
+    function scheduleChart() {
+      if (chartTimer) return;
+      chartTimer = setTimeout(function () {
+        chartTimer = 0;
+        chartDrawnAt = performance.now();
+        drawProgress();
+      }, Math.max(0, chartDrawnAt + CHART_EVERY_MS - performance.now()));
+    }
     function tidyTimeline() {
       tidyPending = 0;
       if (trim) {
@@ -441,7 +453,7 @@
         for (let k = 0; k < periodic.length - 50; k++) periodic[k].remove();
       }
       timeline.scrollTop = timeline.scrollHeight;
-      if (progressChanged) { progressChanged = false; drawProgress(); }
+      if (progressChanged) { progressChanged = false; scheduleChart(); }
     }
     function addMilestone(m) {
       if (m.seq <= data.milestone_seq || seqs.has(m.seq)) return;  // known when the page was rendered
