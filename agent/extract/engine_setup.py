@@ -79,9 +79,7 @@ def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
         reasons["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn: forked workers can hang on CUDA"
     version = runtime.parse_version(plan.vllm_version) or (0, 0, 0)
     try:
-        capture = runtime.choose_capture(
-            spec.backend, platform, spec.vllm_args, user_env, "; ".join(plan.aux_refusals) or None
-        )
+        capture = runtime.choose_capture(spec.backend, platform, spec.vllm_args, user_env, plan.aux_refused)
     except runtime.CaptureConflict as e:
         raise CaptureFailed(str(e)) from None
     choice = runtime.choose_runner(

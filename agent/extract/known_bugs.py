@@ -194,6 +194,16 @@ def allowed_ids(env: Mapping[str, str]) -> frozenset[str]:
     return frozenset(x.strip() for x in env.get(ALLOW_ENV, "").split(",") if x.strip())
 
 
+def aux_refusal(bugs: Iterable[KnownBug], target: Target, allowed: frozenset[str]) -> str | None:
+    """Why vLLM's aux outputs would be wrong for ``target``, short enough for a milestone field: each refusing
+    bug not allowed, by id and link, and the setting that keeps the aux path; None when none applies."""
+    named = [b for b in match(bugs, target) if b.severity == "refuse" and b.id not in allowed]
+    if not named:
+        return None
+    said = "; ".join(f"known vLLM bug {b.id}, {b.link}" for b in named)
+    return f"{said}; {ALLOW_ENV}={','.join(b.id for b in named)} keeps them"
+
+
 def gate(bugs: Iterable[KnownBug], target: Target, allowed: frozenset[str]) -> tuple[list[str], list[str]]:
     """(refusals, warnings) as message lines; an allowed refusal becomes a warning that says so."""
     refusals: list[str] = []

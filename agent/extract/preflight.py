@@ -35,9 +35,9 @@ class Plan:
     moe: bool = False
     version_note: str | None = None  # a warning for a vLLM inside the checked range that was not tested
     bug_warnings: tuple[str, ...] = ()  # known vLLM bugs that apply with severity "warning" (or allowed)
-    # known bugs in vLLM's aux outputs for this run (worker extension): refusals keep it off the aux path,
-    # warnings are said only if it takes that path
-    aux_refusals: tuple[str, ...] = ()
+    # known bugs in vLLM's aux outputs for this run (worker extension): a refusal (why, in a short clause)
+    # keeps it off the aux path, warnings are said only if it takes that path
+    aux_refused: str | None = None
     aux_warnings: tuple[str, ...] = ()
 
 
@@ -185,9 +185,9 @@ def preflight(spec: RunSpec, bugs: list[known_bugs.KnownBug] | None = None) -> P
     refusals, bug_warnings = known_bugs.gate(table, target, allowed)
     if refusals:
         raise SpecError("; ".join(refusals))
-    aux_refusals, aux_warnings = known_bugs.gate(
-        known_bugs.aux_path_bugs(table, target), known_bugs.with_aux(target), allowed
-    )
+    aux_bugs, aux_target = known_bugs.aux_path_bugs(table, target), known_bugs.with_aux(target)
+    aux_refused = known_bugs.aux_refusal(aux_bugs, aux_target, allowed)
+    _, aux_warnings = known_bugs.gate(aux_bugs, aux_target, allowed)
     out = Path(spec.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -208,6 +208,6 @@ def preflight(spec: RunSpec, bugs: list[known_bugs.KnownBug] | None = None) -> P
         moe,
         note,
         tuple(bug_warnings),
-        tuple(aux_refusals),
+        aux_refused,
         tuple(aux_warnings),
     )

@@ -13,6 +13,7 @@ from agent.extract.known_bugs import (
     KnownBug,
     Target,
     aux_path_bugs,
+    aux_refusal,
     gate,
     load_bugs,
     match,
@@ -195,9 +196,47 @@ def test_preflight_hands_an_aux_output_bug_to_the_worker_extensions_capture_choi
         preflight(_spec(tmp_path / "a", DS_CONFIG), bugs=aux_bug)
     plan = preflight(_spec(tmp_path / "b", DS_CONFIG, backend="worker-extension"), bugs=aux_bug)
     assert plan.bug_warnings == () and plan.aux_warnings == ()
-    assert len(plan.aux_refusals) == 1 and plan.aux_refusals[0].startswith("known vLLM bug here: drops")
+    assert plan.aux_refused == f"known vLLM bug here, https://example.invalid/1; {ALLOW_ENV}=here keeps them"
     allowed = _spec(tmp_path / "c", DS_CONFIG, backend="worker-extension", env={ALLOW_ENV: "here"})
     plan = preflight(allowed, bugs=aux_bug)
-    assert plan.aux_refusals == () and "capturing anyway" in plan.aux_warnings[0]
+    assert plan.aux_refused is None and "capturing anyway" in plan.aux_warnings[0]
     not_final = _spec(tmp_path / "d", DS_CONFIG, backend="worker-extension", layers=[2, 4])
-    assert preflight(not_final, bugs=aux_bug).aux_refusals == ()
+    assert preflight(not_final, bugs=aux_bug).aux_refused is None
+
+
+def test_an_aux_refusal_names_each_bug_and_link_and_the_setting_that_keeps_the_aux_path() -> None:
+    """The reason a worker extension falls back to its hooks stays one short clause: no advice text."""
+    bugs = parse_bugs(
+        {
+            "bug": [
+                {
+                    "id": "a",
+                    "severity": "refuse",
+                    "message": "a long story " * 20,
+                    "link": "https://x.invalid/a",
+                },
+                {
+                    "id": "w",
+                    "severity": "warning",
+                    "message": "only a warning",
+                    "link": "https://x.invalid/w",
+                },
+                {"id": "b", "severity": "refuse", "message": "another", "link": "https://x.invalid/b"},
+            ]
+        }
+    )
+    target = Target("0.20.0", DSV3, "worker-extension", FINAL_AUX)
+    assert aux_refusal(bugs, target, frozenset()) == (
+        "known vLLM bug a, https://x.invalid/a; known vLLM bug b, https://x.invalid/b; "
+        f"{ALLOW_ENV}=a,b keeps them"
+    )
+    assert aux_refusal(bugs, target, frozenset({"a"})) == (
+        f"known vLLM bug b, https://x.invalid/b; {ALLOW_ENV}=b keeps them"
+    )
+    assert aux_refusal(bugs, target, frozenset({"a", "b"})) is None
+    # the real table: the DeepSeek-V2 final-layer drop on vLLM 0.20's aux path
+    hooks = Target("0.20.0", DSV3, "worker-extension", FINAL)  # as the preflight sees it, before the choice
+    real = aux_refusal(aux_path_bugs(BUGS, hooks), target, frozenset())
+    assert real is not None and real.startswith("known vLLM bug deepseek-v2-final-layer-drop, https://")
+    assert real.endswith(f"{ALLOW_ENV}=deepseek-v2-final-layer-drop keeps them")
+    assert "Use a fixed vLLM" not in real and "before 0.25.0" not in real  # no advice, no story

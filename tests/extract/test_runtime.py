@@ -187,7 +187,10 @@ def test_capture_settings_that_cannot_both_hold() -> None:
 
 
 def test_a_known_aux_output_bug_sends_the_worker_extension_to_its_hooks() -> None:
-    why = "known vLLM bug deepseek-v2-final-layer-drop: vLLM before 0.25.0 drops the final layer's state"
+    why = (
+        "known vLLM bug deepseek-v2-final-layer-drop, https://github.com/vllm-project/vllm/issues/48124; "
+        "EAGLEWATCH_ALLOW_KNOWN_BUGS=deepseek-v2-final-layer-drop keeps them"
+    )
     got = choose_capture("worker-extension", "cuda", [], {}, why)
     assert (got.path, got.compiled, got.needs_v1, got.set_env) == ("hooks", False, False, {})
     assert (
@@ -195,7 +198,7 @@ def test_a_known_aux_output_bug_sends_the_worker_extension_to_its_hooks() -> Non
         and why in got.reason
     )
     with pytest.raises(
-        CaptureConflict, match=r"EAGLEWATCH_CAPTURE=aux \(your setting\) reads vLLM's aux .*0\.25"
+        CaptureConflict, match=r"EAGLEWATCH_CAPTURE=aux \(your setting\) reads vLLM's aux .*48124"
     ):
         choose_capture("worker-extension", "cuda", [], {"EAGLEWATCH_CAPTURE": "aux"}, why)
     # paths that never read the worker extension's aux outputs are as before
