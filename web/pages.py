@@ -29,6 +29,18 @@ router = APIRouter(include_in_schema=False)
 post_router = APIRouter(include_in_schema=False, dependencies=CSRF_REQUIRED)
 LOG_PAGE = 200
 PERIODIC_KINDS = frozenset({"progress", "throughput", "batch_captured"})
+#: Samples a run page's charts start with, at most (each chart is a few hundred pixels wide).
+CHART_POINTS = 1000
+
+
+def thin(points: list[Any], limit: int = CHART_POINTS) -> list[Any]:
+    """At most ``limit`` of ``points``, spread evenly, the first and the last kept: a long run's samples
+    would otherwise weigh megabytes in the page and in every redraw of its charts."""
+    n = len(points)
+    if n <= limit:
+        return points
+    step = (n - 1) / (limit - 1)
+    return [points[round(i * step)] for i in range(limit)]
 
 
 def render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -147,11 +159,13 @@ async def run_page(
         host = await ctl.get_host(run.host)
     except Exception:  # the host may have been removed since; the run page still renders
         host = None
-    progress = [
-        {"at": m.at, **{k: v for k, v in m.fields.items() if isinstance(v, (int, float))}}
-        for m in run.milestones
-        if m.kind in ("progress", "throughput")
-    ]
+    progress = thin(
+        [
+            {"at": m.at, **{k: v for k, v in m.fields.items() if isinstance(v, (int, float))}}
+            for m in run.milestones
+            if m.kind in ("progress", "throughput")
+        ]
+    )
     timeline = run.milestones if all_milestones else timeline_window(run.milestones)
     t0 = run.started_at or run.created_at
     out_dir = run.spec.get("output_dir")
@@ -162,7 +176,7 @@ async def run_page(
         "milestone_count": len(run.milestones),
         "gpus": host.gpus if host else [],
         "output_dir": out_dir,
-        "layer_rms": layer_rms_series(run.milestones, [m.at for m in run.milestones]),
+        "layer_rms": thin(layer_rms_series(run.milestones, [m.at for m in run.milestones])),
     }  # fmt: skip
     problem_groups = group_problems(((p.code, p.file, p.message) for p in run.problems), out_dir)
     # a sharded run's milestones come from several jobs: each shard's card first, then their totals

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
 import re
+from pathlib import Path
+from typing import Any
 
 import httpx
 
 from controller.service import Controller
-from tests.web.conftest import csrf_of
+from tests.helpers.broken_run import seed
+from tests.web.conftest import csrf_of, settings_for
 from web import security
 from web.app import create_app
+from web.pages import CHART_POINTS, thin
 
 PAYLOAD = "<script>alert(1)</script>"
 
@@ -126,3 +133,59 @@ async def test_secrets_never_rendered(ctl: Controller) -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
         for path in ("/", "/alerts", "/runs/new", "/api/hosts", "/openapi.json", "/metrics"):
             assert "supersecretwebhook" not in (await c.get(path)).text
+
+
+def _long_run(home: Path, samples: int) -> None:
+    """A run whose journal holds ``samples`` progress milestones (a night's worth), each with layer RMS."""
+    events: list[dict[str, Any]] = [{"type": "state", "state": "running"}]
+    for i in range(samples):
+        fields = {
+            "samples_done": i,
+            "samples_total": samples,
+            "tokens_per_s": 1000.0 + i,
+            "layer_rms": {"2": 0.5},
+        }
+        events.append(
+            {
+                "type": "milestone",
+                "kind": "progress",
+                "line": i + 1,
+                "rank": None,
+                "fields": fields,
+                "text": "p",
+            }
+        )
+    seed(home / "eaglewatch.db", "/scratch/long", run_id="r-long", events=[
+        {"seq": n, "ts": 1000.0 + n, **ev} for n, ev in enumerate(events, 1)
+    ])  # fmt: skip
+
+
+async def test_run_page_charts_carry_a_thinned_series_of_a_long_runs_samples(tmp_path: Path) -> None:
+    """5,000 progress samples: the page's chart data holds CHART_POINTS of them, evenly spread, the first and
+    the last included, for the progress chart and the layer chart alike; the timeline still counts all."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    await asyncio.to_thread(_long_run, home, 5000)
+    ctl = Controller(settings_for(home), supervise=False)
+    await ctl.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(ctl))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            html = (await client.get("/runs/r-long")).text
+    finally:
+        await ctl.stop()
+    found = re.search(r'<script type="application/json" id="run-data">(.*?)</script>', html, re.S)
+    assert found is not None
+    data = json.loads(found.group(1))
+    done = [p["samples_done"] for p in data["progress"]]
+    assert len(done) == CHART_POINTS and done[0] == 0 and done[-1] == 4999
+    gaps = {b - a for a, b in itertools.pairwise(done)}
+    assert gaps <= {5, 6}  # evenly spread: 4999 / 999 ≈ 5.004
+    assert len(data["layer_rms"]) == CHART_POINTS and data["milestone_count"] == 5000
+    assert len(html) < 400_000  # 5,000 samples in full weigh about 1 MB
+
+
+def test_thin_keeps_short_series_whole_and_ends_of_long_ones() -> None:
+    assert thin([1, 2, 3], limit=5) == [1, 2, 3]
+    assert thin(list(range(10)), limit=4) == [0, 3, 6, 9]
+    assert thin(list(range(11)), limit=2) == [0, 10]

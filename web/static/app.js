@@ -265,10 +265,12 @@
       svg.append(t);
       return;
     }
-    const x0 = Math.min.apply(null, pts.map(function (p) { return p[0]; }));
-    const x1 = Math.max.apply(null, pts.map(function (p) { return p[0]; }));
+    // loops, not Math.min.apply: a live page can gather more samples than a call may take arguments
+    let x0 = Infinity, x1 = -Infinity;
+    pts.forEach(function (p) { if (p[0] < x0) x0 = p[0]; if (p[0] > x1) x1 = p[0]; });
     series.forEach(function (s) {
-      const ymax = Math.max(1e-9, Math.max.apply(null, s.points.map(function (p) { return p[1]; })));
+      let ymax = 1e-9;
+      s.points.forEach(function (p) { if (p[1] > ymax) ymax = p[1]; });
       const sx = function (x) { return L + ((x - x0) / Math.max(1e-9, x1 - x0)) * (W - L - R); };
       const sy = function (y) { return H - B - (y / ymax) * (H - B - T); };
       const pl = document.createElementNS(SVGNS, "polyline");
