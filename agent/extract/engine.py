@@ -138,7 +138,7 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     if writer is not None and writer not in WRITERS:
         raise CaptureFailed(f"{WRITER_ENV}={writer!r}: expected one of {', '.join(WRITERS)}")
     try:  # the workers read the same env: refuse a malformed knob before the engine takes minutes to start
-        tuning.from_env()
+        tune = tuning.from_env()
     except ValueError as e:
         raise CaptureFailed(str(e)) from None
     extra, capture = prepare_engine(plan)
@@ -173,16 +173,27 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     }
     configured(plan, info["dtype"], info["layer_class"], **found)
     try:
-        capture_batches(llm, plan, todo, manifest, prog, pipelined=info.get("writer") == "process")
+        # with the process, a drain's results are also taken in while the next batch runs (unless told not)
+        overlap = info.get("writer") == "process" and tune.results_overlap
+        capture_batches(llm, plan, todo, manifest, prog, info.get("writer") == "process", overlap)
     finally:
-        if tuning.from_env().trace:  # a diagnostic: written once, after the last step, failed runs too
+        if tune.trace:  # a diagnostic: written once, after the last step, failed runs too
             llm.collective_rpc("eaglewatch_write_trace")
 
 
 def capture_batches(
-    llm: Any, plan: Plan, todo: list[Sample], manifest: Manifest, prog: Progress, pipelined: bool
+    llm: Any,
+    plan: Plan,
+    todo: list[Sample],
+    manifest: Manifest,
+    prog: Progress,
+    pipelined: bool,
+    overlap_results: bool,
 ) -> None:
-    """Run the batches through the engine, collect their files, run the canary rounds."""
+    """Run the batches through the engine, collect their files, run the canary rounds.
+
+    pipelined: a batch's last writes overlap the next batch's steps; overlap_results: so does taking in
+    a drain's results."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -191,9 +202,8 @@ def capture_batches(
     # a writer process overlaps a batch's last writes with the next batch's steps; writer threads would
     # contend with the forward for the GIL, so with them each batch is waited for (pipelined False)
     stop = spec.on_shape_failure == "stop"
-    # with the process, a drain's results are also taken in while the next batch runs; under stop they are
-    # taken at once, so that a bad sample stops the run before the next batch starts
-    overlap = pipelined and not stop and tuning.from_env().results_overlap
+    # under stop, results are taken at once, so that a bad sample stops the run before the next batch starts
+    overlap = overlap_results and not stop
     outstanding: list[list[Sample]] = []
     seen: set[int] = set()
     first: list[Sample] | None = None  # the first batch, until its canary round has started

@@ -39,7 +39,8 @@ def test_zero_layer_collapse_is_seen_while_running(tmp_path: Path) -> None:
     assert conf["writer"] == "process" and conf["tuning"]["results_overlap"] is False
     done = job.of("completed")[0]
     assert done["results_seconds"] > 0
-    assert abs(done["results_wait_seconds"] - done["results_seconds"]) <= 0.002  # each rounded to 1 ms
+    # all of it: each is rounded to 1 ms; with the take overlapped the driver would wait for almost none
+    assert done["results_wait_seconds"] >= done["results_seconds"] - 0.002
     (forecast,) = job.of("forecast")
     files = sorted(out.glob("hs_*.safetensors"))
     written = sum(f.stat().st_size for f in files)
