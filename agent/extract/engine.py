@@ -173,9 +173,9 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     }
     configured(plan, info["dtype"], info["layer_class"], **found)
     try:
+        pipelined = info.get("writer") == "process"
         # with the process, a drain's results are also taken in while the next batch runs (unless told not)
-        overlap = info.get("writer") == "process" and tune.results_overlap
-        capture_batches(llm, plan, todo, manifest, prog, info.get("writer") == "process", overlap)
+        capture_batches(llm, plan, todo, manifest, prog, pipelined, pipelined and tune.results_overlap)
     finally:
         if tune.trace:  # a diagnostic: written once, after the last step, failed runs too
             llm.collective_rpc("eaglewatch_write_trace")
