@@ -340,8 +340,10 @@ def take_drained(
     results = canary_results(drained["results"], plan, prog)
     seen.update(r["idx"] for r in results if "idx" in r)
     handle_results(results, plan, manifest, prog)
+    complete = []
     while outstanding and all(s.idx in seen for s in outstanding[0]):
-        batch_done(outstanding.pop(0), prog)
+        complete.append(outstanding.pop(0))
+    batches_done(complete, prog)
     if wait and outstanding:
         missing = [s.idx for b in outstanding for s in b if s.idx not in seen]
         raise CaptureFailed(f"no capture came back for samples {missing}")
@@ -384,13 +386,17 @@ def configured(
     )
 
 
-def batch_done(batch: list[Sample], prog: Progress) -> None:
-    """batch_captured + progress lines after a batch is written."""
-    prog.batches += 1
-    signals.emit(
-        "batch_captured", batch=prog.batches, samples=len(batch), tokens=sum(len(s.token_ids) for s in batch)
-    )
-    prog.emit()
+def batches_done(batches: list[list[Sample]], prog: Progress) -> None:
+    """A batch_captured line for each batch whose files are all written, then one progress line for them.
+
+    One drain can complete several batches; the counters and per-layer RMS already cover all of them, so a
+    progress line each would repeat the counts with the RMS of none."""
+    for batch in batches:
+        prog.batches += 1
+        tokens = sum(len(s.token_ids) for s in batch)
+        signals.emit("batch_captured", batch=prog.batches, samples=len(batch), tokens=tokens)
+    if batches:
+        prog.emit()
 
 
 def command_line() -> list[str]:

@@ -12,7 +12,7 @@ from agent.extract import canary
 from agent.extract.dataset import Sample
 from agent.extract.engine import (
     Progress,
-    batch_done,
+    batches_done,
     configured,
     handle_results,
     report_canary,
@@ -143,7 +143,7 @@ def run_native(plan: Plan, todo: list[Sample], manifest: Manifest, prog: Progres
                 raise CaptureFailed(f"vLLM returned no hidden_states_path for sample {sample.idx}")
             results.append(_finish(plan, sample, path))
         handle_results(results, plan, manifest, prog)
-        batch_done(batch, prog)
+        batches_done([batch], prog)
         if start == 0:
             native_canary(llm, plan, batch, dtype, "first batch")
     end = canary.end_batch(todo, spec.batch_size)
