@@ -16,19 +16,13 @@ log header (new ``INFO 02-21 22:48:03 [file.py:12] `` or old ``INFO 02-21 22:48:
 message; rules are tried in order on the message and the first match wins (rulefile.py describes
 the schema).
 
-Rank dedupe: a ``per_rank`` rule's milestone opens a group keyed by the rule name.  The same rule matching
-in another process (another rank) joins the group; the group closes — one milestone, ``rank`` null,
-``fields.ranks`` the sorted known ranks, ``fields.processes`` the number of processes — when the same
-process prints it again, when it holds ``world_size`` processes (from the constructor, or learnt from the
-``world_size=`` line), when ``window`` lines have passed since its first line, or on ``flush()``.  The
-fields are those of the first line (per-rank numbers such as load seconds differ slightly).
+Rank dedupe (groups.py): a ``per_rank`` rule's milestone, printed once by every rank, is reported once;
+the world size comes from the constructor, or is learnt from the ``world_size=`` line.
 
-Tracebacks: from ``Traceback (most recent call last):`` every line of the same process (same prefix;
-other processes' lines interleave freely) belongs to that traceback until its exception line
-(``SomeError: msg``).  Chained exceptions ("During handling of the above exception…") continue the same
-traceback.  The ``error`` rules classify the exception lines (the first one that matches, root cause
-first), else the class is ``traceback``; fields carry ``exc_type``, ``message``, ``frames`` (last five) and
-``chain``.  Tracebacks of ranked processes are deduped across ranks like ``per_rank`` rules.
+Tracebacks (tracebacks.py): every line of a traceback's process up to its exception line belongs to it.
+The ``error`` rules classify the exception lines (the first one that matches, root cause first), else the
+class is ``traceback``; fields carry ``exc_type``, ``message``, ``frames`` (last five) and ``chain``.
+Tracebacks of ranked processes are deduped across ranks like ``per_rank`` rules.
 
 One-record exceptions and JSON records (records.py): an ``ERROR`` line that no rule matched but that holds
 an exception (``Type: message``) is an ``error`` classified like a traceback's exception line; a JSON log
@@ -52,10 +46,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from agent.logs.block import Block, BlockLines
+from agent.milestones import tracebacks
+from agent.milestones.groups import RankGroups
 from agent.milestones.logline import (
     Gate,
     LineLayout,
@@ -65,12 +61,12 @@ from agent.milestones.logline import (
     parse_line,
     process_tag,
 )
+from agent.milestones.milestone import Milestone
 from agent.milestones.plans import ShapePlan, ShapePlans
-from agent.milestones.records import decode_marker, json_record_lines, record_exception
+from agent.milestones.records import json_record_lines, marker_milestone, record_exception
+from agent.milestones.regex_safety import MAX_USER_TEXT
 from agent.milestones.rootcause import RootCauses
 from agent.milestones.rulefile import (
-    KINDS,
-    MAX_USER_TEXT,
     Rule,
     RuleError,
     RuleSet,
@@ -84,69 +80,10 @@ __all__ = [
     "read_rule_file", "validate_rules",
 ]  # fmt: skip
 
-TRACEBACK_START = "Traceback (most recent call last)"
+TRACEBACK_START = tracebacks.TRACEBACK_START
 DEFAULT_WINDOW = 200
-MAX_TRACEBACK_LINES = 1000
-
-_FRAME_RE = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<lineno>\d+)(?:, in (?P<func>.+))?')
-_EXC_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
-_CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
-
-
-@dataclass(slots=True)
-class Milestone:
-    """One milestone: stable kind, 1-based line number, TP rank (null when deduped or unknown).
-
-    Not frozen: one is made for every milestone line, and a frozen dataclass's ``__init__`` costs three
-    times as much; nothing changes a milestone's attributes once it is made (``dataclasses.replace``
-    makes a new one)."""
-
-    kind: str
-    line: int
-    rank: int | None
-    fields: dict[str, Any]
-    text: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``eaglewatch-agent milestones --json`` shape."""
-        return {
-            "kind": self.kind,
-            "line": self.line,
-            "rank": self.rank,
-            "fields": self.fields,
-            "text": self.text,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Milestone:
-        """Inverse of to_dict."""
-        return cls(d["kind"], d["line"], d["rank"], dict(d["fields"]), d["text"])
-
 
 _UNSEEN: Any = object()  # a shape without a plan yet
-_UNNAMED = "\0unnamed:"  # stands for a line without a process prefix (no real prefix holds a NUL)
-
-
-@dataclass
-class _Group:
-    key: str
-    first: Milestone
-    procs: list[str]
-    ranks: list[int]
-
-
-@dataclass
-class _Trace:
-    line: int
-    rank: int | None
-    proc: str
-    last_line: int
-    frames: list[str] = field(default_factory=list)
-    excs: list[list[str]] = field(default_factory=list)  # [type, message, full line text]
-    n_lines: int = 1
-    state: str = "body"  # body | after_exc | chain
-    #: the Traceback line's indentation: rich's log handler indents a whole traceback under its record
-    indent: int = 0
 
 
 def _may_matter(text: str) -> bool:
@@ -183,8 +120,9 @@ class MilestoneEngine:
         self._shapes = self._prefilter.usable  # the gate's answers can be remembered per line shape
         self._plans = ShapePlans()  # per shape: the rule that matches and where the line's parts lie
         self._error_rules = [r for r in rules.rules if r.kind == "error"]
-        self._groups: dict[str, _Group] = {}
-        self._traces: dict[str, _Trace] = {}
+        self._rank_groups = RankGroups()
+        self._groups = self._rank_groups.open  # the same dict: the hot path tests it for open groups
+        self._traces: dict[str, tracebacks.Trace] = {}
         self._held: list[Milestone] = []
         self._fired: set[str] = set()  # names of ``once`` rules that already fired
         self._roots = RootCauses()
@@ -298,7 +236,7 @@ class MilestoneEngine:
             rank = None if plan.rank is None else int(text[plan.rank[0] : plan.rank[1]])
             if rule.marker:
                 start, end = regs[plan.json]
-                ms = self._marker(rule, text_at[start:end] if start >= 0 else None, text, line, rank)
+                ms = marker_milestone(rule, text_at[start:end] if start >= 0 else None, text, line, rank)
             else:
                 fields = plan.build(text_at, regs)
                 if rule.per_rank or (self.world_size is None and "world_size" in fields):
@@ -363,8 +301,7 @@ class MilestoneEngine:
         """Close every open group and traceback; release all held milestones."""
         for proc in list(self._traces):
             self._close_trace(proc)
-        for key in list(self._groups):
-            self._close_group(key)
+        self._held += self._rank_groups.close_all(self.world_size)
         return self._roots.annotate(self._release())
 
     def release_ready(self) -> list[Milestone]:
@@ -389,10 +326,7 @@ class MilestoneEngine:
         """JSON-serialisable state (open groups, tracebacks, held milestones) for a daemon restart."""
         return {
             "world_size": self.world_size,
-            "groups": [
-                {"key": g.key, "first": g.first.to_dict(), "procs": g.procs, "ranks": g.ranks}
-                for g in self._groups.values()
-            ],
+            "groups": self._rank_groups.snapshot(),
             "traces": [asdict(t) for t in self._traces.values()],
             "held": [m.to_dict() for m in self._held],
             "fired": sorted(self._fired),
@@ -407,16 +341,10 @@ class MilestoneEngine:
         if not isinstance(snap, dict):
             return eng
         bad = (KeyError, TypeError, ValueError, AttributeError)
-        for g in snap.get("groups", []):
-            try:
-                eng._groups[g["key"]] = _Group(
-                    g["key"], Milestone.from_dict(g["first"]), g["procs"], g["ranks"]
-                )
-            except bad:
-                continue
+        eng._rank_groups.restore(snap.get("groups"))
         for t in snap.get("traces", []):
             try:
-                eng._traces[t["proc"]] = _Trace(**t)
+                eng._traces[t["proc"]] = tracebacks.Trace(**t)
             except bad:
                 continue
         for m in snap.get("held", []):
@@ -435,11 +363,9 @@ class MilestoneEngine:
         if parsed is None:
             parsed = parse_line(text)
         msg = parsed.message
-        if msg.lstrip().startswith(TRACEBACK_START):
-            indent = len(msg) - len(msg.lstrip())
-            self._traces[parsed.proc] = _Trace(
-                line=line, rank=parsed.rank, proc=parsed.proc, last_line=line, indent=indent
-            )
+        trace = tracebacks.opened(msg, line, parsed.rank, parsed.proc)
+        if trace is not None:
+            self._traces[parsed.proc] = trace
             return self._release()
         if rules is None:
             rules = (self._prefilter.rules_for(text) or []) if self._shapes else self._gate.candidates(text)
@@ -451,7 +377,7 @@ class MilestoneEngine:
                         break
                     self._fired.add(rule.name)
                 if rule.marker:
-                    self._held.append(self._marker(rule, m.group("json"), text, line, parsed.rank))
+                    self._held.append(marker_milestone(rule, m.group("json"), text, line, parsed.rank))
                 else:
                     self._emit(rule, self._fields(rule, m), text, line, parsed.rank, parsed.proc)
                 break
@@ -480,92 +406,20 @@ class MilestoneEngine:
         else:
             self._held.append(ms)
 
-    def _marker(self, rule: Rule, raw: str | None, text: str, line: int, line_rank: int | None) -> Milestone:
-        """The milestone a marker line (its JSON text ``raw``) names, or a ``bad_marker`` warning."""
-        if raw is None:  # a user's marker rule whose group "json" is optional
-            raise TypeError(f"marker rule {rule.name!r}: group 'json' matched nothing")
-        obj, problem = decode_marker(raw)
-        if problem is None:
-            if not isinstance(obj, dict):
-                problem = "marker is not a JSON object"
-            elif obj.get("kind", rule.kind) not in KINDS:
-                problem = f"marker has unknown kind {str(obj.get('kind'))[:80]!r}"
-        if problem is not None or not isinstance(obj, dict):
-            fields = {"rule": "bad_marker", "severity": "warning", "problem": problem}
-            return Milestone("warning", line, line_rank, fields, text)
-        kind = obj.pop("kind", rule.kind)
-        rank = obj.get("rank")
-        return Milestone(kind, line, rank if isinstance(rank, int) else line_rank, obj, text)
-
-    # ---- rank groups ------------------------------------------------------------------------------
+    # ---- rank groups and tracebacks ------------------------------------------------------------------
     def _join(self, key: str, ms: Milestone, proc: str, rank: int | None) -> None:
-        group = self._groups.get(key)
-        if group is not None and proc and proc in group.procs:  # no prefix names no process: never "again"
-            self._close_group(key)
-            group = None
-        if group is None:
-            group = self._groups[key] = _Group(key, ms, [], [])
-        group.procs.append(proc or f"{_UNNAMED}{len(group.procs)}")
-        if rank is not None and rank not in group.ranks:
-            group.ranks.append(rank)
-        if self.world_size is not None and len(group.procs) >= self.world_size:
-            self._close_group(key)
+        self._held += self._rank_groups.join(key, ms, proc, rank, self.world_size)
 
-    def _close_group(self, key: str) -> None:
-        g = self._groups.pop(key)
-        fields = dict(g.first.fields)
-        fields["ranks"] = sorted(g.ranks)
-        fields["processes"] = len(g.procs)
-        unnamed = sum(p.startswith(_UNNAMED) for p in g.procs)
-        if unnamed and not g.ranks and self.world_size is not None and len(g.procs) == self.world_size:
-            # vLLM 0.26's GPU workers log their first lines (the injection) before any prefix exists: one
-            # unprefixed line per rank of the world means every rank printed it
-            fields["ranks"] = list(range(self.world_size))
-            fields["ranks_inferred"] = True
-        self._held.append(Milestone(g.first.kind, g.first.line, None, fields, g.first.text))
-
-    # ---- tracebacks ---------------------------------------------------------------------------------
-    def _trace_line(self, tr: _Trace, parsed: ParsedLine, text: str, line: int) -> bool:
+    def _trace_line(self, tr: tracebacks.Trace, parsed: ParsedLine, text: str, line: int) -> bool:
         """Feed a line of the traceback's process; False when the traceback ended before this line."""
-        msg = parsed.message
-        if tr.indent and msg[: tr.indent].isspace():
-            msg = msg[tr.indent :]
-        stripped = msg.strip()
-        if tr.state == "after_exc":
-            if not stripped:
-                return True
-            if stripped.startswith(_CHAIN):
-                tr.state = "chain"
-                return True
+        step = tracebacks.take(tr, parsed.message, text, line)
+        if step != "taken":
             self._close_trace(tr.proc)
-            return False
-        tr.last_line = line
-        tr.n_lines += 1
-        if stripped.startswith(TRACEBACK_START):
-            tr.state = "body"
-        elif not stripped or msg[:1] in (" ", "\t"):
-            f = _FRAME_RE.match(msg)
-            if f:
-                where = f"{f.group('file').rsplit('/', 1)[-1]}:{f.group('lineno')}"
-                tr.frames.append(f"{where} in {f.group('func')}" if f.group("func") else where)
-        elif tr.state == "chain":
-            return True
-        else:
-            em = _EXC_RE.match(stripped)
-            exc_type, exc_msg = (em.group("type"), em.group("msg") or "") if em else (stripped, "")
-            tr.excs.append([exc_type, exc_msg[:2000], text])
-            tr.state = "after_exc"
-        if tr.n_lines >= MAX_TRACEBACK_LINES:
-            self._close_trace(tr.proc)
-        return True
+        return step != "ended"
 
     def _close_trace(self, proc: str) -> None:
         tr = self._traces.pop(proc)
-        extra = {"frames": tr.frames[-5:], "chain": [e[0] for e in tr.excs], "lines": tr.n_lines}
-        text = tr.excs[-1][2] if tr.excs else "Traceback (most recent call last):"
-        tag = process_tag(tr.proc + " ")  # kept when no exception line ended it
-        if tag is not None and process_tag(text) is None:
-            text = f"[{tag}] {text}"
+        extra, text = tracebacks.summary(tr)
         self._exception(Milestone("error", tr.line, tr.rank, extra, text), tr.excs, tr.proc)
 
     def _exception(self, base: Milestone, excs: Sequence[Sequence[str]], proc: str) -> None:
@@ -595,8 +449,8 @@ class MilestoneEngine:
 
     # ---- release in line order ----------------------------------------------------------------------
     def _expire(self, line: int) -> None:
-        for key in [k for k, g in self._groups.items() if line - g.first.line > self.window]:
-            self._close_group(key)
+        if self._groups:
+            self._held += self._rank_groups.expire(line, self.window, self.world_size)
         for proc in [p for p, t in self._traces.items() if line - t.last_line > self.window]:
             self._close_trace(proc)
 

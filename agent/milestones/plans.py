@@ -28,8 +28,9 @@ import re._parser as sre_parse
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from agent.milestones.conversions import convert
 from agent.milestones.logline import LineLayout
-from agent.milestones.rulefile import Rule, convert
+from agent.milestones.rulefile import Rule
 
 #: At most this many shapes remembered (lines of free text never repeat their shape).
 MAX_PLANS = 1 << 14
@@ -81,7 +82,7 @@ Regs = Sequence[tuple[int, int]]
 FieldsBuilder = Callable[[str, Regs], dict[str, Any]]
 
 
-#: Kinds whose converter starts with a plain ``int()``/``float()`` (rulefile._to_int/_to_float): that call
+#: Kinds whose converter starts with a plain ``int()``/``float()`` (conversions._to_int/_to_float): that call
 #: alone decides a well-formed value; anything else goes through ``convert``.
 _PLAIN = {"int": int, "float": float, "percent": float, "seconds": float}
 

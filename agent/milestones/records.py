@@ -9,7 +9,8 @@ A worker's exception may also arrive as one ``ERROR`` record with a process pref
 before it (``(Worker pid=7) ERROR … RuntimeError: NCCL error: unhandled system error``):
 ``record_exception`` recognises its exception type and message.
 
-``decode_marker`` reads the JSON object of an ``EAGLEWATCH {…}`` marker line, bounded in depth.
+``decode_marker`` reads the JSON object of an ``EAGLEWATCH {…}`` marker line, bounded in depth;
+``marker_milestone`` makes the milestone it names.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.milestones.logline import ParsedLine
+from agent.milestones.milestone import Milestone
+from agent.milestones.rulefile import KINDS, Rule
 
 #: Longest line taken as a JSON record; a longer one is left as text (it is then only shown, never parsed).
 MAX_RECORD_CHARS = 1 << 20
@@ -90,6 +93,25 @@ def decode_marker(raw: str) -> tuple[Any, str | None]:
     except (ValueError, RecursionError) as exc:
         return None, f"marker is not JSON: {exc}"[:500]
     return obj, None
+
+
+def marker_milestone(rule: Rule, raw: str | None, text: str, line: int, line_rank: int | None) -> Milestone:
+    """The milestone a marker line (its JSON text ``raw``, matched by ``rule``) names, or a ``bad_marker``
+    warning; a rank in the object wins over the line's."""
+    if raw is None:  # a user's marker rule whose group "json" is optional
+        raise TypeError(f"marker rule {rule.name!r}: group 'json' matched nothing")
+    obj, problem = decode_marker(raw)
+    if problem is None:
+        if not isinstance(obj, dict):
+            problem = "marker is not a JSON object"
+        elif obj.get("kind", rule.kind) not in KINDS:
+            problem = f"marker has unknown kind {str(obj.get('kind'))[:80]!r}"
+    if problem is not None or not isinstance(obj, dict):
+        fields = {"rule": "bad_marker", "severity": "warning", "problem": problem}
+        return Milestone("warning", line, line_rank, fields, text)
+    kind = obj.pop("kind", rule.kind)
+    rank = obj.get("rank")
+    return Milestone(kind, line, rank if isinstance(rank, int) else line_rank, obj, text)
 
 
 def json_record_lines(text: str) -> list[str] | None:

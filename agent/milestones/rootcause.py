@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.milestones.logline import parse_line
-
-if TYPE_CHECKING:  # the engine imports this module
-    from agent.milestones.engine import Milestone
+from agent.milestones.milestone import Milestone
 
 #: Classes of the errors that only say "something failed before"; ``traceback`` is unclassified.
 WRAPPER_CLASSES = frozenset({"engine_failed"})

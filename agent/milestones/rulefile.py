@@ -30,27 +30,22 @@ Rules are tried in order (built-ins first, then ``--rules`` files, then the run 
 whose regex matches a line wins.
 
 A run spec's rules come from users and run inside the daemon, where one slow regex would stall every run
-of the host, so they are held to more (``check_user_regex``): a regex of at most ``MAX_USER_REGEX``
-characters, no quantified group that itself holds a quantifier or an alternation (``(a+)+``, ``(a*)*``,
-``(a|a)*``: the shapes whose backtracking grows exponentially), no two quantifiers in a row that match the
-same characters (``\\d+\\d+``, ``.*.*``: polynomial), and they search only the first ``MAX_USER_TEXT``
-characters of a message (which bounds what polynomial backtracking is left, such as ``.*x.*y``).
+of the host, so they are held to more (regex_safety.py ``check_user_regex``).  Field conversions live in
+conversions.py.
 """
 
 from __future__ import annotations
 
-import ast
-import itertools
 import json
-import math
 import re
-import re._constants as sre_c
-import re._parser as sre_parse
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from agent.milestones.conversions import CONVERTERS
+from agent.milestones.regex_safety import check_user_regex
 
 KINDS = frozenset(
     {
@@ -94,97 +89,6 @@ class RuleError(ValueError):
         self.name = name
 
 
-_NUM_RE = re.compile(r"[-+]?(?:\d[\d,_ ]*)?\.?\d+(?:[eE][-+]?\d+)?")
-_UNIT_TO_GIB = {
-    "": 1.0, "gib": 1.0, "g": 1.0, "gb": 1e9 / 2**30, "mib": 1 / 1024, "mb": 1e6 / 2**30,
-    "kib": 1 / 2**20, "kb": 1e3 / 2**30, "tib": 1024.0, "tb": 1e12 / 2**30, "b": 1 / 2**30,
-}  # fmt: skip
-
-
-def _number(raw: str) -> str:
-    m = _NUM_RE.search(raw)
-    if not m:
-        raise ValueError(f"no number in {raw!r}")
-    return m.group().replace(",", "").replace("_", "").replace(" ", "")
-
-
-def _to_int(raw: str) -> int:
-    try:
-        return int(raw)  # the common case, without the regex
-    except ValueError:
-        pass
-    num = _number(raw)
-    return int(num) if re.fullmatch(r"[-+]?\d+", num) else int(float(num))
-
-
-def _to_float(raw: str) -> float:
-    try:
-        value = float(raw)  # the common case, without the regex
-    except ValueError:
-        value = float(_number(raw))
-    if not math.isfinite(value):  # nan/inf would not be valid JSON
-        raise ValueError(f"not a finite number: {raw!r}")
-    return value
-
-
-def _to_gib(raw: str) -> float:
-    m = _NUM_RE.search(raw)
-    if not m:
-        raise ValueError(f"no number in {raw!r}")
-    unit = re.match(r"\s*([A-Za-z]*)", raw[m.end() :])
-    factor = _UNIT_TO_GIB.get(unit.group(1).lower() if unit else "", 1.0)
-    value = float(m.group().replace(",", "").replace("_", "").replace(" ", "")) * factor
-    if not math.isfinite(value):  # "1e999 GiB" would be inf, which is not JSON
-        raise ValueError(f"not a finite size: {raw!r}")
-    return value
-
-
-def _to_list(raw: str) -> list[Any]:
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = ast.literal_eval(raw)  # vLLM prints Python reprs: ['a', 'b']
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f"not a list: {raw[:80]!r}")
-    json.dumps(value)  # only JSON-representable items (bytes, sets... raise TypeError)
-    return list(value)
-
-
-def _to_clock(raw: str) -> int:
-    """tqdm's "[H:]MM:SS" → seconds."""
-    parts = raw.strip().split(":")
-    if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
-        raise ValueError(f"not a clock time: {raw[:40]!r}")
-    seconds = 0
-    for p in parts:
-        seconds = seconds * 60 + int(p)
-    return seconds
-
-
-CONVERTERS: dict[str, Callable[[str], Any]] = {
-    "str": str,
-    "clock": _to_clock,
-    "int": _to_int,
-    "float": _to_float,
-    "gib": _to_gib,
-    "percent": _to_float,
-    "seconds": _to_float,
-    "list": _to_list,
-}
-
-
-#: What a converter may raise on a value it cannot read (the value then stays a string).
-CONVERT_ERRORS = (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, OverflowError)
-
-
-def convert(kind: str, raw: str) -> Any:
-    """Convert a captured group; on failure keep the raw string (a log line never breaks ingestion)."""
-    try:
-        return CONVERTERS[kind](raw)
-    except CONVERT_ERRORS:
-        return raw
-
-
 @dataclass(frozen=True)
 class Rule:
     """One validated milestone rule (see the module docstring for the schema)."""
@@ -215,125 +119,6 @@ class RuleSet:
     def names(self) -> list[str]:
         """Rule names in matching order."""
         return [r.name for r in self.rules]
-
-
-MAX_USER_REGEX = 300
-MAX_USER_TEXT = 400
-_REPEATS = (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT)
-
-
-def _repeats_or_branches(items: Any) -> str | None:
-    """What inside a quantified part makes backtracking explode: a quantifier or an alternation."""
-    for op, av in items:
-        if op in _REPEATS and av[1] > 1:
-            return "a quantifier"
-        if op is sre_c.BRANCH:
-            return "an alternation"
-        found = _walk(op, av, _repeats_or_branches)
-        if found:
-            return found
-    return None
-
-
-def _walk(op: Any, av: Any, fn: Callable[[Any], str | None]) -> str | None:
-    """Apply ``fn`` to the sub-patterns of one parsed node."""
-    if op is sre_c.SUBPATTERN:
-        return fn(av[3])
-    if op in (sre_c.ASSERT, sre_c.ASSERT_NOT):
-        return fn(av[1])
-    if op is sre_c.BRANCH:
-        for alt in av[1]:
-            found = fn(alt)
-            if found:
-                return found
-    if op in _REPEATS or op is sre_c.POSSESSIVE_REPEAT:
-        return fn(av[2])
-    if op is sre_c.ATOMIC_GROUP:
-        return fn(av)
-    if op is sre_c.GROUPREF_EXISTS:
-        return fn(av[1]) or (fn(av[2]) if av[2] is not None else None)
-    return None
-
-
-_CATEGORY_CHARS = {
-    sre_c.CATEGORY_DIGIT: frozenset("0123456789"),
-    sre_c.CATEGORY_SPACE: frozenset(" \t\n\r\f\v"),
-    sre_c.CATEGORY_WORD: frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"),
-}
-
-
-def _chars(body: Any) -> frozenset[str] | None:
-    """The characters a one-item repeat body can match; None for "any, as far as this check knows"."""
-    items = list(body)
-    if len(items) != 1:
-        return None
-    op, av = items[0]
-    if op is sre_c.LITERAL:
-        return frozenset(chr(av))
-    if op is not sre_c.IN:
-        return None
-    out: set[str] = set()
-    for iop, iav in av:
-        if iop is sre_c.LITERAL:
-            out.add(chr(iav))
-        elif iop is sre_c.RANGE and iav[1] - iav[0] <= 256:
-            out.update(chr(c) for c in range(iav[0], iav[1] + 1))
-        elif iop is sre_c.CATEGORY and iav in _CATEGORY_CHARS:
-            out |= _CATEGORY_CHARS[iav]
-        else:  # negated sets, other categories, wide ranges
-            return None
-    return frozenset(out)
-
-
-def _edge(item: Any, last: bool) -> tuple[frozenset[str] | None] | None:
-    """The class of the quantifier at the start (or end) of ``item``; None when it has none there."""
-    op, av = item
-    if op in _REPEATS and av[1] > 1:
-        return (_chars(av[2]),)
-    if op is sre_c.SUBPATTERN and list(av[3]):
-        inner = list(av[3])
-        return _edge(inner[-1] if last else inner[0], last)
-    return None
-
-
-def _adjacent(items: Any) -> str | None:
-    items = list(items)
-    for a, b in itertools.pairwise(items):
-        tail, head = _edge(a, last=True), _edge(b, last=False)
-        if tail is None or head is None:
-            continue
-        if tail[0] is None or head[0] is None or tail[0] & head[0]:
-            return (
-                "two quantifiers in a row match the same characters (polynomial backtracking, like \\d+\\d+)"
-            )
-    for op, av in items:
-        found = _walk(op, av, _adjacent)
-        if found:
-            return found
-    return None
-
-
-def _nested(items: Any) -> str | None:
-    for op, av in items:
-        if op in _REPEATS and av[1] > 1:
-            inner = _repeats_or_branches(av[2])
-            if inner:
-                return f"a quantified group holds {inner} (catastrophic backtracking, like (a+)+ or (a|a)*)"
-        found = _walk(op, av, _nested)
-        if found:
-            return found
-    return None
-
-
-def check_user_regex(pattern: str) -> str | None:
-    """Why a user-supplied regex could stall the daemon, or None when its shape is safe enough."""
-    if len(pattern) > MAX_USER_REGEX:
-        return f"is {len(pattern)} characters long; user rules allow at most {MAX_USER_REGEX}"
-    try:
-        parsed = sre_parse.parse(pattern)
-    except (re.error, RecursionError, OverflowError) as exc:
-        return f"does not compile: {exc}"
-    return _nested(list(parsed)) or _adjacent(list(parsed))
 
 
 _KEYS = {"name", "kind", "contains", "words", "regex", "fields", "set", "per_rank", "class", "severity"}

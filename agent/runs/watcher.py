@@ -19,10 +19,9 @@ from typing import Any
 
 from agent.jobs import control as jobs
 from agent.jobs import procfs
-from agent.logs.block import Block
-from agent.logs.generations import MOVED, TRUNCATED, LogChain
+from agent.logs.generations import LogChain
 from agent.logs.linebuffer import LineBuffer
-from agent.logs.splitter import Line, LineSplitter
+from agent.logs.splitter import LineSplitter
 from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse
 from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, load_rules
 from agent.paths import RunPaths, read_json
@@ -30,11 +29,11 @@ from agent.runs.capture_checks import OutputChecks
 from agent.runs.cursor import CursorKeeper
 from agent.runs.jobspec import JobSpec
 from agent.runs.journal import Journal, scan
+from agent.runs.log_ingest import LogIngest
 from agent.runs.summary import RunSummary, final_state, milestone_event
-from agent.sched.logmerge import LogMerger, shard_of
+from agent.sched.logmerge import LogMerger
 
 log = logging.getLogger("eaglewatch.agent")
-READ_CHUNK = 256 * 1024  # ~35 ms of rule work: other runs and clients are served in between
 IDLE_FLUSH_S = 1.0
 # A job that never goes quiet (progress lines every 0.5 s) must not hold its milestones until the group
 # window of lines passes: release whatever the engine holds after this long, idle or not.
@@ -43,16 +42,13 @@ MAX_HOLD_S = 3.0
 GROUP_HOLD_S = 15.0
 OUTPUT_SCAN_S = 2.0
 LIVENESS_S = 5.0  # a safety net: inotify reports exit.json the moment it appears
-# While catching up on a backlog: let the other runs and clients in this often (not after every read), and
-# start a journal fsync (in a worker thread) then.
-COMMIT_EVERY_S = 0.05
 
 
 def _milestone_key(ev: dict[str, Any]) -> tuple[Any, ...]:
     return (ev.get("kind"), ev.get("line"), ev.get("rank"), ev.get("text"))
 
 
-class RunWatcher(CursorKeeper, OutputChecks):
+class RunWatcher(CursorKeeper, OutputChecks, LogIngest):
     """Everything the daemon knows about one run, and the task that watches it while it is active."""
 
     def __init__(
@@ -302,91 +298,6 @@ class RunWatcher(CursorKeeper, OutputChecks):
                     await self._finish(lost=True)
                     return True
         return False
-
-    async def _pump(self) -> bool:
-        """Feed what the log gained to the splitter and the engine; True when bytes were read."""
-        got = False
-        if self.merger is not None:
-            await asyncio.to_thread(self.merger.pump)
-        started = time.monotonic()
-        while True:
-            data, seam = self.chain.poll(self.fed, READ_CHUNK)
-            if seam is not None:
-                self._log_seam(seam)
-                got = True
-                continue
-            if not data:
-                break
-            got = True
-            self.fed += len(data)
-            if self.merger is None:  # complete lines stay one raw block: rules decode only likely lines
-                head, block = self.splitter.feed_block(data)
-            else:  # merged lines carry a shard tag each: split them one by one
-                head, block = self.splitter.feed(data), None
-            self._feed_lines(head, self.splitter.pending_offset, block)
-            if len(data) < READ_CHUNK:
-                # Caught up: the lines' milestones are written now (not fsynced yet), encoded here with no
-                # round trip: followers send lines and events together, before the fsync and cursor write.
-                self._commit(sync=False)
-                break
-            # A backlog: its events go to the journal's encoder stage (a child on another core, where
-            # EAGLEWATCH_AGENT_ENCODER starts one; else written here at once) while the next chunk is read
-            # and classified; followers get the stage's events a chunk later.
-            self._submit()
-            now = time.monotonic()
-            if now - started >= COMMIT_EVERY_S:
-                # A long backlog must not starve the other runs and clients: let them in, and have the
-                # journal synced meanwhile (an fsync is a wait, not work: it never holds this loop up).
-                started = now
-                self._sync_behind()
-                await asyncio.sleep(0)
-        if got:
-            # Followers send the new events while the disk syncs them (an fsync can take tens of ms), and
-            # the cursor is written only after it.
-            self._sync_behind()
-        return got
-
-    def _feed_lines(self, lines: list[Line], end: int, block: Block | None = None) -> None:
-        """Split lines, then a raw block's: to the rules, then to the followers (``end``: where splitting
-        goes on)."""
-        texts = [ln.text for ln in lines]
-        if self.merger is not None:  # "[shard I] " tags the merged lines: the rules see the job's own text
-            for i, text in enumerate(texts):
-                shard, texts[i] = shard_of(text)
-                if shard is not None:
-                    self._shard_lines[self.line + 1 + i] = shard
-            if len(self._shard_lines) > 100_000:  # rank groups hold milestones for seconds, not this long
-                keep = self.line - 50_000
-                self._shard_lines = {k: v for k, v in self._shard_lines.items() if k > keep}
-        self._journal_milestones(self.engine.feed_many(texts, self.line + 1))
-        self.line += len(lines)
-        self.lines.append(lines, end if block is None else block.offset)
-        if block is not None:
-            self._journal_milestones(self.engine.feed_block(block, self.line + 1))
-            self.line += len(block.shapes)
-            self.lines.append_block(block, end)
-        self.log_changed.notify()
-
-    def _log_seam(self, seam: str) -> None:
-        """The log was truncated, replaced or renamed away: say so in the timeline, go on where it goes on."""
-        cur = self.chain.current
-        assert cur is not None  # a seam is only reported once a generation exists
-        if seam != MOVED:
-            # The old generation's unterminated last line is complete: nothing more will be added to it.
-            self._feed_lines(self.splitter.flush(), cur.base)
-            self.splitter = LineSplitter(start_offset=cur.base)
-            self.fed = cur.base
-        if seam == TRUNCATED:
-            rule, text = "log_truncated", "output.log was truncated; reading it again from its start"
-        elif seam == MOVED:
-            rule, text = "log_replaced", "output.log was renamed away; still following the job's file"
-        else:
-            rule, text = "log_replaced", "output.log was replaced by a new file; following the new file"
-        self._append(
-            milestone_event("warning", self.line, text, rule=rule, generation=cur.number, offset=cur.base)
-        )
-        self._save_cursor(force=True)
-        self.log_changed.notify()
 
     # --- outputs (capture_checks.py) ----------------------------------------------------------------
     def _shape_failed(self, reason: str) -> None:

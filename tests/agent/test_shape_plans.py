@@ -14,10 +14,11 @@ import pytest
 
 from agent.logs.block import BlockLines, clean_block
 from agent.logs.splitter import LineSplitter
+from agent.milestones.conversions import convert
 from agent.milestones.engine import Milestone, MilestoneEngine, load_rules
 from agent.milestones.logline import LAYOUT_PATTERNS, line_layout, parse_line
 from agent.milestones.plans import digit_uniform, fields_builder
-from agent.milestones.rulefile import RuleSet, convert
+from agent.milestones.rulefile import RuleSet
 from tests.helpers.vllm_log import FAILURES, make_log, steady_lines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from agent.logs.splitter import LineSplitter
 from agent.milestones.engine import MilestoneEngine, load_rules
 from agent.runs.encoder import ENCODER_ENV, stage_wanted
-from agent.runs.watcher import READ_CHUNK
+from agent.runs.log_ingest import READ_CHUNK
 from tests.bench.run_all import bench_line
 from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent
 from tests.helpers.vllm_log import steady_lines
