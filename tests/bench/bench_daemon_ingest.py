@@ -9,8 +9,8 @@ seq comes once, in order, and does not slow the daemon down by parsing each mess
 Each side runs ``--repeat`` times, in turns, and the best is kept (other work on a shared machine only slows
 a run).
 Where the time goes: the daemon's own CPU seconds (from /proc) are printed beside the pure loop's, and its
-journal encoder stage's (a child process, on where EAGLEWATCH_AGENT_ENCODER says: by default on hosts with 4+
-CPUs; on a 2-vCPU VM the child shares the daemon's core and slows it down);
+journal encoder stage's (a child process, on where EAGLEWATCH_AGENT_ENCODER says: off by default; ``auto``
+starts it on hosts with 4+ CPUs; on a 2-vCPU VM the child shares the daemon's core and slows it down);
 ``--profile FILE`` runs the daemon under cProfile (tests/bench/profile_hook) and prints its top functions.
 Run: .venv/bin/python tests/bench/bench_daemon_ingest.py [--lines 500000] [--repeat 3] [--profile F]
 ``EAGLEWATCH_BENCH_QUICK=1`` makes the default 100000 lines, one run each. Prints BENCH lines for
