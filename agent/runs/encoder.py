@@ -19,6 +19,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 from collections import deque
 from typing import Any
 
@@ -31,10 +32,13 @@ PIPE_BYTES = 1 << 20
 
 #: ``on``, ``off`` (the default) or ``auto``: on where the daemon may run on MIN_CPUS CPUs or more.  With
 #: fewer, the child takes its CPU time from the daemon's own core (measured on a 2-vCPU VM: slower).  Off
-#: by default: each watched run would start a child, and the gain has been measured only in a synthetic
-#: stand-in on a 16-core host, not in a real daemon there.
+#: by default: each watched run would start a child, and on a 16-core H200 host a real daemon gained little
+#: from it (tests/bench/bench_daemon_ingest.py: 0.69 of the pure loop's speed with it, 0.64 without; the
+#: daemon's own CPU barely fell, since sending the batches and writing their lines back cost about what
+#: encoding them did).
 ENCODER_ENV = "EAGLEWATCH_AGENT_ENCODER"
 MIN_CPUS = 4
+REAP_S = 2.0  # how long a closed stage may take to exit before it is killed
 
 
 def stage_wanted() -> bool:
@@ -145,16 +149,29 @@ class EncoderStage:
         return out
 
     def close(self) -> None:
-        """End the child (it exits when its input closes); what is in flight is dropped."""
+        """End the child (it exits when its input closes); what is in flight is dropped.
+
+        Never waits for the child: a journal closes on the daemon's event loop, where a child slow to exit
+        would hold up every run and client.  One still running is reaped on a thread (killed after
+        ``REAP_S``)."""
         with contextlib.suppress(OSError):
             self._proc.stdin.close()  # type: ignore[union-attr]
-        try:
-            self._proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        with contextlib.suppress(OSError):
-            self._proc.stdout.close()  # type: ignore[union-attr]
+        if self._proc.poll() is None:
+            threading.Thread(target=_reap, args=(self._proc,), name="encoder-reap", daemon=True).start()
+        else:
+            _reap(self._proc)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Wait for an encoder child whose input is closed (kill it after ``REAP_S``), then close its output:
+    only now, so that a reply it is still writing does not end it with a broken pipe."""
+    try:
+        proc.wait(timeout=REAP_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    with contextlib.suppress(OSError):
+        proc.stdout.close()  # type: ignore[union-attr]
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -302,3 +303,26 @@ def test_a_daemon_with_the_stage_journals_a_backlog_once_in_order(tmp_path: Path
     keys = ("kind", "line", "rank", "fields", "text")
     got = [{k: e[k] for k in keys} for e in events if e.get("type") == "milestone" and e["line"] > 0]
     assert len(want) > 500 and got == want
+
+
+def test_closing_a_stage_never_waits_for_its_child() -> None:
+    """A journal closes on the daemon's event loop: a child that cannot exit yet (stopped here) is left to
+    a reaper thread, which collects it once it runs again."""
+    stage = EncoderStage()
+    proc = stage._proc
+    deadline = time.monotonic() + 30
+    while not stage.poll_ready():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        stage.close()
+        assert proc.poll() is None  # close returned while the child was still there, unable to exit
+        assert any(t.name == "encoder-reap" for t in threading.enumerate())
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while proc.returncode is None:  # set by the reaper's wait: the child saw its input closed and exited
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert proc.returncode == 0 and proc.stdout is not None and proc.stdout.closed
