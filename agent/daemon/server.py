@@ -30,6 +30,7 @@ from agent.paths import (
     valid_run_id,
 )
 from agent.protocol import ErrorCode
+from agent.runs import classifier
 from agent.runs.jobspec import JobSpec, SpecError
 from agent.runs.journal import Journal
 from agent.runs.outdir import launch_output_dir_error
@@ -85,6 +86,10 @@ class Daemon:
                 await asyncio.sleep(0.1)
         os.ftruncate(self._lock_fd, 0)
         os.write(self._lock_fd, f"{os.getpid()}\n".encode())
+        try:
+            classifier.prestart()  # its imports run while the runs are adopted: the first run finds it ready
+        except ValueError as exc:
+            log.warning("%s; classifying in the daemon", exc)
         loop = asyncio.get_running_loop()
         try:
             if os.environ.get(

@@ -16,12 +16,20 @@ class Block:
 
     Every line is valid UTF-8 with no ``\\r``, no escape byte and at most the cap, so its text is its bytes
     decoded. ``shapes`` holds each line's bytes with ASCII digits folded to ``0`` (``DIGIT_FOLD``): one C
-    split of the whole block, which gives the lines' count and lengths without decoding anything.
+    split of the whole block, which gives the lines' count and lengths without decoding anything.  A block
+    made only to be counted (``clean_block(shapes=False)``: its rules run in a classifier child, which
+    folds the digits itself) has no shapes and ``count`` lines.
     """
 
     offset: int
     data: bytes
     shapes: list[bytes]
+    count: int = -1  # -1: len(shapes)
+
+    @property
+    def lines(self) -> int:
+        """How many lines the block holds."""
+        return self.count if self.count >= 0 else len(self.shapes)
 
     @property
     def end(self) -> int:
@@ -35,8 +43,9 @@ class Block:
         return texts
 
 
-def clean_block(data: bytes, offset: int, max_line_bytes: int) -> Block | None:
-    """``data`` (complete lines, ending in ``\\n``) as a Block, or None when some line needs the splitter."""
+def clean_block(data: bytes, offset: int, max_line_bytes: int, shapes: bool = True) -> Block | None:
+    """``data`` (complete lines, ending in ``\\n``) as a Block, or None when some line needs the splitter
+    (``shapes`` False: a counted block without shapes, unless a line may pass the cap)."""
     if b"\r" in data or b"\x1b" in data:
         return None
     if not data.isascii():
@@ -44,6 +53,12 @@ def clean_block(data: bytes, offset: int, max_line_bytes: int) -> Block | None:
             data.decode("utf-8")
         except UnicodeDecodeError:
             return None
+    if not shapes and (len(data) <= max_line_bytes or _short_lines(data, max_line_bytes)):
+        return Block(offset, data, [], data.count(b"\n"))
+    return _shaped(data, offset, max_line_bytes)
+
+
+def _shaped(data: bytes, offset: int, max_line_bytes: int) -> Block | None:
     shapes = data.translate(DIGIT_FOLD).split(b"\n")
     shapes.pop()
     if (

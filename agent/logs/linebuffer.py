@@ -50,7 +50,7 @@ class _Segment:
     @classmethod
     def of_block(cls, block: Block) -> _Segment:
         seg = cls(block.offset)
-        seg.raw, seg.count = block.data, len(block.shapes)
+        seg.raw, seg.count = block.data, block.lines
         return seg
 
     @property
@@ -132,7 +132,7 @@ class LineBuffer:
 
     def append_block(self, block: Block, end: int) -> None:
         """Add a raw block of complete lines (kept unsplit) and the watcher's new resume offset ``end``."""
-        if block.shapes:
+        if block.lines:
             seg = _Segment.of_block(block)
             self._segs.append(seg)
             self._lines += seg.count

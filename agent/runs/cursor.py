@@ -19,6 +19,7 @@ from agent.logs.generations import LogChain
 from agent.logs.splitter import LineSplitter
 from agent.milestones.engine import MilestoneEngine
 from agent.paths import RunPaths, atomic_write_json
+from agent.runs.classifier import RemoteEngine
 from agent.runs.journal import Journal
 
 log = logging.getLogger("eaglewatch.agent")
@@ -31,7 +32,7 @@ class CursorKeeper:
     paths: RunPaths
     journal: Journal
     splitter: LineSplitter
-    engine: MilestoneEngine
+    engine: MilestoneEngine | RemoteEngine
     chain: LogChain
     line: int
     checked: dict[str, list[int]]
@@ -42,8 +43,12 @@ class CursorKeeper:
     def _commit(self, sync: bool = True) -> None:
         raise NotImplementedError
 
+    def _catch_up(self) -> None:
+        raise NotImplementedError
+
     def _save_cursor(self, force: bool = False) -> None:
         """Commit pending events, then (at most every CURSOR_EVERY_S unless forced) write the cursor."""
+        self._catch_up()
         self._commit()
         now = time.monotonic()
         if not force and now - self._cursor_at < CURSOR_EVERY_S:
@@ -75,12 +80,38 @@ class CursorKeeper:
         if self._syncing is not None and not self._syncing.done():
             return  # one fsync at a time: the next one covers what is written meanwhile
         due = time.monotonic() - self._cursor_at >= CURSOR_EVERY_S
+        engine = self.engine
+        if due and isinstance(engine, RemoteEngine) and engine.outstanding:
+            # The classifier child is still on earlier blocks: ask for its snapshot in line with them
+            # rather than wait; the cursor follows from _snapshot_reached.
+            # The fsync waits for it too: one started now would still run when the snapshot comes back.
+            if not engine.snapshot_pending:
+                at = {"offset": self.splitter.pending_offset, "line": self.line, "log": self.chain.snapshot()}
+                engine.request_snapshot(at)
+            return
         if not self.journal.unsynced:
             if due:
                 self._write_cursor(self._cursor_state())
             return
         # A deep copy: the engine's open groups and the checked files move on while the disk syncs.
-        state = copy.deepcopy(self._cursor_state()) if due else None
+        self._sync_then_write(copy.deepcopy(self._cursor_state()) if due else None)
+
+    def _snapshot_reached(self, context: dict[str, Any], snapshot: dict[str, Any]) -> None:
+        """The classifier child's snapshot at a point of the log: every milestone before it is journaled
+        now, so the cursor there is the state kept when it was asked for, with the journal's seq now."""
+        self._commit(sync=False)
+        if self._syncing is not None and not self._syncing.done():
+            return  # a later _sync_behind asks again
+        state = {**context, "seq": self.journal.last_seq, "engine": snapshot}
+        state["checked"] = copy.deepcopy(self.checked)
+        if self.journal.unsynced:
+            self._sync_then_write(state)
+        else:
+            self._write_cursor(state)
+
+    def _sync_then_write(self, state: dict[str, Any] | None) -> None:
+        """fsync the journal in a worker thread, then write ``state`` as the cursor (unless None, or a
+        later cursor was written meanwhile)."""
         version = self._cursor_version
         fut = asyncio.get_running_loop().run_in_executor(None, self.journal.sync)
         self._syncing = fut

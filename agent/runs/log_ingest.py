@@ -12,6 +12,7 @@ from agent.logs.linebuffer import LineBuffer
 from agent.logs.splitter import Line, LineSplitter
 from agent.logs.tail import Broadcast
 from agent.milestones.engine import Milestone, MilestoneEngine
+from agent.runs.classifier import RemoteEngine
 from agent.runs.summary import milestone_event
 from agent.sched.logmerge import LogMerger, shard_of
 
@@ -30,7 +31,7 @@ class LogIngest:
     splitter: LineSplitter
     line: int
     lines: LineBuffer
-    engine: MilestoneEngine
+    engine: MilestoneEngine | RemoteEngine
     log_changed: Broadcast
     _shard_lines: dict[int, int]
 
@@ -41,6 +42,9 @@ class LogIngest:
         raise NotImplementedError
 
     def _commit(self, sync: bool = True) -> None:
+        raise NotImplementedError
+
+    def _catch_up(self) -> None:
         raise NotImplementedError
 
     def _submit(self) -> None:
@@ -69,18 +73,23 @@ class LogIngest:
             got = True
             self.fed += len(data)
             if self.merger is None:  # complete lines stay one raw block: rules decode only likely lines
-                head, block = self.splitter.feed_block(data)
+                head, block = self.splitter.feed_block(data, not isinstance(self.engine, RemoteEngine))
             else:  # merged lines carry a shard tag each: split them one by one
                 head, block = self.splitter.feed(data), None
             self._feed_lines(head, self.splitter.pending_offset, block)
             if len(data) < READ_CHUNK:
                 # Caught up: the lines' milestones are written now (not fsynced yet), encoded here with no
                 # round trip: followers send lines and events together, before the fsync and cursor write.
+                self._catch_up()
                 self._commit(sync=False)
                 break
             # A backlog: its events go to the journal's encoder stage (a child on another core, where
             # EAGLEWATCH_AGENT_ENCODER starts one; else written here at once) while the next chunk is read
-            # and classified; followers get the stage's events a chunk later.
+            # and classified; followers get the stage's events a chunk later.  A classifier child (where
+            # EAGLEWATCH_AGENT_CLASSIFIER starts one) classifies this chunk meanwhile: what it has answered
+            # is journaled now.
+            if isinstance(self.engine, RemoteEngine):
+                self.engine.poll()
             self._submit()
             now = time.monotonic()
             if now - started >= COMMIT_EVERY_S:
@@ -92,6 +101,7 @@ class LogIngest:
         if got:
             # Followers send the new events while the disk syncs them (an fsync can take tens of ms), and
             # the cursor is written only after it.
+            self._catch_up()
             self._sync_behind()
         return got
 
@@ -112,7 +122,7 @@ class LogIngest:
         self.lines.append(lines, end if block is None else block.offset)
         if block is not None:
             self._journal_milestones(self.engine.feed_block(block, self.line + 1))
-            self.line += len(block.shapes)
+            self.line += block.lines
             self.lines.append_block(block, end)
         self.log_changed.notify()
 
@@ -131,6 +141,7 @@ class LogIngest:
             rule, text = "log_replaced", "output.log was renamed away; still following the job's file"
         else:
             rule, text = "log_replaced", "output.log was replaced by a new file; following the new file"
+        self._catch_up()  # the milestones of the lines before the seam come before its warning
         self._append(
             milestone_event("warning", self.line, text, rule=rule, generation=cur.number, offset=cur.base)
         )

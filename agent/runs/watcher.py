@@ -26,6 +26,7 @@ from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse
 from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, load_rules
 from agent.paths import RunPaths, read_json
 from agent.runs.capture_checks import OutputChecks
+from agent.runs.classifier import ClassifierError, RemoteEngine, classifier_wanted
 from agent.runs.cursor import CursorKeeper
 from agent.runs.jobspec import JobSpec
 from agent.runs.journal import Journal, scan
@@ -95,6 +96,7 @@ class RunWatcher(CursorKeeper, OutputChecks, LogIngest):
         #: an array job's task logs, merged into output.log (set by the daemon before start)
         self.merger: LogMerger | None = None
         self._shard_lines: dict[int, int] = {}  # line number → shard of a merged line, for its milestones
+        self._in_daemon = False  # rules stay in the daemon's process (a classifier child failed)
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -150,7 +152,7 @@ class RunWatcher(CursorKeeper, OutputChecks, LogIngest):
         snap = cur.get("engine")
         world = self.spec.world_size
         try:
-            self.engine = (
+            self.engine: MilestoneEngine | RemoteEngine = (
                 MilestoneEngine.restore(self._rules, snap) if snap else MilestoneEngine(self._rules, world)
             )
         except Exception:  # e.g. a snapshot from another agent version: lose an open group, not the run
@@ -231,7 +233,54 @@ class RunWatcher(CursorKeeper, OutputChecks, LogIngest):
         """Start watching (a no-op for a run already in a terminal state)."""
         if self.summary.terminal is None and self.task is None:
             self.journal.start_stage()
+            self._go_remote()
             self.task = asyncio.get_running_loop().create_task(self._run(), name=f"watch-{self.paths.run}")
+
+    def _go_remote(self) -> None:
+        """Move the rules into a classifier child where one is wanted (not for a merged array log, whose
+        lines carry a shard tag each)."""
+        try:
+            wanted = classifier_wanted()
+        except ValueError as exc:
+            log.warning("%s; classifying in the daemon", exc)
+            wanted = False
+        if not wanted or self.merger is not None or self._in_daemon or isinstance(self.engine, RemoteEngine):
+            return
+        self.engine = RemoteEngine(
+            self.spec.rules,
+            self.spec.backend,
+            self.engine.world_size,
+            self.engine.snapshot(),
+            self._journal_milestones,
+            self._snapshot_reached,
+        )
+
+    def _catch_up(self) -> None:
+        """Take in every milestone a classifier child still owes (a no-op for rules in the daemon)."""
+        if isinstance(self.engine, RemoteEngine):
+            self.engine.drain()
+
+    def _close_child(self) -> None:
+        """End the classifier child, if any; an in-daemon engine takes its state (the run's end, a stop)."""
+        engine = self.engine
+        if not isinstance(engine, RemoteEngine):
+            return
+        try:
+            snap: dict[str, Any] | None = engine.snapshot()
+        except ClassifierError:
+            snap = None
+        engine.close()
+        self.engine = MilestoneEngine.restore(self._rules, snap) if snap else MilestoneEngine(self._rules)
+
+    def _child_failed(self) -> None:
+        """The classifier child's state is lost: go back to the cursor with the rules in the daemon, as a
+        restarted daemon would; what the journal already holds past the cursor is recognised and skipped."""
+        if isinstance(self.engine, RemoteEngine):
+            self.engine.close()
+        self._in_daemon = True
+        self._commit()
+        self._skip.clear()
+        self._restore_cursor()
 
     def wake(self) -> None:
         """Something changed in the run dir (inotify)."""
@@ -251,8 +300,9 @@ class RunWatcher(CursorKeeper, OutputChecks, LogIngest):
                     timeout = OUTPUT_SCAN_S
                 await self.pulse.wait(timeout)
         finally:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ClassifierError):
                 self._save_cursor(force=True)
+            self._close_child()
 
     async def _step(self) -> bool:
         """One look at the run; True once its final state is journaled.  A bug here must not end watching."""
@@ -260,6 +310,10 @@ class RunWatcher(CursorKeeper, OutputChecks, LogIngest):
             return await self._look()
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
+        except ClassifierError as exc:
+            log.warning("run %s: %s; classifying in the daemon from the cursor", self.paths.run, exc)
+            self._child_failed()
+            return False
         except Exception:
             log.exception("watching run %s failed; retrying in 1 s", self.paths.run)
             await asyncio.sleep(1.0)
@@ -356,6 +410,7 @@ class RunWatcher(CursorKeeper, OutputChecks, LogIngest):
         if self.journal.unsynced:
             await asyncio.to_thread(self.journal.sync)
         self._save_cursor(force=True)
+        self._close_child()
         self.journal.close()
         self.chain.close(keep_unnamed=True)  # streams reopen the named file; a renamed one is kept open
         self.log_changed.notify()  # log followers flush the job's unterminated last line now

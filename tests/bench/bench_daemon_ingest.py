@@ -9,8 +9,10 @@ seq comes once, in order, and does not slow the daemon down by parsing each mess
 Each side runs ``--repeat`` times, in turns, and the best is kept (other work on a shared machine only slows
 a run).
 Where the time goes: the daemon's own CPU seconds (from /proc) are printed beside the pure loop's, and its
-journal encoder stage's (a child process, on where EAGLEWATCH_AGENT_ENCODER says: off by default; ``auto``
-starts it on hosts with 4+ CPUs; on a 2-vCPU VM the child shares the daemon's core and slows it down);
+children's: the classifier child that runs the rules (EAGLEWATCH_AGENT_CLASSIFIER: ``auto``, the default,
+starts it on hosts with 4+ CPUs; with fewer the child shares the daemon's core), the spare child started
+for the next run (its imports and rule compiles), and the journal encoder stage (EAGLEWATCH_AGENT_ENCODER,
+off by default);
 ``--profile FILE`` runs the daemon under cProfile (tests/bench/profile_hook) and prints its top functions.
 Run: .venv/bin/python tests/bench/bench_daemon_ingest.py [--lines 500000] [--repeat 3] [--profile F]
 ``EAGLEWATCH_BENCH_QUICK=1`` makes the default 100000 lines, one run each. Prints BENCH lines for
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.logs.splitter import LineSplitter
 from agent.milestones.engine import MilestoneEngine, load_rules
+from agent.runs.classifier import CLASSIFIER_ENV, classifier_wanted
 from agent.runs.encoder import ENCODER_ENV, stage_wanted
 from agent.runs.log_ingest import READ_CHUNK
 from tests.bench.run_all import bench_line
@@ -51,7 +54,11 @@ _TERMINAL = ("completed", "failed", "stopped", "lost")
 def stage_mode() -> str:
     """Whether the daemon's journals encode a backlog in an encoder stage here, and why."""
     mode = os.environ.get(ENCODER_ENV, "off")
-    return f"{ENCODER_ENV}={mode}: stage {'on' if stage_wanted() else 'off'}"
+    rules = os.environ.get(CLASSIFIER_ENV, "auto")
+    return (
+        f"{CLASSIFIER_ENV}={rules}: classifier {'on' if classifier_wanted() else 'off'}, "
+        f"{ENCODER_ENV}={mode}: stage {'on' if stage_wanted() else 'off'}"
+    )
 
 
 def pure_rate(data: bytes) -> tuple[float, float]:
@@ -79,7 +86,8 @@ def _cpu_s(pid: int) -> float:
 
 
 def _children_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid``'s children (its journal encoder stages): those it has reaped and those alive."""
+    """CPU seconds of ``pid``'s children (classifier, spare, encoder stage): those it has reaped and those
+    alive."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     total = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -125,7 +133,7 @@ class DaemonRun:
     start_s: float  # launch request → launch reply (the job's supervisor runs)
     ingest_s: float  # launch reply → terminal state at the follower
     cpu_s: float  # the daemon's CPU seconds over ingest_s
-    child_cpu_s: float  # its children's (the journal's encoder stage) over ingest_s
+    child_cpu_s: float  # its children's (classifier child, spare, encoder stage) over ingest_s
     events: int
 
 
@@ -191,19 +199,19 @@ def main() -> None:
     print(f"  pure splitter+rules : {base:10,.0f} lines/s (baseline; {base_cpu:.2f} s CPU)")
     print(f"  daemon ingest       : {rate:10,.0f} lines/s ({best.ingest_s:.2f} s, job start to final state)")
     print(f"  daemon CPU          : {cpu:10.2f} s ({cpu - base_cpu:+.2f} s beside the pure loop's)")
-    print(f"  encoder stage CPU   : {kids:10.2f} s (its child process; {stage_mode()})")
+    print(f"  children CPU        : {kids:10.2f} s ({stage_mode()})")
     print(
         f"  daemon end to end   : {total_rate:10,.0f} lines/s ({total:.2f} s, {best.start_s:.2f} s job start)"
     )
     print(f"  ratio daemon/pure   : {rate / base:.2f}x (incl. job start: {total_rate / base:.2f}x)")
     print(
-        "  runs (ingest s, CPU s, encoder CPU s): "
+        "  runs (ingest s, CPU s, children CPU s): "
         + ", ".join(f"({r.ingest_s:.2f}, {r.cpu_s:.2f}, {r.child_cpu_s:.2f})" for r in runs)
     )
     note = (
         f"{opts.lines} lines, best of {opts.repeat}, wall time from the job's start (launch reply) to its "
         f"final state at a follower of its events (all seqs once), journal included; baseline = pure "
-        f"splitter+rules, no I/O; daemon CPU {cpu:.2f} s (encoder stage {kids:.2f} s, {stage_mode()}) "
+        f"splitter+rules, no I/O; daemon CPU {cpu:.2f} s (children {kids:.2f} s, {stage_mode()}) "
         f"vs pure {base_cpu:.2f} s; {os.cpu_count()} CPUs; job start "
         f"{best.start_s:.2f} s (supervisor process) not counted, ratio with it {total_rate / base:.2f}"
     )

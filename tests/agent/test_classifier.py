@@ -1,0 +1,198 @@
+"""The classifier child (agent/runs/classifier.py): the rules in a process of their own give the daemon's
+milestones in the daemon's order; a child that dies hands the run back to the daemon with nothing lost
+or twice; no child outlives its daemon."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.jobs import procfs
+from agent.logs.splitter import LineSplitter
+from agent.milestones.engine import Milestone, MilestoneEngine, load_rules
+from agent.paths import read_json, run_paths
+from agent.runs.classifier import CLASSIFIER_ENV, ClassifierError, RemoteEngine, classifier_wanted
+from agent.runs.journal import scan
+from tests.agent.test_ingest_pipeline import _reference
+from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent, terminal_event
+from tests.helpers.vllm_log import make_log, steady_lines
+
+CHUNK = 64 * 1024
+
+
+def _log() -> bytes:
+    """Steady TP=4 lines (rank groups), then a failing run's start and traceback, then steady lines again."""
+    steady = "\n".join(steady_lines(20_000, tp=4, seed=5)) + "\n"
+    return steady.encode() + make_log(tp=4, failure="oom", seed=2) + steady.encode()
+
+
+def _remote(events: list[tuple[str, Any]]) -> RemoteEngine:
+    return RemoteEngine(
+        [],
+        "command",
+        None,
+        None,
+        lambda ms: events.extend(("ms", m.to_dict()) for m in ms),
+        lambda ctx, snap: events.append(("snap", ctx["n"])),
+    )
+
+
+def _feed(engine: MilestoneEngine | RemoteEngine, data: bytes, shapes: bool, n: int = 0) -> list[Milestone]:
+    """The watcher's feeding (lines numbered after ``n``): chunks → splitter.feed_block → feed_many for
+    the head, feed_block for the rest."""
+    sp, out = LineSplitter(), []
+    for i in range(0, len(data), CHUNK):
+        head, block = sp.feed_block(data[i : i + CHUNK], shapes)
+        out += engine.feed_many([ln.text for ln in head], n + 1)
+        n += len(head)
+        if block is not None:
+            assert shapes or not block.shapes  # only counted: the child folds the digits itself
+            out += engine.feed_block(block, n + 1)
+            n += block.lines
+    out += engine.feed_many([ln.text for ln in sp.flush()], n + 1)
+    return out
+
+
+def test_remote_engine_gives_the_in_process_milestones() -> None:
+    """Blocks and split lines through a real child, then a flush: the in-process engine's milestones (rank
+    groups, a traceback's root cause) in the same order, and the same snapshot before the flush."""
+    data = _log()
+    local = MilestoneEngine(load_rules(backend="command"))
+    want = [m.to_dict() for m in _feed(local, data, True)]
+    events: list[tuple[str, Any]] = []
+    remote = _remote(events)
+    try:
+        assert _feed(remote, data, False) == []  # the milestones come through the callback
+        assert remote.snapshot() == local.snapshot()
+        assert remote.open_groups == local.open_groups and remote.world_size == local.world_size
+        want += [m.to_dict() for m in local.flush()]
+        flushed = [m.to_dict() for m in remote.flush()]
+    finally:
+        remote.close()
+    got = [m for kind, m in events if kind == "ms"] + flushed
+    assert len(want) > 1000 and any(m["kind"] == "error" for m in want)
+    assert got == want
+
+
+def test_a_snapshot_asked_in_line_follows_the_milestones_before_it() -> None:
+    """request_snapshot does not wait: its callback comes after every milestone of the blocks sent before it
+    and before any of those sent after it."""
+    data = ("\n".join(steady_lines(6_000, tp=4, seed=1)) + "\n").encode()
+    half = data.rindex(b"\n", 0, len(data) // 2) + 1
+    ref = MilestoneEngine(load_rules(backend="command"))
+    first_half = len(_feed(ref, data[:half], True))
+    events: list[tuple[str, Any]] = []
+    remote = _remote(events)
+    try:
+        _feed(remote, data[:half], False)
+        remote.request_snapshot({"n": 1})
+        assert remote.snapshot_pending
+        _feed(remote, data[half:], False, data[:half].count(b"\n"))
+        remote.drain()
+    finally:
+        remote.close()
+    at = events.index(("snap", 1))
+    assert first_half > 10 and at == first_half and len(events) > at + 10
+    assert not remote.snapshot_pending
+
+
+def test_a_dead_child_raises_classifier_error() -> None:
+    """A child killed under the daemon: the next wait names the exit instead of hanging."""
+    events: list[tuple[str, Any]] = []
+    remote = _remote(events)
+    try:
+        remote.drain()
+        os.kill(remote.pid, signal.SIGKILL)
+        with pytest.raises(ClassifierError, match="exited"):
+            remote.flush()
+    finally:
+        remote.close()
+
+
+def test_the_mode_is_on_off_or_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    """on and off are obeyed, auto follows the CPUs, anything else is an error naming the variable."""
+    monkeypatch.setenv(CLASSIFIER_ENV, "on")
+    assert classifier_wanted()
+    monkeypatch.setenv(CLASSIFIER_ENV, "off")
+    assert not classifier_wanted()
+    monkeypatch.setenv(CLASSIFIER_ENV, "auto")
+    assert classifier_wanted() == (len(os.sched_getaffinity(0)) >= 4)
+    monkeypatch.setenv(CLASSIFIER_ENV, "yes")
+    with pytest.raises(ValueError, match=CLASSIFIER_ENV):
+        classifier_wanted()
+
+
+def _classifier_children(daemon_pid: int) -> list[int]:
+    """The daemon's classifier children (the one in use and the spare)."""
+    out = []
+    for task in Path(f"/proc/{daemon_pid}/task").iterdir():
+        for pid in map(int, (task / "children").read_text().split()):
+            if "agent.runs.classifier" in procfs.cmdline(pid):
+                out.append(pid)
+    return out
+
+
+def test_the_run_goes_on_in_the_daemon_when_its_child_dies(tmp_path: Path) -> None:
+    """The classifier children are killed mid-backlog: the watcher goes back to its cursor with the rules in
+    the daemon, and the journal still holds the line-by-line milestones once each, seqs consecutive."""
+    data = ("\n".join(steady_lines(300_000, tp=4, seed=3)) + "\n").encode()
+    log = tmp_path / "big.log"
+    log.write_bytes(data)
+    state = tmp_path / "state"
+    paths = run_paths(state, "big")
+    agent = start_agent(state, env={CLASSIFIER_ENV: "on"})
+    try:
+        with AgentClient(agent.socket, timeout=120) as c:
+            c.result("launch", run="big", spec={"backend": "command", "command": ["cat", str(log)]})
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # a cursor from the child's snapshot, mid-backlog
+                cursor = read_json(paths.cursor)
+                if isinstance(cursor, dict) and cursor.get("seq", 0) > 20:
+                    break
+                time.sleep(0.005)
+            children = _classifier_children(agent.pid)
+            assert len(children) == 2  # the run's and the spare
+            for pid in children:
+                os.kill(pid, signal.SIGKILL)
+            assert 0 < read_json(paths.cursor)["offset"] < len(data), "not killed mid-backlog"
+            c.result("follow", run="big", after_seq=0)
+            c.wait_for(terminal_event, timeout=120)
+    finally:
+        agent.kill()
+        cleanup_runs(state)
+    events = scan(paths.events)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    keys = ("kind", "line", "rank", "fields", "text")
+    got = [{k: e[k] for k in keys} for e in events if e.get("type") == "milestone" and e["line"] > 0]
+    assert got == _reference(data)
+    assert events[-1]["type"] == "state" and events[-1]["state"] == "completed"
+    assert "classifying in the daemon from the cursor" in (state / "daemon.stderr").read_text()
+
+
+def test_no_child_outlives_its_daemon(tmp_path: Path) -> None:
+    """The daemon is SIGKILLed (not its process group): its classifier children see their input close and
+    exit."""
+    state = tmp_path / "state"
+    agent = start_agent(state, env={CLASSIFIER_ENV: "on"})
+    try:
+        with AgentClient(agent.socket, timeout=60) as c:
+            c.result("launch", run="r", spec={"backend": "command", "command": ["sleep", "60"]})
+            deadline = time.monotonic() + 10
+            while len(children := _classifier_children(agent.pid)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert len(children) == 2
+        os.kill(agent.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        alive = children
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = [pid for pid in children if (st := procfs.stat(pid)) is not None and st.state != "Z"]
+        assert alive == []
+    finally:
+        agent.kill()
+        cleanup_runs(state)
