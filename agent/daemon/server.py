@@ -165,6 +165,7 @@ class Daemon:
             await asyncio.wait(tasks, timeout=5.0)
         for w in self.runs.values():
             w.journal.close()
+        classifier.close_spare()
         with contextlib.suppress(OSError):
             if self.socket_path.stat().st_ino == self._socket_ino:
                 self.socket_path.unlink()

@@ -13,7 +13,7 @@ snapshot op travels in line with the blocks, and the state the daemon kept when 
 line number, log generations) is completed with the journal's seq once the milestones before it are
 journaled (``on_snapshot``).
 
-Frames both ways as in encoder.py (8-byte length, top bit set on a reply when the op failed).  An op is one
+Frames both ways as childpipe.py writes them (a reply flagged failed when the op failed).  An op is one
 byte, then its payload: ``I`` init (marshal: extra rules, backend, world size, snapshot), ``B`` a block
 (8-byte first line number, then its raw lines), ``M`` lines (marshal: texts, first line number), ``F``
 flush, ``R`` release_ready, ``P`` snapshot.  A reply is marshal of (open groups, world size, milestones as
@@ -23,25 +23,26 @@ daemon.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import marshal
 import os
 import select
 import struct
 import subprocess
 import sys
-import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent.logs.block import DIGIT_FOLD, Block
 from agent.milestones.milestone import Milestone
-from agent.runs.encoder import _FAILED, _HEAD, MIN_CPUS, PIPE_BYTES, REAP_S, _read_exact, _write_all
+from agent.runs import childpipe
+from agent.runs.childpipe import HEAD, read_exact, take_frame, write_frame
 
-#: ``on``, ``off`` or ``auto`` (the default): the child where the daemon may run on MIN_CPUS CPUs or
-#: more.  On fewer the child and the daemon share a core and the handover is pure cost.
+#: ``on``, ``off`` (the default) or ``auto``: on with childpipe.MIN_CPUS CPUs or more.  Off by
+#: default: on a 16-core H200 host (tests/bench/bench_daemon_ingest.py, 500,000 lines) the daemon's own CPU
+#: fell from 0.37-0.41 s to 0.33 s, but the run took 0.43-0.52 s against 0.38-0.42 s in the daemon: the
+#: daemon still counts each block's lines (for its line numbers and followers), writes the block into the
+#: pipe and journals every event, so the two processes wait on each other more than they overlap.
 CLASSIFIER_ENV = "EAGLEWATCH_AGENT_CLASSIFIER"
 #: How long one op may take in the child before the daemon gives up on it (rules are bounded per line).
 REPLY_TIMEOUT_S = 60.0
@@ -53,10 +54,7 @@ OnSnapshot = Callable[[dict[str, Any], dict[str, Any]], None]
 def classifier_wanted() -> bool:
     """Whether watchers run their rules in a classifier child (``EAGLEWATCH_AGENT_CLASSIFIER``; ValueError
     when it is set to something else than on, off or auto)."""
-    mode = os.environ.get(CLASSIFIER_ENV, "auto")
-    if mode not in ("on", "off", "auto"):
-        raise ValueError(f"{CLASSIFIER_ENV} must be on, off or auto, not {mode!r}")
-    return mode == "on" or (mode == "auto" and len(os.sched_getaffinity(0)) >= MIN_CPUS)
+    return childpipe.wanted(CLASSIFIER_ENV)
 
 
 class ClassifierError(Exception):
@@ -80,15 +78,7 @@ class RemoteEngine:
         on_snapshot: OnSnapshot,
     ) -> None:
         self._proc = _take_child()
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._out = self._proc.stdin.fileno()
-        self._in = self._proc.stdout.fileno()
-        size = PIPE_BYTES
-        for fd in (self._out, self._in):
-            with contextlib.suppress(OSError):  # a lower pipe-max-size: the pipe keeps what it has
-                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-            size = min(size, fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
-        os.set_blocking(self._in, False)
+        self._out, self._in, size = childpipe.pipe_ends(self._proc)
         # Never more unanswered input than the pipe holds: a write then never blocks, so the daemon cannot
         # wait on the child while the child waits for the daemon to read a large reply.
         self.limit = size // 2
@@ -155,9 +145,7 @@ class RemoteEngine:
 
     def close(self) -> None:
         """End the child (it exits when its input closes); never waits for it on the caller's thread."""
-        with contextlib.suppress(OSError):
-            self._proc.stdin.close()  # type: ignore[union-attr]
-        threading.Thread(target=_reap, args=(self._proc,), name="classifier-reap", daemon=True).start()
+        childpipe.close(self._proc)
 
     # --- the pipe ----------------------------------------------------------------------------------
     def _call(self, op: str) -> list[Milestone]:
@@ -171,7 +159,7 @@ class RemoteEngine:
         while self.in_flight and self.in_flight + len(frame) > self.limit:
             self._take(wait_all=False, wait_one=True)
         try:
-            _write_all(self._out, _HEAD.pack(len(frame)) + frame)
+            write_frame(self._out, frame)
         except OSError as exc:
             raise ClassifierError(f"classifier child gone: {exc}") from None
         self._pending.append((op, len(frame), context))
@@ -210,13 +198,8 @@ class RemoteEngine:
     def _read_reply(self, block: bool) -> tuple[bool, bytes] | None:
         """One whole reply frame, or None when none is complete and ``block`` is False."""
         while True:
-            if len(self._buf) >= _HEAD.size:
-                (head,) = _HEAD.unpack_from(self._buf)
-                n = head & ~_FAILED
-                if len(self._buf) >= _HEAD.size + n:
-                    payload = bytes(self._buf[_HEAD.size : _HEAD.size + n])
-                    del self._buf[: _HEAD.size + n]
-                    return bool(head & _FAILED), payload
+            if (frame := take_frame(self._buf)) is not None:
+                return frame
             if block:
                 ready, _, _ = select.select([self._in], [], [], REPLY_TIMEOUT_S)
                 if not ready:
@@ -234,13 +217,7 @@ _spare: subprocess.Popen[bytes] | None = None
 
 
 def _start_child() -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "agent.runs.classifier"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-        close_fds=True,
-    )
+    return childpipe.spawn("agent.runs.classifier")
 
 
 def prestart() -> None:
@@ -248,6 +225,14 @@ def prestart() -> None:
     global _spare
     if _spare is None and classifier_wanted():
         _spare = _start_child()
+
+
+def close_spare() -> None:
+    """End the spare child, if any (the daemon's shutdown)."""
+    global _spare
+    if _spare is not None:
+        childpipe.close(_spare)
+        _spare = None
 
 
 def _take_child() -> subprocess.Popen[bytes]:
@@ -260,21 +245,6 @@ def _take_child() -> subprocess.Popen[bytes]:
     return proc
 
 
-def _reap(proc: subprocess.Popen[bytes]) -> None:
-    """Wait for a child whose input is closed (kill it after ``REAP_S``), then close its output."""
-    try:
-        proc.wait(timeout=REAP_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    with contextlib.suppress(OSError):
-        proc.stdout.close()  # type: ignore[union-attr]
-
-
-def _reply(out: int, payload: bytes, failed: bool = False) -> None:
-    _write_all(out, _HEAD.pack(len(payload) | (_FAILED if failed else 0)) + payload)
-
-
 def main() -> None:
     """The child: build the engine from the init op, then answer ops until stdin closes."""
     from agent.milestones.engine import MilestoneEngine, RuleError, load_rules
@@ -284,10 +254,10 @@ def main() -> None:
     for backend in ("command", "worker-extension", "vllm-native"):  # compiled now: init finds them cached
         load_rules(backend=backend)
     while True:
-        head = _read_exact(inp, _HEAD.size)
-        if len(head) < _HEAD.size:
+        head = read_exact(inp, HEAD.size)
+        if len(head) < HEAD.size:
             return
-        frame = _read_exact(inp, _HEAD.unpack(head)[0])
+        frame = read_exact(inp, HEAD.unpack(head)[0])
         op, body = frame[:1], frame[1:]
         try:
             if op == b"I":
@@ -314,14 +284,14 @@ def main() -> None:
             elif op == b"R":
                 found = engine.release_ready()
             elif op == b"P":
-                _reply(out, marshal.dumps(engine.snapshot()))
+                write_frame(out, marshal.dumps(engine.snapshot()))
                 continue
             else:
                 raise ClassifierError(f"unknown op {op!r}")
             rows = [(m.kind, m.line, m.rank, m.fields, m.text) for m in found]
-            _reply(out, marshal.dumps((engine.open_groups, engine.world_size, rows)))
+            write_frame(out, marshal.dumps((engine.open_groups, engine.world_size, rows)))
         except Exception as exc:
-            _reply(out, f"{type(exc).__name__}: {exc}".encode("utf-8", "replace"), failed=True)
+            write_frame(out, f"{type(exc).__name__}: {exc}".encode("utf-8", "replace"), failed=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,20 @@ from agent.jobs import procfs
 from agent.logs.splitter import LineSplitter
 from agent.milestones.engine import Milestone, MilestoneEngine, load_rules
 from agent.paths import read_json, run_paths
+from agent.runs import classifier
 from agent.runs.classifier import CLASSIFIER_ENV, ClassifierError, RemoteEngine, classifier_wanted
-from agent.runs.journal import scan
-from tests.agent.test_ingest_pipeline import _reference
+from tests.agent.test_ingest_pipeline import _reference, assert_journal_holds
 from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent, terminal_event
 from tests.helpers.vllm_log import make_log, steady_lines
 
 CHUNK = 64 * 1024
+
+
+@pytest.fixture(autouse=True)
+def _no_spare_left() -> Iterator[None]:
+    """Each RemoteEngine made here leaves a spare child for the next one: end it after the test."""
+    yield
+    classifier.close_spare()
 
 
 def _log() -> bytes:
@@ -165,12 +173,7 @@ def test_the_run_goes_on_in_the_daemon_when_its_child_dies(tmp_path: Path) -> No
     finally:
         agent.kill()
         cleanup_runs(state)
-    events = scan(paths.events)
-    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-    keys = ("kind", "line", "rank", "fields", "text")
-    got = [{k: e[k] for k in keys} for e in events if e.get("type") == "milestone" and e["line"] > 0]
-    assert got == _reference(data)
-    assert events[-1]["type"] == "state" and events[-1]["state"] == "completed"
+    assert_journal_holds(paths.events, _reference(data))
     assert "classifying in the daemon from the cursor" in (state / "daemon.stderr").read_text()
 
 

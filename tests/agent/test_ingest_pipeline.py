@@ -114,10 +114,15 @@ def test_sigkill_mid_backlog_loses_and_repeats_no_milestone(tmp_path: Path, clas
     finally:
         agent.kill()
         cleanup_runs(state)
-    events = scan(paths.events)
+    assert len(want) > 1000
+    assert_journal_holds(paths.events, want)
+
+
+def assert_journal_holds(path: Path, want: list[dict[str, Any]]) -> None:
+    """The journal at ``path``: consecutive seqs, the milestones ``want`` once each in order, completed."""
+    events = scan(path)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     keys = ("kind", "line", "rank", "fields", "text")
     got = [{k: e[k] for k in keys} for e in events if e.get("type") == "milestone" and e["line"] > 0]
-    assert len(want) > 1000
     assert got == want
     assert events[-1]["type"] == "state" and events[-1]["state"] == "completed"

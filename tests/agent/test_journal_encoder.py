@@ -318,7 +318,7 @@ def test_closing_a_stage_never_waits_for_its_child() -> None:
     try:
         stage.close()
         assert proc.poll() is None  # close returned while the child was still there, unable to exit
-        assert any(t.name == "encoder-reap" for t in threading.enumerate())
+        assert any(t.name == "child-reap" for t in threading.enumerate())
     finally:
         os.kill(proc.pid, signal.SIGCONT)
     deadline = time.monotonic() + 30

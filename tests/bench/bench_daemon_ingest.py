@@ -9,10 +9,9 @@ seq comes once, in order, and does not slow the daemon down by parsing each mess
 Each side runs ``--repeat`` times, in turns, and the best is kept (other work on a shared machine only slows
 a run).
 Where the time goes: the daemon's own CPU seconds (from /proc) are printed beside the pure loop's, and its
-children's: the classifier child that runs the rules (EAGLEWATCH_AGENT_CLASSIFIER: ``auto``, the default,
-starts it on hosts with 4+ CPUs; with fewer the child shares the daemon's core), the spare child started
-for the next run (its imports and rule compiles), and the journal encoder stage (EAGLEWATCH_AGENT_ENCODER,
-off by default);
+children's: the classifier child that runs the rules (EAGLEWATCH_AGENT_CLASSIFIER, off by default; ``auto``
+starts it on hosts with 4+ CPUs), the spare child started for the next run (its imports and rule
+compiles), and the journal encoder stage (EAGLEWATCH_AGENT_ENCODER, off by default);
 ``--profile FILE`` runs the daemon under cProfile (tests/bench/profile_hook) and prints its top functions.
 Run: .venv/bin/python tests/bench/bench_daemon_ingest.py [--lines 500000] [--repeat 3] [--profile F]
 ``EAGLEWATCH_BENCH_QUICK=1`` makes the default 100000 lines, one run each. Prints BENCH lines for
@@ -54,7 +53,7 @@ _TERMINAL = ("completed", "failed", "stopped", "lost")
 def stage_mode() -> str:
     """Whether the daemon's journals encode a backlog in an encoder stage here, and why."""
     mode = os.environ.get(ENCODER_ENV, "off")
-    rules = os.environ.get(CLASSIFIER_ENV, "auto")
+    rules = os.environ.get(CLASSIFIER_ENV, "off")
     return (
         f"{CLASSIFIER_ENV}={rules}: classifier {'on' if classifier_wanted() else 'off'}, "
         f"{ENCODER_ENV}={mode}: stage {'on' if stage_wanted() else 'off'}"
