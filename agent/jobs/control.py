@@ -81,8 +81,13 @@ def classify(paths: RunPaths) -> JobStatus:
     return JobStatus("lost", job, None)
 
 
-def run_processes(run: str, job: dict[str, Any] | None, exclude: set[int]) -> list[int]:
-    """Live processes of the run: the job's process group and every process of ours carrying its run id."""
+def run_processes(
+    run: str, job: dict[str, Any] | None, exclude: set[int], born_after: int | None = None
+) -> list[int]:
+    """Live processes of the run: the job's process group and every process of ours carrying its run id.
+
+    ``born_after`` (clock ticks since boot, the job's own start time): older processes are passed over
+    without reading their environment, as none of them can descend from the job."""
     entry = f"{RUN_ID_ENV}={run}".encode()
     uid = os.getuid()
     group = job["pid"] if job_alive(job) and job else None
@@ -91,7 +96,7 @@ def run_processes(run: str, job: dict[str, Any] | None, exclude: set[int]) -> li
         if pid in exclude:
             continue
         st = procfs.stat(pid)
-        if st is None or st.state in ("Z", "X"):
+        if st is None or st.state in ("Z", "X") or (born_after is not None and st.start_time < born_after):
             continue
         if (group is not None and st.pgid == group) or (
             procfs.owner(pid) == uid and procfs.environ_has(pid, entry)

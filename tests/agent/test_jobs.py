@@ -202,3 +202,25 @@ def test_supervisor_usage_error() -> None:
         [sys.executable, "-m", "agent.jobs.supervise"], capture_output=True, text=True, check=False
     )
     assert out.returncode == 2 and "usage" in out.stderr
+
+
+def test_processes_older_than_the_job_are_passed_over() -> None:
+    """run_processes(born_after=…): a process carrying the run id but older than the bound is not read (none
+    can descend from the job); one born at or after it is found."""
+    import subprocess
+
+    env = {**os.environ, "EAGLEWATCH_RUN_ID": "r-born-after"}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        deadline = time.monotonic() + 10
+        while not procfs.environ_has(proc.pid, b"EAGLEWATCH_RUN_ID=r-born-after"):  # exec'd by now
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        born = procfs.start_time(proc.pid)
+        assert born is not None
+        assert jobs.run_processes("r-born-after", None, set()) == [proc.pid]
+        assert jobs.run_processes("r-born-after", None, set(), born_after=born) == [proc.pid]
+        assert jobs.run_processes("r-born-after", None, set(), born_after=born + 1) == []
+    finally:
+        proc.kill()
+        proc.wait()
