@@ -38,11 +38,11 @@ from agent.milestones.milestone import Milestone
 from agent.runs import childpipe
 from agent.runs.childpipe import HEAD, read_exact, take_frame, write_frame
 
-#: ``on``, ``off`` (the default) or ``auto``: on with childpipe.MIN_CPUS CPUs or more.  Off by
-#: default: on a 16-core H200 host (tests/bench/bench_daemon_ingest.py, 500,000 lines) the daemon's own CPU
-#: fell from 0.37-0.41 s to 0.33 s, but the run took 0.43-0.52 s against 0.38-0.42 s in the daemon: the
-#: daemon still counts each block's lines (for its line numbers and followers), writes the block into the
-#: pipe and journals every event, so the two processes wait on each other more than they overlap.
+#: ``on``, ``off`` (the default) or ``auto``: on with childpipe.MIN_CPUS CPUs or more.  Off by default: on a
+#: 16-core H200 host (tests/bench/bench_daemon_ingest.py, 500,000 lines) a run caught up in 0.35-0.36 s with
+#: it against 0.37-0.50 s without, and four runs at once gained nothing (1.15-1.23M lines/s in all against
+#: 1.07-1.17M): the daemon still reads, checks and counts every block, writes it into the pipe and
+#: journals every event, about as much CPU per run as the rules themselves.
 CLASSIFIER_ENV = "EAGLEWATCH_AGENT_CLASSIFIER"
 #: How long one op may take in the child before the daemon gives up on it (rules are bounded per line).
 REPLY_TIMEOUT_S = 60.0

@@ -13,7 +13,10 @@ children's: the classifier child that runs the rules (EAGLEWATCH_AGENT_CLASSIFIE
 starts it on hosts with 4+ CPUs), the spare child started for the next run (its imports and rule
 compiles), and the journal encoder stage (EAGLEWATCH_AGENT_ENCODER, off by default);
 ``--profile FILE`` runs the daemon under cProfile (tests/bench/profile_hook) and prints its top functions.
+``--runs N`` also launches N runs of the log at once on one daemon (a sharded extraction on one host) and
+prints their aggregate lines/s against the pure loop on one core.
 Run: .venv/bin/python tests/bench/bench_daemon_ingest.py [--lines 500000] [--repeat 3] [--profile F]
+[--runs N]
 ``EAGLEWATCH_BENCH_QUICK=1`` makes the default 100000 lines, one run each. Prints BENCH lines for
 ``run_all.py``.
 """
@@ -163,6 +166,32 @@ def daemon_run(tmp: Path, big: Path, profile: Path | None) -> DaemonRun:
     return DaemonRun(started - t0, done - started, cpu1 - cpu0, kids1 - kids0, last)
 
 
+def concurrent_run(tmp: Path, big: Path, n: int) -> tuple[float, float, float]:
+    """``n`` runs of ``big`` launched at once on one daemon (a sharded extraction on one host): seconds from
+    the first launch request to the last run's final state at its follower (job starts included), and
+    the daemon's and its children's CPU seconds meanwhile."""
+    state = tmp / f"state{time.monotonic_ns()}"
+    agent = start_agent(state)
+    clients = [AgentClient(agent.socket, timeout=600) for _ in range(n)]
+    try:
+        t0, cpu0, kids0 = time.monotonic(), _cpu_s(agent.pid), _children_cpu_s(agent.pid)
+        for i, c in enumerate(clients):
+            c.result("launch", run=f"big{i}", spec={"backend": "command", "command": ["cat", str(big)]})
+        for i, c in enumerate(clients):
+            c.result("follow", run=f"big{i}", after_seq=0)
+        for i, c in enumerate(clients):
+            seqs = follow_to_end(c, 600)
+            last = c.result("status", run=f"big{i}")["last_seq"]
+            if seqs != list(range(1, last + 1)):
+                raise AssertionError(f"run {i}: the follower saw {len(seqs)} events, not seqs 1..{last}")
+        return time.monotonic() - t0, _cpu_s(agent.pid) - cpu0, _children_cpu_s(agent.pid) - kids0
+    finally:
+        for c in clients:
+            c.close()
+        agent.kill()
+        cleanup_runs(state)
+
+
 def main() -> None:
     """Write a steady-state vLLM log, let a daemon ingest it through a real job, print lines/s."""
     ap = argparse.ArgumentParser()
@@ -170,6 +199,7 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=100_000 if quick else 500_000)
     ap.add_argument("--repeat", type=int, default=1 if quick else 3, help="runs of each side; best kept")
     ap.add_argument("--profile", type=Path, help="cProfile the daemon (one run) into this file")
+    ap.add_argument("--runs", type=int, default=1, help="also time this many runs at once (a sharded job)")
     opts = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ewingest") as tmp_s:
         tmp = Path(tmp_s)
@@ -183,9 +213,12 @@ def main() -> None:
             stats.sort_stats("cumulative").print_stats(40)
         pures: list[tuple[float, float]] = []
         runs: list[DaemonRun] = []
+        many: list[tuple[float, float, float]] = []
         for _ in range(opts.repeat):  # taken in turns: both sides see the same load from other work
             pures.append(pure_rate(data))
             runs.append(daemon_run(tmp, big, None))
+            if opts.runs > 1:
+                many.append(concurrent_run(tmp, big, opts.runs))
     base, base_cpu = max(p[0] for p in pures), min(p[1] for p in pures)
     best = min(runs, key=lambda r: r.ingest_s)
     cpu = min(r.cpu_s for r in runs)
@@ -219,6 +252,17 @@ def main() -> None:
     with_start = round(total_rate / base, 3)
     bench_line("daemon_ingest", "ratio daemon/pure incl. job start", with_start, "x", note=note)
     bench_line("daemon_ingest", "CPU ratio daemon/pure", round(base_cpu / cpu, 3), "x", note=note)
+    if many:
+        wall, d_cpu, k_cpu = min(many)
+        agg = opts.runs * opts.lines / wall
+        print(
+            f"  {opts.runs} runs at once   : {agg:10,.0f} lines/s in all ({wall:.2f} s; daemon CPU"
+            f" {d_cpu:.2f} s, children {k_cpu:.2f} s; {agg / base:.2f}x the pure loop on one core)"
+        )
+        bench_line(
+            "daemon_ingest", f"{opts.runs} runs at once ratio to pure", round(agg / base, 3), "x",
+            note=f"{opts.runs} runs of {opts.lines} lines launched together; {stage_mode()}",
+        )  # fmt: skip
 
 
 if __name__ == "__main__":
