@@ -44,8 +44,9 @@ from agent.runs.childpipe import HEAD, read_exact, take_frame, write_frame
 #: 1.07-1.17M): the daemon still reads, checks and counts every block, writes it into the pipe and
 #: journals every event, about as much CPU per run as the rules themselves.
 CLASSIFIER_ENV = "EAGLEWATCH_AGENT_CLASSIFIER"
-#: How long one op may take in the child before the daemon gives up on it (rules are bounded per line).
-REPLY_TIMEOUT_S = 60.0
+#: How long one op may take in the child before the daemon gives up on it (rules are bounded per line, and
+#: the daemon's loop waits meanwhile).
+REPLY_TIMEOUT_S = 10.0
 _FIRST = struct.Struct("<q")
 OnMilestones = Callable[[list[Milestone]], None]
 OnSnapshot = Callable[[dict[str, Any], dict[str, Any]], None]
