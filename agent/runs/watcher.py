@@ -27,7 +27,8 @@ from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse
 from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, load_rules
 from agent.paths import RunPaths, read_json
 from agent.runs.capture_checks import OutputChecks
-from agent.runs.classifier import ClassifierError, RemoteEngine, classifier_wanted
+from agent.runs.child_rules import ChildRules
+from agent.runs.classifier import ClassifierError, RemoteEngine
 from agent.runs.cursor import CursorKeeper
 from agent.runs.jobspec import JobSpec
 from agent.runs.journal import Journal, scan
@@ -50,7 +51,7 @@ def _milestone_key(ev: dict[str, Any]) -> tuple[Any, ...]:
     return (ev.get("kind"), ev.get("line"), ev.get("rank"), ev.get("text"))
 
 
-class RunWatcher(CursorKeeper, OutputChecks, LogIngest):
+class RunWatcher(ChildRules, CursorKeeper, OutputChecks, LogIngest):
     """Everything the daemon knows about one run, and the task that watches it while it is active."""
 
     def __init__(
@@ -236,52 +237,6 @@ class RunWatcher(CursorKeeper, OutputChecks, LogIngest):
             self.journal.start_stage()
             self._go_remote()
             self.task = asyncio.get_running_loop().create_task(self._run(), name=f"watch-{self.paths.run}")
-
-    def _go_remote(self) -> None:
-        """Move the rules into a classifier child where one is wanted (not for a merged array log, whose
-        lines carry a shard tag each)."""
-        try:
-            wanted = classifier_wanted()
-        except ValueError as exc:
-            log.warning("%s; classifying in the daemon", exc)
-            wanted = False
-        if not wanted or self.merger is not None or self._in_daemon or isinstance(self.engine, RemoteEngine):
-            return
-        self.engine = RemoteEngine(
-            self.spec.rules,
-            self.spec.backend,
-            self.engine.world_size,
-            self.engine.snapshot(),
-            self._journal_milestones,
-            self._snapshot_reached,
-        )
-
-    def _catch_up(self) -> None:
-        """Take in every milestone a classifier child still owes (a no-op for rules in the daemon)."""
-        if isinstance(self.engine, RemoteEngine):
-            self.engine.drain()
-
-    def _close_child(self) -> None:
-        """End the classifier child, if any; an in-daemon engine takes its state (the run's end, a stop)."""
-        engine = self.engine
-        if not isinstance(engine, RemoteEngine):
-            return
-        try:
-            snap: dict[str, Any] | None = engine.snapshot()
-        except ClassifierError:
-            snap = None
-        engine.close()
-        self.engine = MilestoneEngine.restore(self._rules, snap) if snap else MilestoneEngine(self._rules)
-
-    def _child_failed(self) -> None:
-        """The classifier child's state is lost: go back to the cursor with the rules in the daemon, as a
-        restarted daemon would; what the journal already holds past the cursor is recognised and skipped."""
-        if isinstance(self.engine, RemoteEngine):
-            self.engine.close()
-        self._in_daemon = True
-        self._commit()
-        self._skip.clear()
-        self._restore_cursor()
 
     def wake(self) -> None:
         """Something changed in the run dir (inotify)."""

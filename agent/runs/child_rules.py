@@ -1,0 +1,83 @@
+"""The watcher's rules in a classifier child (classifier.py): moving them there, and back into the daemon."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from agent.milestones.engine import Milestone, MilestoneEngine, RuleSet
+from agent.runs.classifier import ClassifierError, OnSnapshot, RemoteEngine, classifier_wanted
+from agent.runs.jobspec import JobSpec
+from agent.sched.logmerge import LogMerger
+
+log = logging.getLogger("eaglewatch.agent")
+
+
+class ChildRules:
+    """Mixed into RunWatcher, first of its bases (its ``_catch_up`` is the one the others declare): which
+    process runs the milestone rules."""
+
+    engine: MilestoneEngine | RemoteEngine
+    spec: JobSpec
+    merger: LogMerger | None
+    _rules: RuleSet
+    _in_daemon: bool  # a classifier child failed: the rules stay in the daemon's process
+    _skip: Counter[tuple[Any, ...]]
+    # CursorKeeper's, later in RunWatcher's bases: declared, not defined, so that it is the one found.
+    _snapshot_reached: OnSnapshot
+
+    def _journal_milestones(self, milestones: list[Milestone]) -> None:
+        raise NotImplementedError
+
+    def _commit(self, sync: bool = True) -> None:
+        raise NotImplementedError
+
+    def _restore_cursor(self) -> None:
+        raise NotImplementedError
+
+    def _go_remote(self) -> None:
+        """Move the rules into a classifier child where one is wanted (not for a merged array log, whose
+        lines carry a shard tag each)."""
+        try:
+            wanted = classifier_wanted()
+        except ValueError as exc:
+            log.warning("%s; classifying in the daemon", exc)
+            wanted = False
+        if not wanted or self.merger is not None or self._in_daemon or isinstance(self.engine, RemoteEngine):
+            return
+        self.engine = RemoteEngine(
+            self.spec.rules,
+            self.spec.backend,
+            self.engine.world_size,
+            self.engine.snapshot(),
+            self._journal_milestones,
+            self._snapshot_reached,
+        )
+
+    def _catch_up(self) -> None:
+        """Take in every milestone a classifier child still owes (a no-op for rules in the daemon)."""
+        if isinstance(self.engine, RemoteEngine):
+            self.engine.drain()
+
+    def _close_child(self) -> None:
+        """End the classifier child, if any; an in-daemon engine takes its state (the run's end, a stop)."""
+        engine = self.engine
+        if not isinstance(engine, RemoteEngine):
+            return
+        try:
+            snap: dict[str, Any] | None = engine.snapshot()
+        except ClassifierError:
+            snap = None
+        engine.close()
+        self.engine = MilestoneEngine.restore(self._rules, snap) if snap else MilestoneEngine(self._rules)
+
+    def _child_failed(self) -> None:
+        """The classifier child's state is lost: go back to the cursor with the rules in the daemon, as a
+        restarted daemon would; what the journal already holds past the cursor is recognised and skipped."""
+        if isinstance(self.engine, RemoteEngine):
+            self.engine.close()
+        self._in_daemon = True
+        self._commit()
+        self._skip.clear()
+        self._restore_cursor()
