@@ -82,6 +82,9 @@ class LogIngest:
                 # round trip: followers send lines and events together, before the fsync and cursor write.
                 self._catch_up()
                 self._commit(sync=False)
+                # Told after the events: a live milestone goes out ahead of its own line, so on the way to the
+                # page it does not queue behind that line's commit, SSE message and render.
+                self.log_changed.notify()
                 break
             # A backlog: its events go to the journal's encoder stage (a child on another core, where
             # EAGLEWATCH_AGENT_ENCODER starts one; else written here at once) while the next chunk is read
@@ -91,6 +94,7 @@ class LogIngest:
             if isinstance(self.engine, RemoteEngine):
                 self.engine.poll()
             self._submit()
+            self.log_changed.notify()
             now = time.monotonic()
             if now - started >= COMMIT_EVERY_S:
                 # A long backlog must not starve the other runs and clients: let them in, and have the
@@ -106,8 +110,8 @@ class LogIngest:
         return got
 
     def _feed_lines(self, lines: list[Line], end: int, block: Block | None = None) -> None:
-        """Split lines, then a raw block's: to the rules, then to the followers (``end``: where splitting
-        goes on)."""
+        """Split lines, then a raw block's: to the rules, then to the line buffer (``end``: where splitting
+        goes on); the caller tells the log followers."""
         texts = [ln.text for ln in lines]
         if self.merger is not None:  # "[shard I] " tags the merged lines: the rules see the job's own text
             for i, text in enumerate(texts):
@@ -124,7 +128,6 @@ class LogIngest:
             self._journal_milestones(self.engine.feed_block(block, self.line + 1))
             self.line += block.lines
             self.lines.append_block(block, end)
-        self.log_changed.notify()
 
     def _log_seam(self, seam: str) -> None:
         """The log was truncated, replaced or renamed away: say so in the timeline, go on where it goes on."""

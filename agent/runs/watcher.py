@@ -241,7 +241,10 @@ class RunWatcher(ChildRules, CursorKeeper, OutputChecks, LogIngest):
     def wake(self) -> None:
         """Something changed in the run dir (inotify)."""
         self.pulse.notify()
-        self.log_changed.notify()
+        if self.task is None or self.task.done():
+            # No watcher reads the log: followers read it themselves.  While one does, its pump tells them
+            # after the new lines' milestones are journaled, so a milestone never waits behind its own line.
+            self.log_changed.notify()
 
     async def _run(self) -> None:
         self._last_scan = self._last_live = 0.0

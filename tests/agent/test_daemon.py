@@ -160,6 +160,28 @@ def test_followers_get_backlog_then_live_in_order(agent_daemon: AgentProc, tmp_p
     assert sum(1 for e in rest_a + first if e.get("kind") == "progress") == 40
 
 
+def test_live_milestone_goes_out_before_its_line(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    """A line read live is journaled first and sent to followers after its milestone: on the way to the
+    page the milestone must not queue behind its own line's commit and render."""
+    lines = [marker("progress", samples_done=i, samples_total=6) for i in range(6)]
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="first", spec=_cmd(printer(tmp_path, lines, delay=0.2)))
+        c.result("follow", run="first", after_seq=0, log_offset=0)
+        msgs = c.wait_for(terminal_event)
+        if not any(m.get("type") == "log" and m["lines"][-1][1] == lines[-1] for m in msgs):
+            msgs += c.wait_for(lambda m: m.get("type") == "log" and m["lines"][-1][1] == lines[-1], 10)
+    for i, text in enumerate(lines):
+        event_at = next(
+            n for n, m in enumerate(msgs)
+            if m.get("type") == "event" and m["event"].get("kind") == "progress"
+            and m["event"]["fields"]["samples_done"] == i
+        )  # fmt: skip
+        line_at = next(
+            n for n, m in enumerate(msgs) if m.get("type") == "log" and text in dict(m["lines"]).values()
+        )
+        assert event_at < line_at, f"progress {i}: its line went out before its milestone"
+
+
 def test_unfollow_and_refollow_from_a_seq(agent_daemon: AgentProc, tmp_path: Path) -> None:
     with AgentClient(agent_daemon.socket) as c:
         c.result("launch", run="uf", spec=_cmd(printer(tmp_path, ["a", "b"])))
