@@ -16,6 +16,9 @@ OpenSSH sshd, Chromium), with a wall-clock stamp taken at each hop of one progre
     browser   the page's EventSource dispatches it (page clock, performance.timeOrigin + now())
     dom       the milestone's <li> is inserted (MutationObserver)
 
+Milestones come ``--gap-ms`` (100) apart, as in bench_ui_latency.py; ``--gap-ms 0`` runs them back to back.
+``--trace FILE`` records a Chromium performance trace (the renderer's tasks: layout, paint, frame callbacks)
+and the slowest milestones are broken down hop by hop.
 Then (through SSH) the link hop alone: ``version`` round trips over a direct-streamlocal channel to the
 daemon's socket and over the ``eaglewatch-agent connect`` bridge, alternating.
 
@@ -142,8 +145,11 @@ with open(out, "a") as fh, httpx.Client(base_url=url, timeout=None) as c, c.stre
 """
 
 
-def measure(c: httpx.Client, browser: Any, url: str, agent: AgentHost, tmp: Path, n: int, ssh: str) -> None:
-    """Bump the counter n times, each after the last milestone reached the DOM; stamps fill ``stamps``."""
+def measure(
+    c: httpx.Client, browser: Any, url: str, agent: AgentHost, tmp: Path, n: int, ssh: str, gap_s: float
+) -> None:
+    """Bump the counter n times, each ``gap_s`` after the last milestone reached the DOM; stamps fill
+    ``stamps``."""
     fifo = tmp / "wake-hops"
     os.mkfifo(fifo)
     run_id = start_run(
@@ -167,6 +173,7 @@ def measure(c: httpx.Client, browser: Any, url: str, agent: AgentHost, tmp: Path
             stamps[i]["bump"] = time.time() * 1000
             os.write(wake, b"\n")
             page.wait_for_function(f"window.__seen.length >= {i}", timeout=30000, polling=5)
+            time.sleep(gap_s)
     finally:
         os.close(wake)
     seen: list[float] = page.evaluate("window.__seen")
@@ -202,6 +209,12 @@ def report(n: int) -> None:
         mean = sum(d) / len(d)  # means add up along the path, quantiles do not
         print(f"{a:>8s} -> {b:<8s} p50 {p50:7.2f}  mean {mean:7.2f}  p99 {p99:7.2f}  max {max(d):7.2f} ms")
         bench_line("ui_hops", f"{a}->{b} p99", round(p99, 2), "ms", note=f"p50 {p50:.2f}")
+    # The tail, hop by hop: where the slowest milestones lost their time.
+    slow = sorted(rows, key=lambda r: r["dom"] - r["line"])[-5:]
+    print("slowest line -> dom, ms per hop: " + " ".join(f"{b}" for b in HOPS[2:]))
+    for r in reversed(slow):
+        steps = " ".join(f"{r[b] - r[a]:.1f}" for a, b in itertools.pairwise(HOPS[1:]))
+        print(f"  {r['dom'] - r['line']:6.1f}: {steps}")
 
 
 def link_round_trips(settings: Any, state_dir: Path, alias: str, n: int) -> None:
@@ -239,6 +252,8 @@ def main() -> int:
     ap.add_argument("--milestones", type=int, default=200)
     ap.add_argument("--local", action="store_true", help="the agent over local pipes instead of SSH")
     ap.add_argument("--round-trips", type=int, default=500, help="version requests per link path")
+    ap.add_argument("--gap-ms", type=float, default=100.0, help="pause after each milestone reached the DOM")
+    ap.add_argument("--trace", type=Path, help="write a Chromium performance trace of the run to this file")
     args = ap.parse_args()
     if os.environ.get("EAGLEWATCH_BENCH_QUICK") == "1":
         args.milestones = 50
@@ -262,7 +277,11 @@ def main() -> int:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 host = "local" if sshd is None else sshd.alias
-                measure(c, browser, srv.url, agent, tmp, args.milestones, host)
+                if args.trace is not None:  # the renderer's tasks: what holds an event's dispatch up
+                    browser.start_tracing(categories=["devtools.timeline", "toplevel", "blink", "loading"])
+                measure(c, browser, srv.url, agent, tmp, args.milestones, host, args.gap_ms / 1000)
+                if args.trace is not None:
+                    args.trace.write_bytes(browser.stop_tracing())
             finally:
                 browser.close()
         if sshd is not None:
