@@ -293,6 +293,15 @@ def event_frames(run: str, raw_events: list[bytes]) -> bytes:
     return b"".join(head + raw + b"}\n" for raw in raw_events)
 
 
+def event_block_frames(run: str, lines: bytes) -> bytes:
+    """``event_frames`` for journal lines given as they lie in the file (each ending in a newline, none
+    holding one: strict JSON escapes it), framed with no Python step per line."""
+    if not lines:
+        return b""
+    head = b'{"type":"event","run":' + json.dumps(run, ensure_ascii=False).encode("utf-8") + b',"event":'
+    return head + lines[:-1].replace(b"\n", b"}\n" + head) + b"}\n"
+
+
 def log_lines(run: str, lines: list[tuple[int, str]], next_offset: int) -> dict[str, Any]:
     """A streamed batch of log lines ``(byte offset, text)`` of a followed run."""
     return {"type": "log", "run": run, "lines": [[o, t] for o, t in lines], "next_offset": next_offset}

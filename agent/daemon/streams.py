@@ -31,12 +31,22 @@ async def stream_events(send_bytes: SendBytes, watcher: RunWatcher, after_seq: i
 
     The journal's lines are strict JSON already: each goes out framed as it is (``protocol.event_frames``),
     found by its seq without being decoded, and all that one read found in a few writes, not one a line.
+    A follower that has caught up takes the new lines from the journal's memory (``Journal.recent``), not
+    from the file, framed all at once.
     """
     pos = after_seq
     offset = 0
     run = watcher.paths.run
     while True:
         generation = watcher.events_changed.generation
+        recent = watcher.journal.recent.after(pos, offset)
+        if recent is not None:
+            lines, offset = recent
+            if lines:
+                pos = watcher.journal.last_seq
+                await send_bytes(protocol.event_block_frames(run, lines))
+            await watcher.events_changed.wait_past(generation, RECHECK_S)
+            continue
         found, offset = read_raw(watcher.paths.events, offset)
         batch: list[bytes] = []
         size = 0

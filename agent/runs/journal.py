@@ -17,6 +17,7 @@ from typing import Any
 
 from agent.runs.encoder import EncoderStage, StageError, stage_wanted
 from agent.runs.jsonline import dump_line, encode_lines
+from agent.runs.recent import RecentLines
 
 log = logging.getLogger("eaglewatch.agent")
 _TAIL_CHUNK = 1 << 16
@@ -48,6 +49,7 @@ class Journal:
         self._fd_lock = threading.Lock()  # sync() may run in a worker thread: close() waits for it
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self.last_seq = self._numbered = self._recover()
+        self.recent = RecentLines(os.fstat(self._fd).st_size)  # what live followers read, not the file
 
     def _recover(self) -> int:
         """Cut an unterminated last line (a write torn by a crash) and return the last complete seq."""
@@ -125,12 +127,19 @@ class Journal:
         if self._fd < 0:  # closed while the run sat idle in a terminal state
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        except BaseException:
+            self.recent = RecentLines(os.fstat(self._fd).st_size)  # a part may be in: followers read the file
+            raise
         self._unsynced = self._unsynced or bool(full)
         if full:
             self.last_seq = full[-1]["seq"]
+            self.recent.add(full[0]["seq"], data)
+        else:
+            self.recent.end += len(data)
 
     # --- the encoder stage: a backlog's events are encoded in a child process (encoder.py) -----------
     def submit(self, events: list[dict[str, Any]]) -> None:

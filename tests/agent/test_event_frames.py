@@ -35,6 +35,9 @@ def test_raw_frames_are_the_encoded_events_byte_for_byte(tmp_path: Path) -> None
     expected = b"".join(protocol.encode(protocol.event("r-1", ev)) for ev in scan(path))
     assert protocol.event_frames("r-1", [raw for _, raw in found]) == expected
     assert protocol.decode_messages(expected)[1]["event"]["problems"] == [{"mean": None}]
+    # the same frames from the lines as they lie in the file, all at once
+    assert protocol.event_block_frames("r-1", path.read_bytes()) == expected
+    assert protocol.event_block_frames("r-1", b"") == b""
 
 
 def test_lines_written_otherwise_are_decoded_once_and_bad_ones_skipped(tmp_path: Path) -> None:
