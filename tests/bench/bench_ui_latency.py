@@ -23,11 +23,13 @@ figure, printed and reported apart (``ssh line_to_dom_p99 back-to-back``), with 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,19 +145,15 @@ def latency(
 
 
 def ssh_latency(
-    c: httpx.Client,
-    browser: Any,
-    url: str,
-    agent: AgentHost,
-    tmp: Path,
-    n: int,
+    measure: Callable[..., tuple[list[float], list[float]]],
     alias: str,
     gap_s: float,
     where: str,
     local: list[float],
 ) -> None:
-    """The latency through the SSH link, paced and back to back; ``local``: the local pipes' figures."""
-    ssh_lat, ssh_woke = latency(c, browser, url, agent, tmp, n, ssh=alias, gap_s=gap_s)
+    """The latency through the SSH link, paced and back to back (``measure``: ``latency`` for one set-up);
+    ``local``: the local pipes' figures."""
+    ssh_lat, ssh_woke = measure(ssh=alias, gap_s=gap_s)
     p50, p99 = pct(ssh_lat, 0.5), pct(ssh_lat, 0.99)
     print(
         f"through the SSH link: p50 {p50:.1f} ms, p99 {p99:.1f} ms,"
@@ -170,7 +168,7 @@ def ssh_latency(
         )  # fmt: skip
     if gap_s <= 0:
         return
-    stress, _ = latency(c, browser, url, agent, tmp, n, ssh=alias, gap_s=0)
+    stress, _ = measure(ssh=alias, gap_s=0)
     p50, p99 = pct(stress, 0.5), pct(stress, 0.99)
     print(f"through the SSH link, back to back: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max(stress):.1f} ms")
     bench_line(
@@ -297,9 +295,8 @@ def main() -> int:
                 bench_line("ui_latency", "line_to_dom_p50", round(pct(lat, 0.5), 1), "ms")
                 bench_line("ui_latency", "line_to_dom_p99", round(pct(lat, 0.99), 1), "ms", goal="<= 150")
                 if sshd is not None:
-                    ssh_latency(
-                        c, browser, srv.url, agent, tmp, args.milestones, sshd.alias, gap_s, where, lat
-                    )
+                    measure = functools.partial(latency, c, browser, srv.url, agent, tmp, args.milestones)
+                    ssh_latency(measure, sshd.alias, gap_s, where, lat)
                 if not args.no_heavy:
                     heavy_page(c, browser, srv.url, agent, tmp, args.lines, args.heavy_milestones)
             finally:
