@@ -36,6 +36,8 @@ class RecentLines:
         them; ``(b"", offset)`` when nothing was; None when this does not hold them from there."""
         if offset == self.end:
             return b"", offset
+        if not self._writes or self._writes[0][0] > seq + 1:  # older than what is kept: no walk through it
+            return None
         taken: list[bytes] = []
         for first, start, data in reversed(self._writes):  # a live follower wants the last write or two
             taken.append(data)
