@@ -194,6 +194,26 @@ def test_lines_up_to_the_cap_stay_a_block() -> None:
         assert block is not None and list(map(len, block.shapes)) == [size, 1, size]
 
 
+def test_a_counted_block_near_the_cap_serves_the_lines_a_shaped_one_does() -> None:
+    """``shapes=False`` (the classifier child folds digits itself): a block is only counted while every
+    line is surely under the cap; a line near it is measured as on the shaped path, one over it is no
+    block; the line buffer serves the counted block's lines as the shaped block's, offsets and all."""
+    for size in (1, 31, 32, 33, 63, 64):
+        data = b"a1" * (size // 2) + b"a" * (size % 2) + b"\nb\n" + b"c" * size + b"\n"
+        counted, shaped = clean_block(data, 100, 64, shapes=False), clean_block(data, 100, 64)
+        assert counted is not None and shaped is not None and counted.lines == shaped.lines == 3
+        assert (not counted.shapes) == (size < 32)  # longer lines fail the window test: measured, shaped
+        served = []
+        for block in (counted, shaped):
+            buf = LineBuffer()
+            buf.reset(100)
+            buf.append_block(block, block.end)
+            served.append((buf.read(100, 10, 1 << 20), buf.read_text(100, 1 << 20)))
+        assert served[0] == served[1] and served[0][0] is not None
+        assert [t for _, t in served[0][0][0]] == data.decode().split("\n")[:3]
+    assert clean_block(b"ok\n" + b"z" * 65 + b"\n", 0, 64, shapes=False) is None  # over the cap
+
+
 @pytest.mark.parametrize(
     ("data", "why"),
     [
