@@ -285,11 +285,16 @@ def event(run: str, journal_event: dict[str, Any]) -> dict[str, Any]:
     return {"type": "event", "run": run, "event": journal_event}
 
 
+def _event_head(run: str) -> bytes:
+    """What every ``event`` message of ``run`` starts with, up to its event object."""
+    return b'{"type":"event","run":' + json.dumps(run, ensure_ascii=False).encode("utf-8") + b',"event":'
+
+
 def event_frames(run: str, raw_events: list[bytes]) -> bytes:
     """The encoded ``event`` messages for journal lines ``raw_events`` (strict JSON, as the journal holds
     them): framed as they are, byte for byte what ``encode(event(run, json.loads(raw)))`` gives for a
     journal line, without decoding or encoding any of them."""
-    head = b'{"type":"event","run":' + json.dumps(run, ensure_ascii=False).encode("utf-8") + b',"event":'
+    head = _event_head(run)
     return b"".join(head + raw + b"}\n" for raw in raw_events)
 
 
@@ -298,7 +303,7 @@ def event_block_frames(run: str, lines: bytes) -> bytes:
     holding one: strict JSON escapes it), framed with no Python step per line."""
     if not lines:
         return b""
-    head = b'{"type":"event","run":' + json.dumps(run, ensure_ascii=False).encode("utf-8") + b',"event":'
+    head = _event_head(run)
     return head + lines[:-1].replace(b"\n", b"}\n" + head) + b"}\n"
 
 

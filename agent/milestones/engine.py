@@ -49,8 +49,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from agent.logs.block import Block, BlockLines
+from agent.logs.block import Block
 from agent.milestones import tracebacks
+from agent.milestones.found import Found, RawLines, find
 from agent.milestones.groups import RankGroups
 from agent.milestones.logline import (
     Gate,
@@ -164,31 +165,39 @@ class MilestoneEngine:
         if not self._prefilter.usable:
             return [m for i, text in enumerate(texts) for m in self.feed(text, first + i)]
         keys = self._prefilter.keys(texts)
-        return self._feed_hits(texts, keys, self._prefilter.hits_of(keys), first)
+        hits = self._prefilter.hits_of(keys)
+        hit_texts = texts if len(hits) == len(texts) else [texts[h] for h in hits]
+        return self._feed_hits(texts, hits, [keys[h] for h in hits], hit_texts, first)
 
     def feed_block(self, block: Block, first: int) -> list[Milestone]:
         """``feed_many`` for a Block of raw lines: only the lines that may match are ever decoded."""
         if not self._prefilter.usable:
             return self.feed_many(block.texts(), first)
-        shapes = block.shapes
-        lines = BlockLines(block)
-        hits = self._prefilter.hits_of(shapes)
-        return self._feed_hits(lines, shapes, hits, first, lines.texts_at(hits))
+        found = find(self._prefilter, block.data, block.shapes)
+        return self.feed_found(block.data, found, first)
+
+    def feed_found(self, data: bytes, found: Found, first: int) -> list[Milestone]:
+        """``feed_block`` of raw lines ``data`` whose likely lines were found apart (found.py ``find``, with
+        a prefilter of these rules: a classifier child finds them while the daemon reads on)."""
+        return self._feed_hits(RawLines(data, found.count), found.hits, found.keys, found.texts, first)
+
+    @property
+    def prefilter(self) -> Prefilter:
+        """Which lines of a batch may match these rules (usable only where ``prefilter.usable``)."""
+        return self._prefilter
 
     def _feed_hits(
         self,
         texts: Sequence[str],
-        keys: Sequence[bytes],
         hits: list[int],
+        hit_keys: Sequence[bytes],
+        hit_texts: Sequence[str],
         first: int,
-        hit_texts: Sequence[str] | None = None,
     ) -> list[Milestone]:
-        """Feed the lines ``hits`` of ``texts`` (shapes ``keys``; ``hit_texts``: their texts, when at hand),
-        and every line while a traceback is open."""
+        """Feed the lines ``hits`` of ``texts`` (their shapes ``hit_keys``, their texts ``hit_texts``), and
+        every line while a traceback is open."""
         out: list[Milestone] = []
         feed, feed_shaped, traces, n, i = self.feed, self._feed_shaped, self._traces, len(texts), 0
-        if hit_texts is None:
-            hit_texts = texts if len(hits) == n else [texts[h] for h in hits]
         j, n_hits = 0, len(hits)
         while i < n:
             if traces:  # an open traceback sees every line (its process's frames and exception)
@@ -200,7 +209,7 @@ class MilestoneEngine:
             if j >= n_hits:
                 break
             h = hits[j]
-            out += feed_shaped(hit_texts[j], keys[h], first + h)
+            out += feed_shaped(hit_texts[j], hit_keys[j], first + h)
             j += 1
             i = h + 1
         if i < n and (self._groups or self._held):

@@ -44,15 +44,13 @@ class ChildRules:
         except ValueError as exc:
             log.warning("%s; classifying in the daemon", exc)
             wanted = False
-        if not wanted or self.merger is not None or self._in_daemon or isinstance(self.engine, RemoteEngine):
+        engine = self.engine
+        if not wanted or self.merger is not None or self._in_daemon or isinstance(engine, RemoteEngine):
+            return
+        if not engine.prefilter.usable:  # every line goes to the rules: nothing for a child to find
             return
         self.engine = RemoteEngine(
-            self.spec.rules,
-            self.spec.backend,
-            self.engine.world_size,
-            self.engine.snapshot(),
-            self._journal_milestones,
-            self._snapshot_reached,
+            engine, self.spec.rules, self.spec.backend, self._journal_milestones, self._snapshot_reached
         )
 
     def _catch_up(self) -> None:
@@ -61,16 +59,17 @@ class ChildRules:
             self.engine.drain()
 
     def _close_child(self) -> None:
-        """End the classifier child, if any; an in-daemon engine takes its state (the run's end, a stop)."""
+        """End the classifier child, if any, once the engine has taken every block sent (the run's end, a
+        stop); if the child fails meanwhile, the engine starts afresh, as it would have from a lost child."""
         engine = self.engine
         if not isinstance(engine, RemoteEngine):
             return
         try:
-            snap: dict[str, Any] | None = engine.snapshot()
+            engine.drain()
+            self.engine = engine.engine
         except ClassifierError:
-            snap = None
+            self.engine = MilestoneEngine(self._rules)
         engine.close()
-        self.engine = MilestoneEngine.restore(self._rules, snap) if snap else MilestoneEngine(self._rules)
 
     def _child_failed(self) -> None:
         """The classifier child's state is lost: go back to the cursor with the rules in the daemon, as a

@@ -69,16 +69,21 @@ def read_exact(fd: int, n: int) -> bytes:
     return b"".join(parts)
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data`` to ``fd`` (blocking)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def write_all(fd: int, *parts: bytes) -> None:
+    """Write ``parts`` to ``fd`` one after another (blocking), from where they lie (one writev, no join)."""
+    views = [memoryview(p) for p in parts if p]
+    while views:
+        n = os.writev(fd, views)
+        while views and n >= len(views[0]):
+            n -= len(views.pop(0))
+        if n:
+            views[0] = views[0][n:]
 
 
-def write_frame(fd: int, payload: bytes, failed: bool = False) -> None:
-    """One frame: its length (top bit set when ``failed``), then ``payload``."""
-    write_all(fd, HEAD.pack(len(payload) | (FAILED if failed else 0)) + payload)
+def write_frame(fd: int, payload: bytes, failed: bool = False, *, op: bytes = b"") -> None:
+    """One frame: its length (top bit set when ``failed``), then ``op`` and ``payload`` (a block of log
+    lines goes out as it lies: not copied into a frame)."""
+    write_all(fd, HEAD.pack((len(op) + len(payload)) | (FAILED if failed else 0)) + op, payload)
 
 
 def take_frame(buf: bytearray) -> tuple[bool, bytes] | None:

@@ -1,23 +1,26 @@
-"""The watcher's classifier child: the milestone engine in a process of its own, fed as the daemon reads on.
+"""The watcher's classifier child: finds which lines of each block may match, while the daemon reads on.
 
 In one process the daemon's ingest is the pure splitter + rules loop plus everything done per event
-(numbering, journal lines, the stream to followers), and can never reach the pure loop's speed.  With
-this child the rules run on another core: the daemon reads and splits a chunk, sends the raw block of
-complete lines (no object per line) and goes on to the next while the child classifies it; milestones
-come back in order and are journaled as they arrive.
+(numbering, journal lines, the stream to followers), and can never reach the pure loop's speed.  The
+rules' work has two halves (milestones/found.py): finding the lines that may match (fold every line's
+digits, look its shape up in the prefilter: per line, stateless) and feeding those few lines to the
+engine (plans, rank groups, tracebacks: state).  The child does the first half on another core: the
+daemon reads and checks a chunk, sends the raw block of complete lines (no object per line) and goes on
+to the next; the hits come back in order and the daemon's own engine (``RemoteEngine.engine``) takes
+them.  The halves cost about the same (tests/bench/bench_daemon_ingest.py), so neither process waits for
+the other; when the child ran the whole engine it did all the rules' work and the daemon waited on it.
 
-Ordering and the cursor: replies come back in the order the ops went out, so milestones are journaled in
-log order.  Where the watcher needs the engine's answer now (caught up with the log, a flush, a cursor)
-it drains every outstanding reply first.  During a backlog a cursor is asked for without draining: a
-snapshot op travels in line with the blocks, and the state the daemon kept when it sent it (log offset,
-line number, log generations) is completed with the journal's seq once the milestones before it are
-journaled (``on_snapshot``).
+Ordering and the cursor: replies come back in the order the blocks went out, and what the daemon does
+with the engine between them (split lines, an in-line snapshot) waits in the same queue, so milestones
+are journaled in log order.  Where the watcher needs the engine's answer now (caught up with the log, a
+flush, a cursor) it drains the queue first.  During a backlog a cursor is asked for without draining: a
+snapshot waits in line behind the blocks sent before it, and the state the daemon kept when it asked (log
+offset, line number, log generations) is completed with the journal's seq once the milestones before it
+are journaled (``on_snapshot``).
 
 Frames both ways as childpipe.py writes them (a reply flagged failed when the op failed).  An op is one
-byte, then its payload: ``I`` init (marshal: extra rules, backend, world size, snapshot), ``B`` a block
-(8-byte first line number, then its raw lines), ``M`` lines (marshal: texts, first line number), ``F``
-flush, ``R`` release_ready, ``P`` snapshot.  A reply is marshal of (open groups, world size, milestones as
-tuples) or, for ``P``, of the snapshot.  The child exits when its input closes: it never outlives the
+byte, then its payload: ``I`` init (marshal: extra rules, backend), ``B`` a block (its raw lines).  A
+reply is marshal of ``Found.to_tuple()``.  The child exits when its input closes: it never outlives the
 daemon.
 """
 
@@ -26,14 +29,16 @@ from __future__ import annotations
 import marshal
 import os
 import select
-import struct
 import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from agent.logs.block import DIGIT_FOLD, Block
+from agent.logs.block import Block
+from agent.milestones.engine import MilestoneEngine
+from agent.milestones.found import Found, find
 from agent.milestones.milestone import Milestone
 from agent.runs import childpipe
 from agent.runs.childpipe import HEAD, read_exact, take_frame, write_frame
@@ -47,9 +52,19 @@ CLASSIFIER_ENV = "EAGLEWATCH_AGENT_CLASSIFIER"
 #: How long one op may take in the child before the daemon gives up on it (rules are bounded per line, and
 #: the daemon's loop waits meanwhile).
 REPLY_TIMEOUT_S = 10.0
-_FIRST = struct.Struct("<q")
 OnMilestones = Callable[[list[Milestone]], None]
 OnSnapshot = Callable[[dict[str, Any], dict[str, Any]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """A block sent to the child (``call`` None: its raw lines, first line number, frame size), or a call
+    the engine takes in its turn."""
+
+    data: bytes
+    first: int
+    size: int
+    call: Callable[[], list[Milestone]] | None
 
 
 def classifier_wanted() -> bool:
@@ -63,35 +78,38 @@ class ClassifierError(Exception):
 
 
 class RemoteEngine:
-    """The daemon's end of one classifier child, in place of a MilestoneEngine (the calls the watcher makes).
+    """The daemon's engine with a classifier child finding its blocks' likely lines (the calls the watcher
+    makes on a MilestoneEngine).
 
-    ``feed_many``/``feed_block`` return at once; the milestones of earlier ops that have come back go to
-    ``on_milestones`` meanwhile.  ``drain``, ``flush``, ``release_ready`` and ``snapshot`` wait for every
-    reply still out; ``open_groups`` and ``world_size`` are as of the last reply."""
+    ``feed_many``/``feed_block`` return at once; the milestones of earlier calls whose turn has come go to
+    ``on_milestones`` meanwhile.  ``drain``, ``flush``, ``release_ready`` and ``snapshot`` first take every
+    call still queued; ``open_groups`` and ``world_size`` are the engine's as of the calls taken."""
 
     def __init__(
         self,
+        engine: MilestoneEngine,
         extra_rules: Any,
         backend: str,
-        world_size: int | None,
-        snapshot: dict[str, Any] | None,
         on_milestones: OnMilestones,
         on_snapshot: OnSnapshot,
     ) -> None:
+        if not engine.prefilter.usable:
+            raise ClassifierError("rules not prefiltered by line shape: nothing for a child to find")
+        self.engine = engine
         self._proc = _take_child()
         self._out, self._in, size = childpipe.pipe_ends(self._proc)
         # Never more unanswered input than the pipe holds: a write then never blocks, so the daemon cannot
         # wait on the child while the child waits for the daemon to read a large reply.
         self.limit = size // 2
         self.in_flight = 0
-        self._pending: deque[tuple[str, int, dict[str, Any] | None]] = deque()  # op, bytes, snapshot context
+        # In log order: a block sent (its bytes, first line, size of its frame) or a call the engine takes
+        # in its turn (no frame).
+        self._queue: deque[_Queued] = deque()
         self._buf = bytearray()
         self._on_milestones = on_milestones
         self._on_snapshot = on_snapshot
-        self.open_groups = 0
-        self.world_size = world_size
         self.snapshot_pending = False
-        self._send("I", marshal.dumps((extra_rules, backend, world_size, snapshot)))
+        self._write(marshal.dumps((extra_rules, backend)), b"I")
 
     @property
     def pid(self) -> int:
@@ -100,48 +118,74 @@ class RemoteEngine:
 
     @property
     def outstanding(self) -> int:
-        """Ops sent whose replies have not been taken in."""
-        return len(self._pending)
+        """Calls queued and not yet taken by the engine."""
+        return len(self._queue)
+
+    @property
+    def open_groups(self) -> int:
+        """The engine's rank groups still waiting for more ranks."""
+        return self.engine.open_groups
+
+    @property
+    def world_size(self) -> int | None:
+        """The engine's TP world size, where known."""
+        return self.engine.world_size
 
     # --- the engine's calls --------------------------------------------------------------------------
     def feed_block(self, block: Block, first: int) -> list[Milestone]:
-        """Send a block's lines (numbered from ``first``); milestones come through ``on_milestones``."""
-        self._send("B", _FIRST.pack(first) + block.data)
+        """Send a block's lines (numbered from ``first``) to the child; milestones come through
+        ``on_milestones`` once its hits are back and their turn has come."""
+        size = 1 + len(block.data)
+        while self.in_flight and self.in_flight + size > self.limit:
+            self._take(wait_all=False, wait_one=True)
+        self._write(block.data, b"B")
+        self._queue.append(_Queued(block.data, first, size, None))
+        self.in_flight += size
         return []
 
     def feed_many(self, texts: Sequence[str], first: int) -> list[Milestone]:
-        """Send split lines (numbered from ``first``); milestones come through ``on_milestones``."""
-        if texts:
-            self._send("M", marshal.dumps((list(texts), first)))
+        """Split lines (numbered from ``first``): fed in their turn; milestones through ``on_milestones``."""
+        if not texts:
+            return []
+        if not self._queue:
+            return self.engine.feed_many(texts, first)
+        texts = list(texts)
+        self._queue.append(_Queued(b"", first, 0, lambda: self.engine.feed_many(texts, first)))
         return []
 
     def flush(self) -> list[Milestone]:
         """Everything before goes to ``on_milestones``; return what closing every group releases."""
-        return self._call("F")
+        self.drain()
+        return self.engine.flush()
 
     def release_ready(self) -> list[Milestone]:
         """Everything before goes to ``on_milestones``; return what the engine releases now."""
-        return self._call("R")
+        self.drain()
+        return self.engine.release_ready()
 
     def snapshot(self) -> dict[str, Any]:
-        """The engine's snapshot, once every op before it is answered."""
-        self._send("P", b"")
-        snap: dict[str, Any] = {}
-        self._take(wait_all=True, sink=snap)
-        return snap
+        """The engine's snapshot, once every call before it is taken."""
+        self.drain()
+        return self.engine.snapshot()
 
     def request_snapshot(self, context: dict[str, Any]) -> None:
         """Ask for a snapshot in line with the blocks sent: ``on_snapshot(context, snapshot)`` follows the
-        milestones of every op sent before it."""
+        milestones of every call before it."""
         self.snapshot_pending = True
-        self._send("P", b"", context)
+
+        def reached() -> list[Milestone]:
+            self.snapshot_pending = False
+            self._on_snapshot(context, self.engine.snapshot())
+            return []
+
+        self._queue.append(_Queued(b"", 0, 0, reached))
 
     def drain(self) -> None:
-        """Wait for every reply still out (their milestones go to ``on_milestones``)."""
+        """Take every queued call (their milestones go to ``on_milestones``), waiting for the child's hits."""
         self._take(wait_all=True)
 
     def poll(self) -> None:
-        """Take in the replies that are there; never waits."""
+        """Take the queued calls whose hits are there; never waits."""
         self._take(wait_all=False)
 
     def close(self) -> None:
@@ -149,51 +193,32 @@ class RemoteEngine:
         childpipe.close(self._proc)
 
     # --- the pipe ----------------------------------------------------------------------------------
-    def _call(self, op: str) -> list[Milestone]:
-        self._send(op, b"")
-        out: list[Milestone] = []
-        self._take(wait_all=True, sink=out)
-        return out
-
-    def _send(self, op: str, payload: bytes, context: dict[str, Any] | None = None) -> None:
-        frame = op.encode() + payload
-        while self.in_flight and self.in_flight + len(frame) > self.limit:
-            self._take(wait_all=False, wait_one=True)
+    def _write(self, payload: bytes, op: bytes) -> None:
         try:
-            write_frame(self._out, frame)
+            write_frame(self._out, payload, op=op)
         except OSError as exc:
             raise ClassifierError(f"classifier child gone: {exc}") from None
-        self._pending.append((op, len(frame), context))
-        self.in_flight += len(frame)
 
-    def _take(self, *, wait_all: bool, wait_one: bool = False, sink: Any = None) -> None:
-        """Read replies and dispatch them in order.  A reply to the last op goes into ``sink`` (a list for
-        flush/release, a dict for snapshot) where one is given."""
-        while self._pending:
-            got = self._read_reply(block=wait_all or wait_one)
-            if got is None:
-                return
-            wait_one = False
-            op, size, context = self._pending.popleft()
-            self.in_flight -= size
-            failed, payload = got
-            if failed:
-                text = payload.decode("utf-8", "replace")
-                raise ClassifierError(f"classifier child failed op {op}: {text}")
-            reply = marshal.loads(payload)
-            last = not self._pending
-            if op == "P":
-                if context is not None:  # asked for in line with the blocks
-                    self.snapshot_pending = False
-                    self._on_snapshot(context, reply)
-                elif isinstance(sink, dict):
-                    sink.update(reply)
-                continue
-            self.open_groups, self.world_size, rows = reply
-            found = [Milestone(*row) for row in rows]
-            if last and isinstance(sink, list) and op in ("F", "R"):
-                sink.extend(found)
-            elif found:
+    def _take(self, *, wait_all: bool, wait_one: bool = False) -> None:
+        """Take queued calls in order: a block once its reply is read (waiting for one where asked)."""
+        while self._queue:
+            item = self._queue[0]
+            if item.call is not None:
+                self._queue.popleft()
+                found = item.call()
+            else:
+                got = self._read_reply(block=wait_all or wait_one)
+                if got is None:
+                    return
+                wait_one = False
+                self._queue.popleft()
+                self.in_flight -= item.size
+                failed, payload = got
+                if failed:
+                    text = payload.decode("utf-8", "replace")
+                    raise ClassifierError(f"classifier child failed a block: {text}")
+                found = self.engine.feed_found(item.data, Found(*marshal.loads(payload)), item.first)
+            if found:
                 self._on_milestones(found)
 
     def _read_reply(self, block: bool) -> tuple[bool, bytes] | None:
@@ -247,50 +272,36 @@ def _take_child() -> subprocess.Popen[bytes]:
 
 
 def main() -> None:
-    """The child: build the engine from the init op, then answer ops until stdin closes."""
-    from agent.milestones.engine import MilestoneEngine, RuleError, load_rules
+    """The child: build the prefilter from the init op, then find each block's likely lines until stdin
+    closes."""
+    from agent.milestones.engine import RuleError, load_rules
+    from agent.milestones.logline import Prefilter
 
     out, inp = sys.stdout.fileno(), sys.stdin.fileno()
-    engine: MilestoneEngine | None = None
+    prefilter: Prefilter | None = None
     for backend in ("command", "worker-extension", "vllm-native"):  # compiled now: init finds them cached
         load_rules(backend=backend)
     while True:
         head = read_exact(inp, HEAD.size)
         if len(head) < HEAD.size:
             return
-        frame = read_exact(inp, HEAD.unpack(head)[0])
-        op, body = frame[:1], frame[1:]
+        size = HEAD.unpack(head)[0]
+        op = read_exact(inp, 1) if size else b""
+        body = read_exact(inp, size - 1) if size > 1 else b""  # a block is not copied out of a frame
         try:
             if op == b"I":
-                extra, backend, world, snap = marshal.loads(body)
+                extra, backend = marshal.loads(body)
                 try:
                     rules = load_rules(extra=extra, backend=backend)
                 except (RuleError, TypeError):  # as the watcher does: a spec edited on disk gets built-ins
                     rules = load_rules(backend=backend)
-                engine = MilestoneEngine.restore(rules, snap) if snap else MilestoneEngine(rules, world)
-                found: list[Milestone] = []
-            elif engine is None:
-                raise ClassifierError("an op came before init")
-            elif op == b"B":
-                (first,) = _FIRST.unpack_from(body)
-                data = body[_FIRST.size :]
-                shapes = data.translate(DIGIT_FOLD).split(b"\n")
-                shapes.pop()
-                found = engine.feed_block(Block(0, data, shapes), first)
-            elif op == b"M":
-                texts, first = marshal.loads(body)
-                found = engine.feed_many(texts, first)
-            elif op == b"F":
-                found = engine.flush()
-            elif op == b"R":
-                found = engine.release_ready()
-            elif op == b"P":
-                write_frame(out, marshal.dumps(engine.snapshot()))
+                prefilter = MilestoneEngine(rules).prefilter
                 continue
-            else:
+            if prefilter is None:
+                raise ClassifierError("an op came before init")
+            if op != b"B":
                 raise ClassifierError(f"unknown op {op!r}")
-            rows = [(m.kind, m.line, m.rank, m.fields, m.text) for m in found]
-            write_frame(out, marshal.dumps((engine.open_groups, engine.world_size, rows)))
+            write_frame(out, marshal.dumps(find(prefilter, body).to_tuple()))
         except Exception as exc:
             write_frame(out, f"{type(exc).__name__}: {exc}".encode("utf-8", "replace"), failed=True)
 

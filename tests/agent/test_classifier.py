@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agent.jobs import procfs
+from agent.logs.block import Block
 from agent.logs.splitter import LineSplitter
 from agent.milestones.engine import Milestone, MilestoneEngine, load_rules
 from agent.paths import read_json, run_paths
@@ -41,10 +42,9 @@ def _log() -> bytes:
 
 def _remote(events: list[tuple[str, Any]]) -> RemoteEngine:
     return RemoteEngine(
+        MilestoneEngine(load_rules(backend="command")),
         [],
         "command",
-        None,
-        None,
         lambda ms: events.extend(("ms", m.to_dict()) for m in ms),
         lambda ctx, snap: events.append(("snap", ctx["n"])),
     )
@@ -110,14 +110,26 @@ def test_a_snapshot_asked_in_line_follows_the_milestones_before_it() -> None:
 
 
 def test_a_dead_child_raises_classifier_error() -> None:
-    """A child killed under the daemon: the next wait names the exit instead of hanging."""
+    """A child killed under the daemon: the wait for a block's hits names the exit instead of hanging, and
+    a block sent to a child already gone says so at once."""
+    block = Block(0, b"INFO ready\n" * 10, [], 10)
     events: list[tuple[str, Any]] = []
     remote = _remote(events)
     try:
         remote.drain()
+        os.kill(remote.pid, signal.SIGSTOP)  # it must not answer the block before it dies
+        remote.feed_block(block, 1)
         os.kill(remote.pid, signal.SIGKILL)
         with pytest.raises(ClassifierError, match="exited"):
             remote.flush()
+    finally:
+        remote.close()
+    remote = _remote(events)
+    try:
+        os.kill(remote.pid, signal.SIGKILL)
+        remote._proc.wait()
+        with pytest.raises(ClassifierError, match="gone"):
+            remote.feed_block(block, 1)
     finally:
         remote.close()
 
