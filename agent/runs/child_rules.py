@@ -1,4 +1,4 @@
-"""The watcher's rules in a classifier child (classifier.py): moving them there, and back into the daemon."""
+"""The watcher's rules split with a classifier child (classifier.py): moving half of them there, and back."""
 
 from __future__ import annotations
 
@@ -72,8 +72,9 @@ class ChildRules:
         engine.close()
 
     def _child_failed(self) -> None:
-        """The classifier child's state is lost: go back to the cursor with the rules in the daemon, as a
-        restarted daemon would; what the journal already holds past the cursor is recognised and skipped."""
+        """The blocks the classifier child had not answered are lost with it: go back to the cursor with the
+        rules in the daemon, as a restarted daemon would; what the journal already holds past the cursor is
+        recognised and skipped."""
         if isinstance(self.engine, RemoteEngine):
             self.engine.close()
         self._in_daemon = True

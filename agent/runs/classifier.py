@@ -7,8 +7,8 @@ digits, look its shape up in the prefilter: per line, stateless) and feeding tho
 engine (plans, rank groups, tracebacks: state).  The child does the first half on another core: the
 daemon reads and checks a chunk, sends the raw block of complete lines (no object per line) and goes on
 to the next; the hits come back in order and the daemon's own engine (``RemoteEngine.engine``) takes
-them.  The halves cost about the same (tests/bench/bench_rules_halves.py), so neither process waits for
-the other; when the child ran the whole engine it did all the rules' work and the daemon waited on it.
+them.  The halves cost about the same (tests/bench/bench_rules_halves.py).  The engine's state never
+leaves the daemon; the child holds none.
 
 Ordering and the cursor: replies come back in the order the blocks went out, and what the daemon does
 with the engine between them (split lines, an in-line snapshot) waits in the same queue, so milestones
@@ -44,10 +44,10 @@ from agent.runs import childpipe
 from agent.runs.childpipe import HEAD, read_exact, take_frame, write_frame
 
 #: ``on``, ``off`` (the default) or ``auto``: on with childpipe.MIN_CPUS CPUs or more.  Off by default: on a
-#: 16-core H200 host (tests/bench/bench_daemon_ingest.py, 500,000 lines) a run caught up in 0.35 s with it
-#: against 0.37 s without, and four runs at once gained nothing (1.17M lines/s in all against 1.15M): the
-#: daemon still reads, checks and counts every block, writes it into the pipe, feeds the hits to its engine
-#: and journals every event, for every run it watches.
+#: 16-core H200 host (tests/bench/bench_daemon_ingest.py, 500,000 lines) a run caught up in 0.26-0.39 s with
+#: it against 0.37-0.48 s without, and four runs at once gained nothing (1.17M lines/s in all against
+#: 1.15M): the daemon still reads, checks and counts every block, writes it into the pipe, feeds the hits
+#: to its engine and journals every event, for every run it watches.
 CLASSIFIER_ENV = "EAGLEWATCH_AGENT_CLASSIFIER"
 #: How long one op may take in the child before the daemon gives up on it (rules are bounded per line, and
 #: the daemon's loop waits meanwhile).

@@ -1,6 +1,6 @@
-"""The classifier child (agent/runs/classifier.py): the rules in a process of their own give the daemon's
-milestones in the daemon's order; a child that dies hands the run back to the daemon with nothing lost
-or twice; no child outlives its daemon."""
+"""The classifier child (agent/runs/classifier.py): likely lines found in a process of their own give the
+daemon's milestones in the daemon's order; a child that dies hands the run back to the daemon with nothing
+lost or twice; no child outlives its daemon."""
 
 from __future__ import annotations
 
