@@ -1,16 +1,16 @@
-"""The watcher's classifier child: finds which lines of each block may match, while the daemon reads on.
+"""The watcher's classifier children: find which lines of each block may match, while the daemon reads on.
 
 In one process the daemon's ingest is the pure splitter + rules loop plus everything done per event
 (numbering, journal lines, the stream to followers), and can never reach the pure loop's speed.  The
 rules' work has two halves (milestones/found.py): finding the lines that may match (fold every line's
 digits, look its shape up in the prefilter: per line, stateless) and feeding those few lines to the
-engine (plans, rank groups, tracebacks: state).  The child does the first half on another core: the
-daemon reads and checks a chunk, sends the raw block of complete lines (no object per line) and goes on
-to the next; the hits come back in order and the daemon's own engine (``RemoteEngine.engine``) takes
-them.  The halves cost about the same (tests/bench/bench_rules_halves.py).  The engine's state never
-leaves the daemon; the child holds none.
+engine (plans, rank groups, tracebacks: state).  Children (``FINDERS``) do the first half on other cores,
+blocks going round them in turn: the daemon reads and checks a chunk, sends the raw block of complete
+lines (no object per line) and goes on to the next; the hits come back and the daemon's own engine
+(``RemoteEngine.engine``) takes them in log order.  The engine's state never leaves the daemon; a child
+holds none (tests/bench/bench_rules_halves.py times the two halves).
 
-Ordering and the cursor: replies come back in the order the blocks went out, and what the daemon does
+Ordering and the cursor: replies are taken in the order the blocks went out, and what the daemon does
 with the engine between them (split lines, an in-line snapshot) waits in the same queue, so milestones
 are journaled in log order.  Where the watcher needs the engine's answer now (caught up with the log, a
 flush, a cursor) it drains the queue first.  During a backlog a cursor is asked for without draining: a
@@ -44,27 +44,32 @@ from agent.runs import childpipe
 from agent.runs.childpipe import HEAD, read_exact, take_frame, write_frame
 
 #: ``on``, ``off`` (the default) or ``auto``: on with childpipe.MIN_CPUS CPUs or more.  Off by default: on a
-#: 16-core H200 host (tests/bench/bench_daemon_ingest.py, 500,000 lines) a run caught up in 0.26-0.39 s with
-#: it against 0.37-0.48 s without, and four runs at once gained nothing (1.17M lines/s in all against
-#: 1.15M): the daemon still reads, checks and counts every block, writes it into the pipe, feeds the hits
-#: to its engine and journals every event, for every run it watches.
+#: 16-core H200 host (tests/bench/bench_daemon_ingest.py, 500,000 lines) a run caught up in 0.25-0.29 s with
+#: it against 0.36-0.48 s without, but four runs at once gained nothing (1.17M lines/s in all against 1.20M):
+#: one daemon reads, checks and counts every block, feeds the hits to its engine and journals every event,
+#: for every run it watches; and each run then holds two more processes.
 CLASSIFIER_ENV = "EAGLEWATCH_AGENT_CLASSIFIER"
 #: How long one op may take in the child before the daemon gives up on it (rules are bounded per line, and
 #: the daemon's loop waits meanwhile).
 REPLY_TIMEOUT_S = 10.0
+#: Children per run, blocks going round them in turn: finding a block's likely lines costs about 0.8 of the
+#: pure rules loop (tests/bench/bench_rules_halves.py), so one child would set the pace; two leave it to the
+#: daemon's half.
+FINDERS = 2
 OnMilestones = Callable[[list[Milestone]], None]
 OnSnapshot = Callable[[dict[str, Any], dict[str, Any]], None]
 
 
 @dataclass(frozen=True, slots=True)
 class _Queued:
-    """A block sent to the child (``call`` None: its raw lines, first line number, frame size), or a call
-    the engine takes in its turn."""
+    """A block sent to a child (``call`` None: its raw lines, first line number, frame size, which child),
+    or a call the engine takes in its turn."""
 
     data: bytes
     first: int
     size: int
     call: Callable[[], list[Milestone]] | None
+    kid: int
 
 
 def classifier_wanted() -> bool:
@@ -96,25 +101,27 @@ class RemoteEngine:
         if not engine.prefilter.usable:
             raise ClassifierError("rules not prefiltered by line shape: nothing for a child to find")
         self.engine = engine
-        self._proc = _take_child()
-        self._out, self._in, size = childpipe.pipe_ends(self._proc)
-        # Never more unanswered input than the pipe holds: a write then never blocks, so the daemon cannot
-        # wait on the child while the child waits for the daemon to read a large reply.
-        self.limit = size // 2
-        self.in_flight = 0
-        # In log order: a block sent (its bytes, first line, size of its frame) or a call the engine takes
-        # in its turn (no frame).
+        self._kids = [_Kid(proc) for proc in _take_children(FINDERS)]
+        self._turn = 0  # the child the next block goes to: blocks go round them in turn
+        # In log order: a block sent (its bytes, first line, size of its frame, the child it went to) or a
+        # call the engine takes in its turn (no frame).
         self._queue: deque[_Queued] = deque()
-        self._buf = bytearray()
         self._on_milestones = on_milestones
         self._on_snapshot = on_snapshot
         self.snapshot_pending = False
-        self._write(marshal.dumps((extra_rules, backend)), b"I")
+        init = marshal.dumps((extra_rules, backend))
+        for kid in self._kids:
+            kid.write(init, b"I")
 
     @property
-    def pid(self) -> int:
-        """The child's pid."""
-        return self._proc.pid
+    def pids(self) -> list[int]:
+        """The children's pids, in the order blocks go round them."""
+        return [kid.proc.pid for kid in self._kids]
+
+    @property
+    def in_flight(self) -> int:
+        """Bytes sent to the children and not answered yet."""
+        return sum(kid.in_flight for kid in self._kids)
 
     @property
     def outstanding(self) -> int:
@@ -136,11 +143,13 @@ class RemoteEngine:
         """Send a block's lines (numbered from ``first``) to the child; milestones come through
         ``on_milestones`` once its hits are back and their turn has come."""
         size = 1 + len(block.data)
-        while self.in_flight and self.in_flight + size > self.limit:
+        turn, kid = self._turn, self._kids[self._turn]
+        self._turn = (turn + 1) % len(self._kids)
+        while kid.in_flight and kid.in_flight + size > kid.limit:
             self._take(wait_all=False, wait_one=True)
-        self._write(block.data, b"B")
-        self._queue.append(_Queued(block.data, first, size, None))
-        self.in_flight += size
+        kid.write(block.data, b"B")
+        self._queue.append(_Queued(block.data, first, size, None, turn))
+        kid.in_flight += size
         return []
 
     def feed_many(self, texts: Sequence[str], first: int) -> list[Milestone]:
@@ -150,7 +159,7 @@ class RemoteEngine:
         if not self._queue:
             return self.engine.feed_many(texts, first)
         texts = list(texts)
-        self._queue.append(_Queued(b"", first, 0, lambda: self.engine.feed_many(texts, first)))
+        self._queue.append(_Queued(b"", first, 0, lambda: self.engine.feed_many(texts, first), 0))
         return []
 
     def flush(self) -> list[Milestone]:
@@ -178,7 +187,7 @@ class RemoteEngine:
             self._on_snapshot(context, self.engine.snapshot())
             return []
 
-        self._queue.append(_Queued(b"", 0, 0, reached))
+        self._queue.append(_Queued(b"", 0, 0, reached, 0))
 
     def drain(self) -> None:
         """Take every queued call (their milestones go to ``on_milestones``), waiting for the child's hits."""
@@ -189,15 +198,12 @@ class RemoteEngine:
         self._take(wait_all=False)
 
     def close(self) -> None:
-        """End the child (it exits when its input closes); never waits for it on the caller's thread."""
-        childpipe.close(self._proc)
+        """End the children (each exits when its input closes); never waits for them on the caller's
+        thread."""
+        for kid in self._kids:
+            childpipe.close(kid.proc)
 
-    # --- the pipe ----------------------------------------------------------------------------------
-    def _write(self, payload: bytes, op: bytes) -> None:
-        try:
-            write_frame(self._out, payload, op=op)
-        except OSError as exc:
-            raise ClassifierError(f"classifier child gone: {exc}") from None
+    # --- the pipes ---------------------------------------------------------------------------------
 
     def _take(self, *, wait_all: bool, wait_one: bool = False) -> None:
         """Take queued calls in order: a block once its reply is read (waiting for one where asked)."""
@@ -207,12 +213,13 @@ class RemoteEngine:
                 self._queue.popleft()
                 found = item.call()
             else:
-                got = self._read_reply(block=wait_all or wait_one)
+                kid = self._kids[item.kid]
+                got = kid.read_reply(block=wait_all or wait_one)
                 if got is None:
                     return
                 wait_one = False
                 self._queue.popleft()
-                self.in_flight -= item.size
+                kid.in_flight -= item.size
                 failed, payload = got
                 if failed:
                     text = payload.decode("utf-8", "replace")
@@ -221,25 +228,45 @@ class RemoteEngine:
             if found:
                 self._on_milestones(found)
 
-    def _read_reply(self, block: bool) -> tuple[bool, bytes] | None:
+
+class _Kid:
+    """The daemon's end of one classifier child: its pipes, replies read so far, input not answered yet."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.out, self.inp, size = childpipe.pipe_ends(proc)
+        # Never more unanswered input than the pipe holds: a write then never blocks, so the daemon cannot
+        # wait on the child while the child waits for the daemon to read a large reply.
+        self.limit = size // 2
+        self.in_flight = 0
+        self.buf = bytearray()
+
+    def write(self, payload: bytes, op: bytes) -> None:
+        """One frame to the child."""
+        try:
+            write_frame(self.out, payload, op=op)
+        except OSError as exc:
+            raise ClassifierError(f"classifier child gone: {exc}") from None
+
+    def read_reply(self, block: bool) -> tuple[bool, bytes] | None:
         """One whole reply frame, or None when none is complete and ``block`` is False."""
         while True:
-            if (frame := take_frame(self._buf)) is not None:
+            if (frame := take_frame(self.buf)) is not None:
                 return frame
             if block:
-                ready, _, _ = select.select([self._in], [], [], REPLY_TIMEOUT_S)
+                ready, _, _ = select.select([self.inp], [], [], REPLY_TIMEOUT_S)
                 if not ready:
                     raise ClassifierError(f"classifier child did not answer within {REPLY_TIMEOUT_S:.0f} s")
             try:
-                chunk = os.read(self._in, 1 << 20)
+                chunk = os.read(self.inp, 1 << 20)
             except BlockingIOError:
                 return None
             if not chunk:
-                raise ClassifierError(f"classifier child exited (code {self._proc.poll()})")
-            self._buf += chunk
+                raise ClassifierError(f"classifier child exited (code {self.proc.poll()})")
+            self.buf += chunk
 
 
-_spare: subprocess.Popen[bytes] | None = None
+_spares: list[subprocess.Popen[bytes]] = []
 
 
 def _start_child() -> subprocess.Popen[bytes]:
@@ -247,28 +274,28 @@ def _start_child() -> subprocess.Popen[bytes]:
 
 
 def prestart() -> None:
-    """Start a spare child now (its imports and rules compile while nothing waits on it), where wanted."""
-    global _spare
-    if _spare is None and classifier_wanted():
-        _spare = _start_child()
+    """Start spare children now (their imports and rules compile while nothing waits on them), where
+    wanted."""
+    if classifier_wanted():
+        _spares.extend(_start_child() for _ in range(FINDERS - len(_spares)))
 
 
 def close_spare() -> None:
-    """End the spare child, if any (the daemon's shutdown)."""
-    global _spare
-    if _spare is not None:
-        childpipe.close(_spare)
-        _spare = None
+    """End the spare children, if any (the daemon's shutdown)."""
+    while _spares:
+        childpipe.close(_spares.pop())
 
 
-def _take_child() -> subprocess.Popen[bytes]:
-    """The spare child (a new one when there is none or it died), and a new spare for the next run."""
-    global _spare
-    proc, _spare = _spare, None
-    if proc is None or proc.poll() is not None:
-        proc = _start_child()
-    _spare = _start_child()
-    return proc
+def _take_children(n: int) -> list[subprocess.Popen[bytes]]:
+    """``n`` children: the spares that are alive, new ones for the rest; and as many new spares for the
+    next run."""
+    taken = [proc for proc in _spares[:n] if proc.poll() is None]
+    for proc in _spares[n:] + [p for p in _spares[:n] if p not in taken]:
+        childpipe.close(proc)
+    _spares.clear()
+    taken += [_start_child() for _ in range(n - len(taken))]
+    _spares.extend(_start_child() for _ in range(n))
+    return taken
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from agent.jobs import procfs
 from agent.logs.block import Block
 from agent.logs.splitter import LineSplitter
 from agent.milestones.engine import Milestone, MilestoneEngine, load_rules
+from agent.milestones.found import find
 from agent.paths import read_json, run_paths
 from agent.runs import classifier
 from agent.runs.classifier import CLASSIFIER_ENV, ClassifierError, RemoteEngine, classifier_wanted
@@ -117,21 +118,60 @@ def test_a_dead_child_raises_classifier_error() -> None:
     remote = _remote(events)
     try:
         remote.drain()
-        os.kill(remote.pid, signal.SIGSTOP)  # it must not answer the block before it dies
+        os.kill(remote.pids[0], signal.SIGSTOP)  # it must not answer the block before it dies
         remote.feed_block(block, 1)
-        os.kill(remote.pid, signal.SIGKILL)
+        os.kill(remote.pids[0], signal.SIGKILL)
         with pytest.raises(ClassifierError, match="exited"):
             remote.flush()
     finally:
         remote.close()
     remote = _remote(events)
     try:
-        os.kill(remote.pid, signal.SIGKILL)
-        remote._proc.wait()
+        os.kill(remote.pids[0], signal.SIGKILL)
+        while (st := procfs.stat(remote.pids[0])) is not None and st.state != "Z":
+            time.sleep(0.01)  # dead (its pipe's end closed with it), not reaped
         with pytest.raises(ClassifierError, match="gone"):
             remote.feed_block(block, 1)
     finally:
         remote.close()
+
+
+def test_blocks_go_round_the_children_and_are_taken_in_order() -> None:
+    """Blocks go to the children in turn; while the second child is stopped, the first child's answer to the
+    third block waits behind the second block's, and everything comes in log order once it goes on."""
+    assert classifier.FINDERS == 2
+    data = ("\n".join(steady_lines(3_000, tp=4, seed=2)) + "\n").encode()
+    cuts = [0, *(data.index(b"\n", len(data) * k // 3) + 1 for k in (1, 2)), len(data)]
+    blocks = [
+        Block(cuts[k], data[cuts[k] : cuts[k + 1]], [], data[cuts[k] : cuts[k + 1]].count(b"\n"))
+        for k in range(3)
+    ]
+    ref = MilestoneEngine(load_rules(backend="command"))
+    want, n = [], 0
+    for b in blocks:
+        want += [m.to_dict() for m in ref.feed_found(b.data, find(ref.prefilter, b.data), n + 1)]
+        n += b.lines
+    events: list[tuple[str, Any]] = []
+    remote = _remote(events)
+    try:
+        os.kill(remote.pids[1], signal.SIGSTOP)
+        n = 0
+        for b in blocks:
+            remote.feed_block(b, n + 1)
+            n += b.lines
+        deadline = time.monotonic() + 10
+        while remote.outstanding > 2 and time.monotonic() < deadline:
+            remote.poll()
+            time.sleep(0.01)
+        time.sleep(0.2)  # the third block's answer is back by now; it must still wait its turn
+        remote.poll()
+        assert remote.outstanding == 2 and events  # the first block's milestones only
+        first = len(events)
+        os.kill(remote.pids[1], signal.SIGCONT)
+        remote.drain()
+    finally:
+        remote.close()
+    assert [m for _, m in events] == want and 0 < first < len(want)
 
 
 def test_the_mode_is_on_off_or_auto(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,7 +216,7 @@ def test_the_run_goes_on_in_the_daemon_when_its_child_dies(tmp_path: Path) -> No
                     break
                 time.sleep(0.005)
             children = _classifier_children(agent.pid)
-            assert len(children) == 2  # the run's and the spare
+            assert len(children) == 2 * classifier.FINDERS  # the run's and the spares
             for pid in children:
                 os.kill(pid, signal.SIGKILL)
             assert 0 < read_json(paths.cursor)["offset"] < len(data), "not killed mid-backlog"
@@ -198,9 +238,10 @@ def test_no_child_outlives_its_daemon(tmp_path: Path) -> None:
         with AgentClient(agent.socket, timeout=60) as c:
             c.result("launch", run="r", spec={"backend": "command", "command": ["sleep", "60"]})
             deadline = time.monotonic() + 10
-            while len(children := _classifier_children(agent.pid)) < 2 and time.monotonic() < deadline:
+            want = 2 * classifier.FINDERS  # the run's and the spares
+            while len(children := _classifier_children(agent.pid)) < want and time.monotonic() < deadline:
                 time.sleep(0.05)
-        assert len(children) == 2
+        assert len(children) == want
         os.kill(agent.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         alive = children

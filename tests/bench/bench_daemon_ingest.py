@@ -10,9 +10,9 @@ seq comes once, in order, and does not slow the daemon down by parsing each mess
 Each side runs ``--repeat`` times, in turns, and the best is kept (other work on a shared machine only slows
 a run).
 Where the time goes: the daemon's own CPU seconds (from /proc) are printed beside the pure loop's, and its
-children's: the classifier child that runs the rules (EAGLEWATCH_AGENT_CLASSIFIER, off by default; ``auto``
-starts it on hosts with 4+ CPUs), the spare child started for the next run (its imports and rule
-compiles), and the journal encoder stage (EAGLEWATCH_AGENT_ENCODER, off by default);
+children's: the classifier children that find the lines the rules may match (EAGLEWATCH_AGENT_CLASSIFIER,
+off by default; ``auto`` starts them on hosts with 4+ CPUs), the spares started for the next run (their
+imports and rule compiles), and the journal encoder stage (EAGLEWATCH_AGENT_ENCODER, off by default);
 ``--profile FILE`` runs the daemon under cProfile (tests/bench/profile_hook) and prints its top functions.
 ``--runs N`` also launches N runs of the log at once on one daemon (a sharded extraction on one host) and
 prints their aggregate lines/s against the pure loop on one core.
