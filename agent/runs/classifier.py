@@ -79,11 +79,11 @@ def classifier_wanted() -> bool:
 
 
 class ClassifierError(Exception):
-    """The classifier child failed an op, died or stopped answering; the text says which and why."""
+    """A classifier child failed an op, died or stopped answering; the text says which and why."""
 
 
 class RemoteEngine:
-    """The daemon's engine with a classifier child finding its blocks' likely lines (the calls the watcher
+    """The daemon's engine with classifier children finding its blocks' likely lines (the calls the watcher
     makes on a MilestoneEngine).
 
     ``feed_many``/``feed_block`` return at once; the milestones of earlier calls whose turn has come go to
@@ -119,11 +119,6 @@ class RemoteEngine:
         return [kid.proc.pid for kid in self._kids]
 
     @property
-    def in_flight(self) -> int:
-        """Bytes sent to the children and not answered yet."""
-        return sum(kid.in_flight for kid in self._kids)
-
-    @property
     def outstanding(self) -> int:
         """Calls queued and not yet taken by the engine."""
         return len(self._queue)
@@ -140,7 +135,7 @@ class RemoteEngine:
 
     # --- the engine's calls --------------------------------------------------------------------------
     def feed_block(self, block: Block, first: int) -> list[Milestone]:
-        """Send a block's lines (numbered from ``first``) to the child; milestones come through
+        """Send a block's lines (numbered from ``first``) to the next child in turn; milestones come through
         ``on_milestones`` once its hits are back and their turn has come."""
         size = 1 + len(block.data)
         turn, kid = self._turn, self._kids[self._turn]
@@ -190,7 +185,7 @@ class RemoteEngine:
         self._queue.append(_Queued(b"", 0, 0, reached, 0))
 
     def drain(self) -> None:
-        """Take every queued call (their milestones go to ``on_milestones``), waiting for the child's hits."""
+        """Take every queued call (milestones go to ``on_milestones``), waiting for the children's hits."""
         self._take(wait_all=True)
 
     def poll(self) -> None:
@@ -203,8 +198,7 @@ class RemoteEngine:
         for kid in self._kids:
             childpipe.close(kid.proc)
 
-    # --- the pipes ---------------------------------------------------------------------------------
-
+    # --- the children's replies ----------------------------------------------------------------------
     def _take(self, *, wait_all: bool, wait_one: bool = False) -> None:
         """Take queued calls in order: a block once its reply is read (waiting for one where asked)."""
         while self._queue:
