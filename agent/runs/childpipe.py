@@ -23,10 +23,10 @@ REAP_S = 2.0  # how long a closed child may take to exit before it is killed
 MIN_CPUS = 4
 
 
-def wanted(env: str) -> bool:
-    """Whether the helper child that ``env`` switches is wanted: ``on``, ``off`` (unset) or ``auto`` (on with
-    MIN_CPUS or more); ValueError naming ``env`` for anything else."""
-    mode = os.environ.get(env, "off")
+def wanted(env: str, default: str = "off") -> bool:
+    """Whether the helper child that ``env`` switches is wanted: ``on``, ``off`` or ``auto`` (on with
+    MIN_CPUS or more), ``default`` where unset; ValueError naming ``env`` for anything else."""
+    mode = os.environ.get(env, default)
     if mode not in ("on", "off", "auto"):
         raise ValueError(f"{env} must be on, off or auto, not {mode!r}")
     return mode == "on" or (mode == "auto" and len(os.sched_getaffinity(0)) >= MIN_CPUS)

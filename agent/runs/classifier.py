@@ -37,17 +37,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.logs.block import Block
-from agent.milestones.engine import MilestoneEngine
+from agent.milestones.engine import MilestoneEngine, RuleError, load_rules
 from agent.milestones.found import Found, find
+from agent.milestones.logline import Prefilter
 from agent.milestones.milestone import Milestone
 from agent.runs import childpipe
 from agent.runs.childpipe import HEAD, read_exact, take_frame, write_frame
 
-#: ``on``, ``off`` (the default) or ``auto``: on with childpipe.MIN_CPUS CPUs or more.  Off by default: on a
-#: 16-core H200 host (tests/bench/bench_daemon_ingest.py, 500,000 lines) a run caught up in 0.25-0.29 s with
-#: it against 0.36-0.48 s without, but four runs at once gained nothing (1.17M lines/s in all against 1.20M):
-#: one daemon reads, checks and counts every block, feeds the hits to its engine and journals every event,
-#: for every run it watches; and each run then holds two more processes.
+#: ``on``, ``off`` or ``auto`` (the default: on with childpipe.MIN_CPUS CPUs or more, as any GPU host has).
+#: On a 16-core H200 host (tests/bench/bench_daemon_ingest.py, 500,000 lines) a run caught up in 0.25-0.29 s
+#: with it against 0.36-0.48 s without: the daemon's ingest at 0.85-1.03 of its pure core, not 0.69-0.80.
+#: Several runs at once gain nothing (four: 1.17M lines/s in all against 1.20M; one daemon reads, checks
+#: and counts every block, feeds the hits to its engine and journals every event, for every run it
+#: watches), and each run holds two more processes, idle but for its backlogs.
 CLASSIFIER_ENV = "EAGLEWATCH_AGENT_CLASSIFIER"
 #: How long one op may take in the child before the daemon gives up on it (rules are bounded per line, and
 #: the daemon's loop waits meanwhile).
@@ -56,26 +58,32 @@ REPLY_TIMEOUT_S = 10.0
 #: pure rules loop (tests/bench/bench_rules_halves.py), so one child would set the pace; two leave it to the
 #: daemon's half.
 FINDERS = 2
+_OP_NAMES = {b"I": "init", b"B": "block"}
 OnMilestones = Callable[[list[Milestone]], None]
 OnSnapshot = Callable[[dict[str, Any], dict[str, Any]], None]
 
 
 @dataclass(frozen=True, slots=True)
-class _Queued:
-    """A block sent to a child (``call`` None: its raw lines, first line number, frame size, which child),
-    or a call the engine takes in its turn."""
+class _Sent:
+    """A block sent to a child: its raw lines, its first line's number, its frame's size, which child."""
 
     data: bytes
     first: int
     size: int
-    call: Callable[[], list[Milestone]] | None
     kid: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A call the engine takes in its turn, between the blocks sent before and after it."""
+
+    call: Callable[[], list[Milestone]]
 
 
 def classifier_wanted() -> bool:
     """Whether watchers run their rules in a classifier child (``EAGLEWATCH_AGENT_CLASSIFIER``; ValueError
     when it is set to something else than on, off or auto)."""
-    return childpipe.wanted(CLASSIFIER_ENV)
+    return childpipe.wanted(CLASSIFIER_ENV, default="auto")
 
 
 class ClassifierError(Exception):
@@ -105,7 +113,7 @@ class RemoteEngine:
         self._turn = 0  # the child the next block goes to: blocks go round them in turn
         # In log order: a block sent (its bytes, first line, size of its frame, the child it went to) or a
         # call the engine takes in its turn (no frame).
-        self._queue: deque[_Queued] = deque()
+        self._queue: deque[_Sent | _Call] = deque()
         self._on_milestones = on_milestones
         self._on_snapshot = on_snapshot
         self.snapshot_pending = False
@@ -143,7 +151,7 @@ class RemoteEngine:
         while kid.in_flight and kid.in_flight + size > kid.limit:
             self._take(wait_all=False, wait_one=True)
         kid.write(block.data, b"B")
-        self._queue.append(_Queued(block.data, first, size, None, turn))
+        self._queue.append(_Sent(block.data, first, size, turn))
         kid.in_flight += size
         return []
 
@@ -154,7 +162,7 @@ class RemoteEngine:
         if not self._queue:
             return self.engine.feed_many(texts, first)
         texts = list(texts)
-        self._queue.append(_Queued(b"", first, 0, lambda: self.engine.feed_many(texts, first), 0))
+        self._queue.append(_Call(lambda: self.engine.feed_many(texts, first)))
         return []
 
     def flush(self) -> list[Milestone]:
@@ -182,7 +190,7 @@ class RemoteEngine:
             self._on_snapshot(context, self.engine.snapshot())
             return []
 
-        self._queue.append(_Queued(b"", 0, 0, reached, 0))
+        self._queue.append(_Call(reached))
 
     def drain(self) -> None:
         """Take every queued call (milestones go to ``on_milestones``), waiting for the children's hits."""
@@ -203,7 +211,7 @@ class RemoteEngine:
         """Take queued calls in order: a block once its reply is read (waiting for one where asked)."""
         while self._queue:
             item = self._queue[0]
-            if item.call is not None:
+            if isinstance(item, _Call):
                 self._queue.popleft()
                 found = item.call()
             else:
@@ -217,7 +225,7 @@ class RemoteEngine:
                 failed, payload = got
                 if failed:
                     text = payload.decode("utf-8", "replace")
-                    raise ClassifierError(f"classifier child failed a block: {text}")
+                    raise ClassifierError(f"classifier child failed: {text}")
                 found = self.engine.feed_found(item.data, Found(*marshal.loads(payload)), item.first)
             if found:
                 self._on_milestones(found)
@@ -295,9 +303,6 @@ def _take_children(n: int) -> list[subprocess.Popen[bytes]]:
 def main() -> None:
     """The child: build the prefilter from the init op, then find each block's likely lines until stdin
     closes."""
-    from agent.milestones.engine import RuleError, load_rules
-    from agent.milestones.logline import Prefilter
-
     out, inp = sys.stdout.fileno(), sys.stdin.fileno()
     prefilter: Prefilter | None = None
     for backend in ("command", "worker-extension", "vllm-native"):  # compiled now: init finds them cached
@@ -323,8 +328,9 @@ def main() -> None:
             if op != b"B":
                 raise ClassifierError(f"unknown op {op!r}")
             write_frame(out, marshal.dumps(find(prefilter, body).to_tuple()))
-        except Exception as exc:
-            write_frame(out, f"{type(exc).__name__}: {exc}".encode("utf-8", "replace"), failed=True)
+        except Exception as exc:  # named with its op: a failed init is answered in the first block's turn
+            text = f"{_OP_NAMES.get(op, 'op')}: {type(exc).__name__}: {exc}"
+            write_frame(out, text.encode("utf-8", "replace"), failed=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from agent.logs.splitter import LineSplitter
 from agent.milestones.engine import Milestone, MilestoneEngine, load_rules
 from agent.milestones.found import find
 from agent.paths import read_json, run_paths
-from agent.runs import classifier
+from agent.runs import childpipe, classifier
 from agent.runs.classifier import CLASSIFIER_ENV, ClassifierError, RemoteEngine, classifier_wanted
 from tests.agent.test_ingest_pipeline import _reference, assert_journal_holds
 from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent, terminal_event
@@ -136,6 +136,26 @@ def test_a_dead_child_raises_classifier_error() -> None:
         remote.close()
 
 
+def test_a_failed_op_is_named_in_its_reply() -> None:
+    """An init the child cannot read has no reply of its own: its failure comes back in the first block's
+    turn, named as the init's (and the block that follows, with no rules, names itself)."""
+    proc = childpipe.spawn("agent.runs.classifier")
+    try:
+        out, inp, _ = childpipe.pipe_ends(proc)
+        os.set_blocking(inp, True)
+        childpipe.write_frame(out, b"not marshal", op=b"I")
+        childpipe.write_frame(out, b"INFO ready\n", op=b"B")
+        replies = []
+        for _ in range(2):
+            (head,) = childpipe.HEAD.unpack(childpipe.read_exact(inp, childpipe.HEAD.size))
+            size = head & ~childpipe.FAILED
+            replies.append((bool(head & childpipe.FAILED), childpipe.read_exact(inp, size)))
+    finally:
+        childpipe.close(proc)
+    assert replies[0][0] and replies[0][1].startswith(b"init: ValueError: bad marshal data")
+    assert replies[1] == (True, b"block: ClassifierError: an op came before init")
+
+
 def test_blocks_go_round_the_children_and_are_taken_in_order() -> None:
     """Blocks go to the children in turn; while the second child is stopped, the first child's answer to the
     third block waits behind the second block's, and everything comes in log order once it goes on."""
@@ -175,13 +195,21 @@ def test_blocks_go_round_the_children_and_are_taken_in_order() -> None:
 
 
 def test_the_mode_is_on_off_or_auto(monkeypatch: pytest.MonkeyPatch) -> None:
-    """on and off are obeyed, auto follows the CPUs, anything else is an error naming the variable."""
+    """on and off are obeyed, auto (also where unset) follows the CPUs, anything else is an error naming the
+    variable."""
+    many = len(os.sched_getaffinity(0)) >= 4
+    monkeypatch.delenv(CLASSIFIER_ENV, raising=False)
+    assert classifier_wanted() == many
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))  # a GPU host's CPUs
+    assert classifier_wanted()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert not classifier_wanted()
     monkeypatch.setenv(CLASSIFIER_ENV, "on")
     assert classifier_wanted()
     monkeypatch.setenv(CLASSIFIER_ENV, "off")
     assert not classifier_wanted()
     monkeypatch.setenv(CLASSIFIER_ENV, "auto")
-    assert classifier_wanted() == (len(os.sched_getaffinity(0)) >= 4)
+    assert not classifier_wanted()
     monkeypatch.setenv(CLASSIFIER_ENV, "yes")
     with pytest.raises(ValueError, match=CLASSIFIER_ENV):
         classifier_wanted()

@@ -17,14 +17,15 @@ def _data() -> bytes:
     return steady + make_log(tp=4, failure="oom", seed=4) + steady
 
 
-def _milestones(data: bytes, apart: bool) -> list[dict[str, object]]:
-    """Chunks through the splitter as the watcher reads them; each block fed whole (``apart`` False) or as
-    hits found by a second engine's prefilter, which has seen nothing the first one has."""
+def _milestones(data: bytes, apart: bool, shapes: bool = True) -> list[dict[str, object]]:
+    """Chunks through the splitter as the watcher reads them; each block fed whole (``apart`` False; a block
+    only counted, with no shapes, where ``shapes`` is False) or as hits found by a second engine's
+    prefilter, which has seen nothing the first one has."""
     engine = MilestoneEngine(load_rules(backend="command"))
     finder = MilestoneEngine(load_rules(backend="command")).prefilter
     sp, n, out = LineSplitter(), 0, []
     for at in range(0, len(data), 32 * 1024):
-        head, block = sp.feed_block(data[at : at + 32 * 1024], not apart)
+        head, block = sp.feed_block(data[at : at + 32 * 1024], shapes and not apart)
         out += engine.feed_many([ln.text for ln in head], n + 1)
         n += len(head)
         if block is None:
@@ -45,6 +46,14 @@ def test_hits_found_apart_give_the_block_paths_milestones() -> None:
     want = _milestones(_data(), apart=False)
     assert len(want) > 200 and any(m["kind"] == "error" for m in want)
     assert _milestones(_data(), apart=True) == want
+
+
+def test_a_block_only_counted_is_fed_whole() -> None:
+    """A block made without shapes (for a classifier child) and fed to an engine of its own anyway: its
+    lines are folded there, not taken for none."""
+    head, block = LineSplitter().feed_block(_data(), False)
+    assert len(head) == 1 and block is not None and block.count > 1000 and not block.shapes
+    assert _milestones(_data(), apart=False, shapes=False) == _milestones(_data(), apart=False)
 
 
 def test_found_names_only_likely_lines() -> None:

@@ -11,9 +11,10 @@ Each side runs ``--repeat`` times, in turns, and the best is kept (other work on
 a run).
 Where the time goes: the daemon's own CPU seconds (from /proc) are printed beside the pure loop's, and its
 children's: the classifier children that find the lines the rules may match (EAGLEWATCH_AGENT_CLASSIFIER,
-off by default; ``auto`` starts them on hosts with 4+ CPUs), the spares started for the next run (their
-imports and rule compiles), and the journal encoder stage (EAGLEWATCH_AGENT_ENCODER, off by default);
-``--profile FILE`` runs the daemon under cProfile (tests/bench/profile_hook) and prints its top functions.
+``auto`` by default: on with 4+ CPUs; ``off`` keeps the rules in the daemon), the spares started for the
+next run (their imports and rule compiles), and the journal encoder stage (EAGLEWATCH_AGENT_ENCODER, off by
+default).  ``--profile FILE`` runs the daemon under cProfile (tests/bench/profile_hook) and prints its top
+functions.
 ``--runs N`` also launches N runs of the log at once on one daemon (a sharded extraction on one host) and
 prints their aggregate lines/s against the pure loop on one core.
 Run: .venv/bin/python tests/bench/bench_daemon_ingest.py [--lines 500000] [--repeat 5] [--profile F]
