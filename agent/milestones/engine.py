@@ -173,8 +173,8 @@ class MilestoneEngine:
         """``feed_many`` for a Block of raw lines: only the lines that may match are ever decoded."""
         if not self._prefilter.usable:
             return self.feed_many(block.texts(), first)
-        # a block only counted (made for a classifier child) has no shapes: find folds its lines itself
-        found = find(self._prefilter, block.data, block.shapes if block.count < 0 else None)
+        # a block made for a classifier child has no shapes: find folds its lines itself
+        found = find(self._prefilter, block.data, block.shapes if block.count == -1 else None)
         return self.feed_found(block.data, found, first)
 
     def feed_found(self, data: bytes, found: Found, first: int) -> list[Milestone]:

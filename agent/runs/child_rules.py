@@ -6,6 +6,8 @@ import logging
 from collections import Counter
 from typing import Any
 
+from agent.logs.block import Block
+from agent.logs.linebuffer import LineBuffer
 from agent.milestones.engine import Milestone, MilestoneEngine, RuleSet
 from agent.runs.classifier import ClassifierError, OnSnapshot, RemoteEngine, classifier_wanted
 from agent.runs.jobspec import JobSpec
@@ -19,6 +21,8 @@ class ChildRules:
     process runs the milestone rules."""
 
     engine: MilestoneEngine | RemoteEngine
+    line: int
+    lines: LineBuffer
     spec: JobSpec
     merger: LogMerger | None
     _rules: RuleSet
@@ -50,8 +54,18 @@ class ChildRules:
         if not engine.prefilter.usable:  # every line goes to the rules: nothing for a child to find
             return
         self.engine = RemoteEngine(
-            engine, self.spec.rules, self.spec.backend, self._journal_milestones, self._snapshot_reached
+            engine,
+            self.spec.rules,
+            self.spec.backend,
+            self._journal_milestones,
+            self._snapshot_reached,
+            self._block_counted,
+            self.line,
         )
+
+    def _block_counted(self, block: Block, lines: int) -> None:
+        """A block sent to a classifier child uncounted held ``lines`` lines: the line buffer learns it."""
+        self.lines.count_block(block.offset, lines)
 
     def _catch_up(self) -> None:
         """Take in every milestone a classifier child still owes (a no-op for rules in the daemon)."""
@@ -66,9 +80,9 @@ class ChildRules:
             return
         try:
             engine.drain()
-            self.engine = engine.engine
+            self.engine, self.line = engine.engine, engine.line
         except ClassifierError:
-            self.engine = MilestoneEngine(self._rules)
+            self.engine, self.line = MilestoneEngine(self._rules), engine.line + engine.lines_not_taken()
         engine.close()
 
     def _child_failed(self) -> None:

@@ -6,21 +6,23 @@ rules' work has two halves (milestones/found.py): finding the lines that may mat
 digits, look its shape up in the prefilter: per line, stateless) and feeding those few lines to the
 engine (plans, rank groups, tracebacks: state).  Children (``FINDERS``) do the first half on other cores,
 blocks going round them in turn: the daemon reads and checks a chunk, sends the raw block of complete
-lines (no object per line) and goes on to the next; the hits come back and the daemon's own engine
+lines (no object per line, not even counted: a count is a pass over every byte, which the child makes
+anyway) and goes on to the next; the hits and the count come back and the daemon's own engine
 (``RemoteEngine.engine``) takes them in log order.  The engine's state never leaves the daemon; a child
-holds none (tests/bench/bench_rules_halves.py times the two halves).
+holds none (tests/bench/bench_rules_halves.py times the two halves).  Lines are numbered as they are
+taken, so ``RemoteEngine.line`` is the watcher's line number while it has the children.
 
 Ordering and the cursor: replies are taken in the order the blocks went out, and what the daemon does
 with the engine between them (split lines, an in-line snapshot) waits in the same queue, so milestones
 are journaled in log order.  Where the watcher needs the engine's answer now (caught up with the log, a
 flush, a cursor) it drains the queue first.  During a backlog a cursor is asked for without draining: a
 snapshot waits in line behind the blocks sent before it, and the state the daemon kept when it asked (log
-offset, line number, log generations) is completed with the journal's seq once the milestones before it
-are journaled (``on_snapshot``).
+offset, log generations) is completed with the line number reached there and the journal's seq once the
+milestones before it are journaled (``on_snapshot``).
 
 Frames both ways as childpipe.py writes them (a reply flagged failed when the op failed).  An op is one
 byte, then its payload: ``I`` init (marshal: extra rules, backend), ``B`` a block (its raw lines).  A
-reply is marshal of ``Found.to_tuple()``.  The child exits when its input closes: it never outlives the
+reply is marshal of ``Found.to_tuple()`` (the block's line count first).  The child exits when its input closes: it never outlives the
 daemon.
 """
 
@@ -61,23 +63,25 @@ FINDERS = 2
 _OP_NAMES = {b"I": "init", b"B": "block"}
 OnMilestones = Callable[[list[Milestone]], None]
 OnSnapshot = Callable[[dict[str, Any], dict[str, Any]], None]
+OnCounted = Callable[[Block, int], None]
 
 
 @dataclass(frozen=True, slots=True)
 class _Sent:
-    """A block sent to a child: its raw lines, its first line's number, its frame's size, which child."""
+    """A block sent to a child: the block, its frame's size, which child."""
 
-    data: bytes
-    first: int
+    block: Block
     size: int
     kid: int
 
 
 @dataclass(frozen=True, slots=True)
 class _Call:
-    """A call the engine takes in its turn, between the blocks sent before and after it."""
+    """A call the engine takes in its turn, between the blocks sent before and after it (``lines``: how
+    many log lines it feeds)."""
 
     call: Callable[[], list[Milestone]]
+    lines: int
 
 
 def classifier_wanted() -> bool:
@@ -92,11 +96,14 @@ class ClassifierError(Exception):
 
 class RemoteEngine:
     """The daemon's engine with classifier children finding its blocks' likely lines (the calls the watcher
-    makes on a MilestoneEngine).
+    makes on a MilestoneEngine, but for the lines' numbers: lines are numbered here, in their turn).
 
     ``feed_many``/``feed_block`` return at once; the milestones of earlier calls whose turn has come go to
     ``on_milestones`` meanwhile.  ``drain``, ``flush``, ``release_ready`` and ``snapshot`` first take every
-    call still queued; ``open_groups`` and ``world_size`` are the engine's as of the calls taken."""
+    call still queued; ``line``, ``open_groups`` and ``world_size`` are the engine's as of the calls taken.
+    A block's lines need not be counted before it is sent (``Block.counted`` False: counting is a pass over
+    every byte, which a child makes anyway): once its hits are back, ``on_counted(block, lines)`` says how
+    many it held."""
 
     def __init__(
         self,
@@ -105,6 +112,8 @@ class RemoteEngine:
         backend: str,
         on_milestones: OnMilestones,
         on_snapshot: OnSnapshot,
+        on_counted: OnCounted,
+        line: int = 0,
     ) -> None:
         if not engine.prefilter.usable:
             raise ClassifierError("rules not prefiltered by line shape: nothing for a child to find")
@@ -116,6 +125,8 @@ class RemoteEngine:
         self._queue: deque[_Sent | _Call] = deque()
         self._on_milestones = on_milestones
         self._on_snapshot = on_snapshot
+        self._on_counted = on_counted
+        self.line = line  # the number of the last line the engine has taken
         self.snapshot_pending = False
         init = marshal.dumps((extra_rules, backend))
         for kid in self._kids:
@@ -142,28 +153,33 @@ class RemoteEngine:
         return self.engine.world_size
 
     # --- the engine's calls --------------------------------------------------------------------------
-    def feed_block(self, block: Block, first: int) -> list[Milestone]:
-        """Send a block's lines (numbered from ``first``) to the next child in turn; milestones come through
-        ``on_milestones`` once its hits are back and their turn has come."""
+    def feed_block(self, block: Block) -> list[Milestone]:
+        """Send a block's lines to the next child in turn; milestones come through ``on_milestones`` once its
+        hits are back and their turn has come."""
         size = 1 + len(block.data)
         turn, kid = self._turn, self._kids[self._turn]
         self._turn = (turn + 1) % len(self._kids)
         while kid.in_flight and kid.in_flight + size > kid.limit:
             self._take(wait_all=False, wait_one=True)
         kid.write(block.data, b"B")
-        self._queue.append(_Sent(block.data, first, size, turn))
+        self._queue.append(_Sent(block, size, turn))
         kid.in_flight += size
         return []
 
-    def feed_many(self, texts: Sequence[str], first: int) -> list[Milestone]:
-        """Split lines (numbered from ``first``): fed in their turn; milestones through ``on_milestones``."""
+    def feed_many(self, texts: Sequence[str]) -> list[Milestone]:
+        """Split lines: fed in their turn (at once when nothing is queued, else through ``on_milestones``)."""
         if not texts:
             return []
         if not self._queue:
-            return self.engine.feed_many(texts, first)
+            return self._feed_texts(texts)
         texts = list(texts)
-        self._queue.append(_Call(lambda: self.engine.feed_many(texts, first)))
+        self._queue.append(_Call(lambda: self._feed_texts(texts), len(texts)))
         return []
+
+    def _feed_texts(self, texts: Sequence[str]) -> list[Milestone]:
+        first = self.line + 1
+        self.line += len(texts)
+        return self.engine.feed_many(texts, first)
 
     def flush(self) -> list[Milestone]:
         """Everything before goes to ``on_milestones``; return what closing every group releases."""
@@ -182,15 +198,15 @@ class RemoteEngine:
 
     def request_snapshot(self, context: dict[str, Any]) -> None:
         """Ask for a snapshot in line with the blocks sent: ``on_snapshot(context, snapshot)`` follows the
-        milestones of every call before it."""
+        milestones of every call before it (``context`` gains ``line``, the line number reached there)."""
         self.snapshot_pending = True
 
         def reached() -> list[Milestone]:
             self.snapshot_pending = False
-            self._on_snapshot(context, self.engine.snapshot())
+            self._on_snapshot({**context, "line": self.line}, self.engine.snapshot())
             return []
 
-        self._queue.append(_Call(reached))
+        self._queue.append(_Call(reached, 0))
 
     def drain(self) -> None:
         """Take every queued call (milestones go to ``on_milestones``), waiting for the children's hits."""
@@ -199,6 +215,11 @@ class RemoteEngine:
     def poll(self) -> None:
         """Take the queued calls whose hits are there; never waits."""
         self._take(wait_all=False)
+
+    def lines_not_taken(self) -> int:
+        """The log lines in the calls still queued (blocks counted here), for a caller that gives up on
+        them: ``line`` plus these is the number of the last line sent."""
+        return sum(item.lines if isinstance(item, _Call) else _lines_of(item.block) for item in self._queue)
 
     def close(self) -> None:
         """End the children (each exits when its input closes); never waits for them on the caller's
@@ -220,15 +241,29 @@ class RemoteEngine:
                 if got is None:
                     return
                 wait_one = False
-                self._queue.popleft()
-                kid.in_flight -= item.size
                 failed, payload = got
                 if failed:
                     text = payload.decode("utf-8", "replace")
                     raise ClassifierError(f"classifier child failed: {text}")
-                found = self.engine.feed_found(item.data, Found(*marshal.loads(payload)), item.first)
+                self._queue.popleft()
+                kid.in_flight -= item.size
+                found = self._feed_found(item.block, Found(*marshal.loads(payload)))
             if found:
                 self._on_milestones(found)
+
+    def _feed_found(self, block: Block, found: Found) -> list[Milestone]:
+        if block.counted and found.count != block.lines:
+            raise ClassifierError(f"classifier child found {found.count} lines in a block of {block.lines}")
+        first = self.line + 1
+        self.line += found.count
+        out = self.engine.feed_found(block.data, found, first)
+        if not block.counted:
+            self._on_counted(block, found.count)
+        return out
+
+
+def _lines_of(block: Block) -> int:
+    return block.lines if block.counted else block.data.count(b"\n")
 
 
 class _Kid:

@@ -85,8 +85,8 @@ class CursorKeeper:
             # The classifier child is still on earlier blocks: ask for its snapshot in line with them
             # rather than wait; the cursor follows from _snapshot_reached.
             # The fsync waits for it too: one started now would still run when the snapshot comes back.
-            if not engine.snapshot_pending:
-                at = {"offset": self.splitter.pending_offset, "line": self.line, "log": self.chain.snapshot()}
+            if not engine.snapshot_pending:  # the engine adds the line number it has reached there
+                at = {"offset": self.splitter.pending_offset, "log": self.chain.snapshot()}
                 engine.request_snapshot(at)
             return
         if not self.journal.unsynced:

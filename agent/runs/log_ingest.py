@@ -29,7 +29,7 @@ class LogIngest:
     chain: LogChain
     fed: int
     splitter: LineSplitter
-    line: int
+    _line: int
     lines: LineBuffer
     engine: MilestoneEngine | RemoteEngine
     log_changed: Broadcast
@@ -55,6 +55,20 @@ class LogIngest:
 
     def _save_cursor(self, force: bool = False) -> None:
         raise NotImplementedError
+
+    @property
+    def line(self) -> int:
+        """The number of the last log line the rules have taken (with classifier children the engine numbers
+        its lines as their hits come back: lines sent but not yet taken are not counted yet)."""
+        engine = getattr(self, "engine", None)  # none yet while the cursor is first restored
+        return engine.line if isinstance(engine, RemoteEngine) else self._line
+
+    @line.setter
+    def line(self, n: int) -> None:
+        self._line = n
+        engine = getattr(self, "engine", None)  # none yet while the cursor is first restored
+        if isinstance(engine, RemoteEngine):
+            engine.line = n
 
     async def _pump(self) -> bool:
         """Feed what the log gained to the splitter and the engine; True when bytes were read."""
@@ -121,12 +135,19 @@ class LogIngest:
             if len(self._shard_lines) > 100_000:  # rank groups hold milestones for seconds, not this long
                 keep = self.line - 50_000
                 self._shard_lines = {k: v for k, v in self._shard_lines.items() if k > keep}
-        self._journal_milestones(self.engine.feed_many(texts, self.line + 1))
-        self.line += len(lines)
+        engine = self.engine
+        if isinstance(engine, RemoteEngine):  # it numbers the lines in their turn
+            self._journal_milestones(engine.feed_many(texts))
+        else:
+            self._journal_milestones(engine.feed_many(texts, self._line + 1))
+            self._line += len(lines)
         self.lines.append(lines, end if block is None else block.offset)
         if block is not None:
-            self._journal_milestones(self.engine.feed_block(block, self.line + 1))
-            self.line += block.lines
+            if isinstance(engine, RemoteEngine):
+                self._journal_milestones(engine.feed_block(block))
+            else:
+                self._journal_milestones(engine.feed_block(block, self._line + 1))
+                self._line += block.lines
             self.lines.append_block(block, end)
 
     def _log_seam(self, seam: str) -> None:

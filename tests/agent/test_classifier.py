@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agent.jobs import procfs
-from agent.logs.block import Block
+from agent.logs.block import UNCOUNTED, Block
 from agent.logs.splitter import LineSplitter
 from agent.milestones.engine import Milestone, MilestoneEngine, load_rules
 from agent.milestones.found import find
@@ -41,29 +41,43 @@ def _log() -> bytes:
     return steady.encode() + make_log(tp=4, failure="oom", seed=2) + steady.encode()
 
 
-def _remote(events: list[tuple[str, Any]]) -> RemoteEngine:
+def _remote(events: list[tuple[str, Any]], counted: list[tuple[int, int, int]] | None = None) -> RemoteEngine:
+    """A RemoteEngine whose milestones and snapshots (``n`` of the context, the line reached) go to
+    ``events``, and the blocks' counts (offset, lines said, lines held) to ``counted``."""
     return RemoteEngine(
         MilestoneEngine(load_rules(backend="command")),
         [],
         "command",
         lambda ms: events.extend(("ms", m.to_dict()) for m in ms),
-        lambda ctx, snap: events.append(("snap", ctx["n"])),
+        lambda ctx, snap: events.append(("snap", (ctx["n"], ctx["line"]))),
+        lambda block, n: (counted if counted is not None else []).append(
+            (block.offset, n, block.data.count(b"\n"))
+        ),
     )
 
 
-def _feed(engine: MilestoneEngine | RemoteEngine, data: bytes, shapes: bool, n: int = 0) -> list[Milestone]:
-    """The watcher's feeding (lines numbered after ``n``): chunks → splitter.feed_block → feed_many for
-    the head, feed_block for the rest."""
-    sp, out = LineSplitter(), []
+def _feed(engine: MilestoneEngine | RemoteEngine, data: bytes) -> list[Milestone]:
+    """The watcher's feeding: chunks → splitter.feed_block → feed_many for the head, feed_block for the
+    rest (lines numbered here for a local engine; a RemoteEngine numbers them itself, and its blocks are
+    neither folded nor counted)."""
+    remote = isinstance(engine, RemoteEngine)
+    sp, out, n = LineSplitter(), [], 0
     for i in range(0, len(data), CHUNK):
-        head, block = sp.feed_block(data[i : i + CHUNK], shapes)
-        out += engine.feed_many([ln.text for ln in head], n + 1)
+        head, block = sp.feed_block(data[i : i + CHUNK], not remote)
+        texts = [ln.text for ln in head]
+        if isinstance(engine, RemoteEngine):
+            out += engine.feed_many(texts)
+            if block is not None:
+                assert not block.shapes and not block.counted  # the child folds and counts its lines
+                out += engine.feed_block(block)
+            continue
+        out += engine.feed_many(texts, n + 1)
         n += len(head)
         if block is not None:
-            assert shapes or not block.shapes  # only counted: the child folds the digits itself
             out += engine.feed_block(block, n + 1)
             n += block.lines
-    out += engine.feed_many([ln.text for ln in sp.flush()], n + 1)
+    texts = [ln.text for ln in sp.flush()]
+    out += engine.feed_many(texts) if isinstance(engine, RemoteEngine) else engine.feed_many(texts, n + 1)
     return out
 
 
@@ -72,12 +86,14 @@ def test_remote_engine_gives_the_in_process_milestones() -> None:
     groups, a traceback's root cause) in the same order, and the same snapshot before the flush."""
     data = _log()
     local = MilestoneEngine(load_rules(backend="command"))
-    want = [m.to_dict() for m in _feed(local, data, True)]
+    want = [m.to_dict() for m in _feed(local, data)]
     events: list[tuple[str, Any]] = []
-    remote = _remote(events)
+    counted: list[tuple[int, int, int]] = []
+    remote = _remote(events, counted)
     try:
-        assert _feed(remote, data, False) == []  # the milestones come through the callback
+        assert _feed(remote, data) == []  # the milestones come through the callback
         assert remote.snapshot() == local.snapshot()
+        assert remote.line == data.count(b"\n") and remote.lines_not_taken() == 0
         assert remote.open_groups == local.open_groups and remote.world_size == local.world_size
         want += [m.to_dict() for m in local.flush()]
         flushed = [m.to_dict() for m in remote.flush()]
@@ -86,6 +102,9 @@ def test_remote_engine_gives_the_in_process_milestones() -> None:
     got = [m for kind, m in events if kind == "ms"] + flushed
     assert len(want) > 1000 and any(m["kind"] == "error" for m in want)
     assert got == want
+    # every block's count came back, in log order, and each is the count of the lines it holds
+    assert len(counted) > 10 and [at for at, _, _ in counted] == sorted(at for at, _, _ in counted)
+    assert all(said == held > 0 for _, said, held in counted)
 
 
 def test_a_snapshot_asked_in_line_follows_the_milestones_before_it() -> None:
@@ -94,35 +113,38 @@ def test_a_snapshot_asked_in_line_follows_the_milestones_before_it() -> None:
     data = ("\n".join(steady_lines(6_000, tp=4, seed=1)) + "\n").encode()
     half = data.rindex(b"\n", 0, len(data) // 2) + 1
     ref = MilestoneEngine(load_rules(backend="command"))
-    first_half = len(_feed(ref, data[:half], True))
+    first_half = len(_feed(ref, data[:half]))
     events: list[tuple[str, Any]] = []
     remote = _remote(events)
     try:
-        _feed(remote, data[:half], False)
+        _feed(remote, data[:half])
         remote.request_snapshot({"n": 1})
         assert remote.snapshot_pending
-        _feed(remote, data[half:], False, data[:half].count(b"\n"))
+        _feed(remote, data[half:])  # numbered on from where the first half ended
         remote.drain()
     finally:
         remote.close()
-    at = events.index(("snap", 1))
+    at = events.index(("snap", (1, data[:half].count(b"\n"))))
     assert first_half > 10 and at == first_half and len(events) > at + 10
     assert not remote.snapshot_pending
 
 
 def test_a_dead_child_raises_classifier_error() -> None:
-    """A child killed under the daemon: the wait for a block's hits names the exit instead of hanging, and
-    a block sent to a child already gone says so at once."""
-    block = Block(0, b"INFO ready\n" * 10, [], 10)
+    """A child killed under the daemon: the wait for a block's hits names the exit instead of hanging (and
+    the lines not taken are known), and a block sent to a child already gone says so at once."""
+    block = Block(0, b"INFO ready\n" * 10, [], UNCOUNTED)
     events: list[tuple[str, Any]] = []
     remote = _remote(events)
     try:
         remote.drain()
         os.kill(remote.pids[0], signal.SIGSTOP)  # it must not answer the block before it dies
-        remote.feed_block(block, 1)
+        remote.feed_block(block)
+        remote.feed_many(["INFO after", "INFO the block"])  # queued behind it
         os.kill(remote.pids[0], signal.SIGKILL)
         with pytest.raises(ClassifierError, match="exited"):
             remote.flush()
+        # what a caller giving up on the child counts on: the lines sent and never taken
+        assert remote.line == 0 and remote.lines_not_taken() == 12
     finally:
         remote.close()
     remote = _remote(events)
@@ -131,7 +153,7 @@ def test_a_dead_child_raises_classifier_error() -> None:
         while (st := procfs.stat(remote.pids[0])) is not None and st.state != "Z":
             time.sleep(0.01)  # dead (its pipe's end closed with it), not reaped
         with pytest.raises(ClassifierError, match="gone"):
-            remote.feed_block(block, 1)
+            remote.feed_block(block)
     finally:
         remote.close()
 
@@ -175,10 +197,8 @@ def test_blocks_go_round_the_children_and_are_taken_in_order() -> None:
     remote = _remote(events)
     try:
         os.kill(remote.pids[1], signal.SIGSTOP)
-        n = 0
         for b in blocks:
-            remote.feed_block(b, n + 1)
-            n += b.lines
+            remote.feed_block(b)
         deadline = time.monotonic() + 10
         while remote.outstanding > 2 and time.monotonic() < deadline:
             remote.poll()

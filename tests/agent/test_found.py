@@ -19,8 +19,8 @@ def _data() -> bytes:
 
 def _milestones(data: bytes, apart: bool, shapes: bool = True) -> list[dict[str, object]]:
     """Chunks through the splitter as the watcher reads them; each block fed whole (``apart`` False; a block
-    only counted, with no shapes, where ``shapes`` is False) or as hits found by a second engine's
-    prefilter, which has seen nothing the first one has."""
+    made for a classifier child, neither folded nor counted, where ``shapes`` is False) or as hits found by
+    a second engine's prefilter, which has seen nothing the first one has."""
     engine = MilestoneEngine(load_rules(backend="command"))
     finder = MilestoneEngine(load_rules(backend="command")).prefilter
     sp, n, out = LineSplitter(), 0, []
@@ -33,9 +33,10 @@ def _milestones(data: bytes, apart: bool, shapes: bool = True) -> list[dict[str,
         if apart:
             found = Found(*find(finder, block.data).to_tuple())  # as marshal carries it
             out += engine.feed_found(block.data, found, n + 1)
+            n += found.count
         else:
             out += engine.feed_block(block, n + 1)
-        n += block.lines
+            n += block.lines if block.counted else block.data.count(b"\n")
     out += engine.feed_many([ln.text for ln in sp.flush()], n + 1) + engine.flush()
     return [m.to_dict() for m in out]
 
@@ -48,11 +49,11 @@ def test_hits_found_apart_give_the_block_paths_milestones() -> None:
     assert _milestones(_data(), apart=True) == want
 
 
-def test_a_block_only_counted_is_fed_whole() -> None:
-    """A block made without shapes (for a classifier child) and fed to an engine of its own anyway: its
-    lines are folded there, not taken for none."""
+def test_a_block_made_for_a_child_is_fed_whole() -> None:
+    """A block made for a classifier child (no shapes, not counted) and fed to an engine of its own anyway:
+    its lines are folded there, not taken for none."""
     head, block = LineSplitter().feed_block(_data(), False)
-    assert len(head) == 1 and block is not None and block.count > 1000 and not block.shapes
+    assert len(head) == 1 and block is not None and not block.counted and not block.shapes
     assert _milestones(_data(), apart=False, shapes=False) == _milestones(_data(), apart=False)
 
 

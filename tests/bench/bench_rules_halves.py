@@ -4,8 +4,9 @@ against the pure splitter + rules loop on the same bytes, in one process (no pip
 - pure: LineSplitter.feed_block (checks, digit folding) + MilestoneEngine.feed_block, as the daemon alone;
 - child: a block's likely lines found (found.py ``find``: fold, prefilter, decode the hits) and their
   reply marshalled, as the classifier child does per block;
-- daemon: the block checked and counted (``feed_block(shapes=False)``), the reply unmarshalled and fed to
-  the engine (``feed_found``), as the daemon does with a child;
+- daemon: the block checked (``feed_block(shapes=False)``: neither folded nor counted), the reply
+  unmarshalled and fed to the engine (``feed_found``, numbered by the reply's count), as the daemon does
+  with a child;
 - journal lines: the milestones' events encoded (jsonline.encode_lines), which the daemon adds either way.
 
 With a child the slower half bounds the catch-up; the pure loop is the baseline of bench_daemon_ingest.
@@ -52,8 +53,8 @@ def pure(chunks: list[bytes]) -> list[Milestone]:
     return out + engine.flush()
 
 
-def counted_blocks(chunks: list[bytes]) -> list[Block]:
-    """The blocks the daemon sends a child (checked and counted, no shapes)."""
+def child_blocks(chunks: list[bytes]) -> list[Block]:
+    """The blocks the daemon sends a child (checked only: no shapes, not counted)."""
     sp, blocks = LineSplitter(), []
     for chunk in chunks:
         _head, block = sp.feed_block(chunk, False)
@@ -69,15 +70,16 @@ def child_half(blocks: list[Block]) -> list[bytes]:
 
 
 def daemon_half(chunks: list[bytes], replies: list[bytes]) -> list[Milestone]:
-    """What the daemon does with a child: check and count each chunk, feed the child's hits to its engine."""
+    """What the daemon does with a child: check each chunk, feed the child's hits and count to its engine."""
     engine, sp, n, out, it = _engine(), LineSplitter(), 0, [], iter(replies)
     for chunk in chunks:
         head, block = sp.feed_block(chunk, False)
         out += engine.feed_many([ln.text for ln in head], n + 1)
         n += len(head)
         if block is not None:
-            out += engine.feed_found(block.data, Found(*marshal.loads(next(it))), n + 1)
-            n += block.lines
+            found = Found(*marshal.loads(next(it)))
+            out += engine.feed_found(block.data, found, n + 1)
+            n += found.count
     return out + engine.flush()
 
 
@@ -100,7 +102,7 @@ def main() -> int:
     args = p.parse_args()
     data = ("\n".join(steady_lines(args.lines)) + "\n").encode()
     chunks = [data[i : i + READ_CHUNK] for i in range(0, len(data), READ_CHUNK)]
-    blocks = counted_blocks(chunks)
+    blocks = child_blocks(chunks)
     t_pure, want = best_cpu(lambda: pure(chunks), args.repeat)
     t_child, replies = best_cpu(lambda: child_half(blocks), args.repeat)
     assert isinstance(replies, list)
