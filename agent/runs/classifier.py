@@ -22,8 +22,8 @@ milestones before it are journaled (``on_snapshot``).
 
 Frames both ways as childpipe.py writes them (a reply flagged failed when the op failed).  An op is one
 byte, then its payload: ``I`` init (marshal: extra rules, backend), ``B`` a block (its raw lines).  A
-reply is marshal of ``Found.to_tuple()`` (the block's line count first).  The child exits when its input closes: it never outlives the
-daemon.
+reply is marshal of ``Found.to_tuple()`` (the block's line count first).  The child exits when its input
+closes: it never outlives the daemon.
 """
 
 from __future__ import annotations
@@ -47,11 +47,10 @@ from agent.runs import childpipe
 from agent.runs.childpipe import HEAD, read_exact, take_frame, write_frame
 
 #: ``on``, ``off`` or ``auto`` (the default: on with childpipe.MIN_CPUS CPUs or more, as any GPU host has).
-#: On a 16-core H200 host (tests/bench/bench_daemon_ingest.py, 500,000 lines) a run caught up in 0.25-0.29 s
-#: with it against 0.36-0.48 s without: the daemon's ingest at 0.85-1.03 of its pure core, not 0.69-0.80.
-#: Several runs at once gain nothing (four: 1.17M lines/s in all against 1.20M; one daemon reads, checks
-#: and counts every block, feeds the hits to its engine and journals every event, for every run it
-#: watches), and each run holds two more processes, idle but for its backlogs.
+#: On a 16-core H200 host (tests/bench/bench_daemon_ingest.py, 500,000 lines) a run caught up at 1.50-2.40M
+#: lines/s with it against 0.99-1.22M without: the daemon's ingest at 0.94-2.05 of its pure core in the
+#: same rounds, not 0.66-0.74.  Four runs at once: 1.30M lines/s in all.  Each run holds two more
+#: processes, idle but for its backlogs.
 CLASSIFIER_ENV = "EAGLEWATCH_AGENT_CLASSIFIER"
 #: How long one op may take in the child before the daemon gives up on it (rules are bounded per line, and
 #: the daemon's loop waits meanwhile).

@@ -59,7 +59,7 @@ _TERMINAL = ("completed", "failed", "stopped", "lost")
 def stage_mode() -> str:
     """Whether the daemon's journals encode a backlog in an encoder stage here, and why."""
     mode = os.environ.get(ENCODER_ENV, "off")
-    rules = os.environ.get(CLASSIFIER_ENV, "off")
+    rules = os.environ.get(CLASSIFIER_ENV, "auto")
     return (
         f"{CLASSIFIER_ENV}={rules}: classifier {'on' if classifier_wanted() else 'off'}, "
         f"{ENCODER_ENV}={mode}: stage {'on' if stage_wanted() else 'off'}"
