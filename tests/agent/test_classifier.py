@@ -44,15 +44,14 @@ def _log() -> bytes:
 def _remote(events: list[tuple[str, Any]], counted: list[tuple[int, int, int]] | None = None) -> RemoteEngine:
     """A RemoteEngine whose milestones and snapshots (``n`` of the context, the line reached) go to
     ``events``, and the blocks' counts (offset, lines said, lines held) to ``counted``."""
+    counts = [] if counted is None else counted
     return RemoteEngine(
         MilestoneEngine(load_rules(backend="command")),
         [],
         "command",
         lambda ms: events.extend(("ms", m.to_dict()) for m in ms),
         lambda ctx, snap: events.append(("snap", (ctx["n"], ctx["line"]))),
-        lambda block, n: (counted if counted is not None else []).append(
-            (block.offset, n, block.data.count(b"\n"))
-        ),
+        lambda block, n: counts.append((block.offset, n, block.data.count(b"\n"))),
     )
 
 
@@ -60,10 +59,9 @@ def _feed(engine: MilestoneEngine | RemoteEngine, data: bytes) -> list[Milestone
     """The watcher's feeding: chunks → splitter.feed_block → feed_many for the head, feed_block for the
     rest (lines numbered here for a local engine; a RemoteEngine numbers them itself, and its blocks are
     neither folded nor counted)."""
-    remote = isinstance(engine, RemoteEngine)
     sp, out, n = LineSplitter(), [], 0
     for i in range(0, len(data), CHUNK):
-        head, block = sp.feed_block(data[i : i + CHUNK], not remote)
+        head, block = sp.feed_block(data[i : i + CHUNK], not isinstance(engine, RemoteEngine))
         texts = [ln.text for ln in head]
         if isinstance(engine, RemoteEngine):
             out += engine.feed_many(texts)
