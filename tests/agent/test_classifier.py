@@ -22,7 +22,7 @@ from agent.paths import read_json, run_paths
 from agent.runs import childpipe, classifier
 from agent.runs.classifier import CLASSIFIER_ENV, ClassifierError, RemoteEngine, classifier_wanted
 from tests.agent.test_ingest_pipeline import _reference, assert_journal_holds
-from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent, terminal_event
+from tests.helpers.agentproc import AgentClient, child_pids, cleanup_runs, start_agent, terminal_event
 from tests.helpers.vllm_log import make_log, steady_lines
 
 CHUNK = 64 * 1024
@@ -234,13 +234,8 @@ def test_the_mode_is_on_off_or_auto(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _classifier_children(daemon_pid: int) -> list[int]:
-    """The daemon's classifier children (the one in use and the spare)."""
-    out = []
-    for task in Path(f"/proc/{daemon_pid}/task").iterdir():
-        for pid in map(int, (task / "children").read_text().split()):
-            if "agent.runs.classifier" in procfs.cmdline(pid):
-                out.append(pid)
-    return out
+    """The daemon's classifier children (the run's and the spares)."""
+    return [pid for pid in child_pids(daemon_pid) if "agent.runs.classifier" in procfs.cmdline(pid)]
 
 
 def test_the_run_goes_on_in_the_daemon_when_its_child_dies(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ from agent.runs.classifier import CLASSIFIER_ENV, classifier_wanted
 from agent.runs.encoder import ENCODER_ENV, stage_wanted
 from agent.runs.log_ingest import READ_CHUNK
 from tests.bench.run_all import bench_line
-from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent
+from tests.helpers.agentproc import AgentClient, child_pids, cleanup_runs, start_agent
 from tests.helpers.vllm_log import steady_lines
 
 HOOK = Path(__file__).resolve().parent / "profile_hook"
@@ -112,10 +112,9 @@ def _children_cpu_s(pid: int) -> float:
     alive."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     total = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            with contextlib.suppress(FileNotFoundError):  # reaped meanwhile: in its parent's count then
-                total += _cpu_s(int(child))
+    for child in child_pids(pid):
+        with contextlib.suppress(FileNotFoundError):  # reaped meanwhile: in its parent's count then
+            total += _cpu_s(child)
     return total
 
 

@@ -58,6 +58,16 @@ class AgentProc:
             self.proc.wait(10)
 
 
+def child_pids(pid: int) -> list[int]:
+    """The children of process ``pid``, from each of its threads' ``children`` list (a thread that ends
+    while they are read, such as a reaper thread, had none left)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            out += map(int, (task / "children").read_text().split())
+    return out
+
+
 def start_agent(
     state_dir: Path, socket_path: Path | None = None, timeout: float = 15.0, env: dict[str, str] | None = None
 ) -> AgentProc:
