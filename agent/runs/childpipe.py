@@ -23,13 +23,18 @@ REAP_S = 2.0  # how long a closed child may take to exit before it is killed
 MIN_CPUS = 4
 
 
-def wanted(env: str, default: str = "off") -> bool:
+def cpus() -> int:
+    """How many CPUs this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def wanted(env: str, default: str = "off", min_cpus: int = MIN_CPUS) -> bool:
     """Whether the helper child that ``env`` switches is wanted: ``on``, ``off`` or ``auto`` (on with
-    MIN_CPUS or more), ``default`` where unset; ValueError naming ``env`` for anything else."""
+    ``min_cpus`` or more), ``default`` where unset; ValueError naming ``env`` for anything else."""
     mode = os.environ.get(env, default)
     if mode not in ("on", "off", "auto"):
         raise ValueError(f"{env} must be on, off or auto, not {mode!r}")
-    return mode == "on" or (mode == "auto" and len(os.sched_getaffinity(0)) >= MIN_CPUS)
+    return mode == "on" or (mode == "auto" and cpus() >= min_cpus)
 
 
 def spawn(module: str) -> subprocess.Popen[bytes]:

@@ -4,7 +4,7 @@ In one process the daemon's ingest is the pure splitter + rules loop plus everyt
 (numbering, journal lines, the stream to followers), and can never reach the pure loop's speed.  The
 rules' work has two halves (milestones/found.py): finding the lines that may match (fold every line's
 digits, look its shape up in the prefilter: per line, stateless) and feeding those few lines to the
-engine (plans, rank groups, tracebacks: state).  Children (``FINDERS``) do the first half on other cores,
+engine (plans, rank groups, tracebacks: state).  Children (``finders()``) do the first half on other cores,
 blocks going round them in turn: the daemon reads and checks a chunk, sends the raw block of complete
 lines (no object per line, not even counted: a count is a pass over every byte, which the child makes
 anyway) and goes on to the next; the hits and the count come back and the daemon's own engine
@@ -46,19 +46,19 @@ from agent.milestones.milestone import Milestone
 from agent.runs import childpipe
 from agent.runs.childpipe import HEAD, read_exact, take_frame, write_frame
 
-#: ``on``, ``off`` or ``auto`` (the default: on with childpipe.MIN_CPUS CPUs or more, as any GPU host has).
-#: On a 16-core H200 host (tests/bench/bench_daemon_ingest.py, 500,000 lines) a run caught up at 1.50-2.40M
-#: lines/s with it against 0.99-1.22M without: the daemon's ingest at 0.94-2.05 of its pure core in the
-#: same rounds, not 0.66-0.74.  Four runs at once: 1.30M lines/s in all.  Each run holds two more
-#: processes, idle but for its backlogs.
+#: ``on``, ``off`` or ``auto`` (the default: on with MIN_CPUS CPUs or more).  On a 16-core H200 host
+#: (tests/bench/bench_daemon_ingest.py, 500,000 lines) a run caught up at 1.50-2.40M lines/s with it against
+#: 0.99-1.22M without: the daemon's ingest at 0.94-2.05 of its pure core in the same rounds, not 0.66-0.74.
+#: Four runs at once: 1.30M lines/s in all.  Each run holds ``finders()`` more processes, idle but for its
+#: backlogs.
 CLASSIFIER_ENV = "EAGLEWATCH_AGENT_CLASSIFIER"
 #: How long one op may take in the child before the daemon gives up on it (rules are bounded per line, and
 #: the daemon's loop waits meanwhile).
 REPLY_TIMEOUT_S = 10.0
-#: Children per run, blocks going round them in turn: finding a block's likely lines costs about 0.8 of the
-#: pure rules loop (tests/bench/bench_rules_halves.py), so one child would set the pace; two leave it to the
-#: daemon's half.
-FINDERS = 2
+#: ``auto`` starts children with this many CPUs or more: even on two, one child finding while the daemon
+#: does the rest beat the daemon alone (an H200 host pinned to 2 CPUs: 1.54-1.58M lines/s against
+#: 1.29-1.42M).
+MIN_CPUS = 2
 _OP_NAMES = {b"I": "init", b"B": "block"}
 OnMilestones = Callable[[list[Milestone]], None]
 OnSnapshot = Callable[[dict[str, Any], dict[str, Any]], None]
@@ -83,10 +83,18 @@ class _Call:
     lines: int
 
 
+def finders() -> int:
+    """Children per run, blocks going round them in turn: two with 4 CPUs or more (finding a block's likely
+    lines costs about 0.8 of the pure rules loop, tests/bench/bench_rules_halves.py, so one child would set
+    the pace), else one (on 2 CPUs two children and the daemon share the cores: 1.09-1.11M lines/s against
+    1.54-1.58M with one)."""
+    return 2 if childpipe.cpus() >= 4 else 1
+
+
 def classifier_wanted() -> bool:
     """Whether watchers run their rules in a classifier child (``EAGLEWATCH_AGENT_CLASSIFIER``; ValueError
     when it is set to something else than on, off or auto)."""
-    return childpipe.wanted(CLASSIFIER_ENV, default="auto")
+    return childpipe.wanted(CLASSIFIER_ENV, default="auto", min_cpus=MIN_CPUS)
 
 
 class ClassifierError(Exception):
@@ -113,11 +121,12 @@ class RemoteEngine:
         on_snapshot: OnSnapshot,
         on_counted: OnCounted,
         line: int = 0,
+        children: int | None = None,
     ) -> None:
         if not engine.prefilter.usable:
             raise ClassifierError("rules not prefiltered by line shape: nothing for a child to find")
         self.engine = engine
-        self._kids = [_Kid(proc) for proc in _take_children(FINDERS)]
+        self._kids = [_Kid(proc) for proc in _take_children(children or finders())]
         self._turn = 0  # the child the next block goes to: blocks go round them in turn
         # In log order: a block sent (its bytes, first line, size of its frame, the child it went to) or a
         # call the engine takes in its turn (no frame).
@@ -313,7 +322,7 @@ def prestart() -> None:
     """Start spare children now (their imports and rules compile while nothing waits on them), where
     wanted."""
     if classifier_wanted():
-        _spares.extend(_start_child() for _ in range(FINDERS - len(_spares)))
+        _spares.extend(_start_child() for _ in range(finders() - len(_spares)))
 
 
 def close_spare() -> None:
@@ -323,14 +332,13 @@ def close_spare() -> None:
 
 
 def _take_children(n: int) -> list[subprocess.Popen[bytes]]:
-    """``n`` children: the spares that are alive, new ones for the rest; and as many new spares for the
-    next run."""
+    """``n`` children: the spares that are alive, new ones for the rest; and new spares for the next run."""
     taken = [proc for proc in _spares[:n] if proc.poll() is None]
     for proc in _spares[n:] + [p for p in _spares[:n] if p not in taken]:
         childpipe.close(proc)
     _spares.clear()
     taken += [_start_child() for _ in range(n - len(taken))]
-    _spares.extend(_start_child() for _ in range(n))
+    _spares.extend(_start_child() for _ in range(finders()))
     return taken
 
 

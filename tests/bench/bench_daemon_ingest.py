@@ -11,7 +11,7 @@ Each side runs ``--repeat`` times, in turns, and the best is kept (other work on
 a run).
 Where the time goes: the daemon's own CPU seconds (from /proc) are printed beside the pure loop's, and its
 children's: the classifier children that find the lines the rules may match (EAGLEWATCH_AGENT_CLASSIFIER,
-``auto`` by default: on with 4+ CPUs; ``off`` keeps the rules in the daemon), the spares started for the
+``auto`` by default: on with 2+ CPUs; ``off`` keeps the rules in the daemon), the spares started for the
 next run (their imports and rule compiles), and the journal encoder stage (EAGLEWATCH_AGENT_ENCODER, off by
 default).  ``--profile FILE`` runs the daemon under cProfile (tests/bench/profile_hook) and prints its top
 functions.
