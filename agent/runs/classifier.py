@@ -128,8 +128,8 @@ class RemoteEngine:
         self.engine = engine
         self._kids = [_Kid(proc) for proc in _take_children(children or finders())]
         self._turn = 0  # the child the next block goes to: blocks go round them in turn
-        # In log order: a block sent (its bytes, first line, size of its frame, the child it went to) or a
-        # call the engine takes in its turn (no frame).
+        # In log order: a block sent (the block, the size of its frame, the child it went to) or a call the
+        # engine takes in its turn (no frame); lines are numbered as they are taken.
         self._queue: deque[_Sent | _Call] = deque()
         self._on_milestones = on_milestones
         self._on_snapshot = on_snapshot
