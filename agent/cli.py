@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent import __version__
-from agent.paths import default_socket, default_state_dir, valid_run_id
+from agent import __version__, settings
+from agent.paths import default_socket, valid_run_id
 
 #: Sub-commands implemented in other modules: name → (module, function taking argv).  Imported only when used.
 DELEGATED = {
@@ -41,9 +41,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     d = sub.add_parser("daemon", help="run the host daemon (systemd runs this)")
     d.add_argument(
-        "--state-dir", type=Path, help="default $EAGLEWATCH_AGENT_HOME or ~/.local/state/eaglewatch-agent"
+        "--state-dir", type=Path, help=f"default ${settings.AGENT_HOME.name} or {settings.AGENT_HOME.default}"
     )
     d.add_argument("--socket", type=Path, help="default <state dir>/agent.sock")
+    d.add_argument("--poll", action="store_true", help="poll the run dirs instead of using inotify")
+    d.add_argument(
+        "--lock-wait-s", type=float, default=10.0, help="wait this long for a stopping daemon (default 10)"
+    )
     d.add_argument("-v", "--verbose", action="store_true")
     c = sub.add_parser("connect", help="bridge stdin/stdout to the daemon (starts it if needed)")
     c.add_argument("--state-dir", type=Path)
@@ -59,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _dirs(args: argparse.Namespace) -> tuple[Path, Path]:
-    state = args.state_dir or default_state_dir()
+    state = args.state_dir or settings.AGENT_HOME.get()
     return state, args.socket or default_socket(state)
 
 
@@ -128,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             stream=sys.stderr,
             format="%(asctime)s %(levelname)s %(message)s",
         )
-        return asyncio.run(run_daemon(*_dirs(args)))
+        return asyncio.run(run_daemon(*_dirs(args), args.lock_wait_s, not args.poll))
     if args.command == "connect":
         from agent.daemon.bridge import run_connect
 

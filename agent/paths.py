@@ -11,16 +11,6 @@ from typing import Any
 
 #: Run ids name a directory: letters, digits, '.', '_', '-', starting with a letter or digit.
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-#: The variable every job process carries, so `stop` finds workers that left the process group.
-RUN_ID_ENV = "EAGLEWATCH_RUN_ID"
-
-
-def default_state_dir() -> Path:
-    """$EAGLEWATCH_AGENT_HOME, else ~/.local/state/eaglewatch-agent."""
-    env = os.environ.get("EAGLEWATCH_AGENT_HOME")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".local" / "state" / "eaglewatch-agent"
 
 
 def default_socket(state_dir: Path) -> Path:

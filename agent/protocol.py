@@ -19,24 +19,20 @@ One JSON object per line, UTF-8, ``\\n``-terminated, in both directions, over th
    ``{"type": "event", "run": R, "event": {<journal event>}}`` for every journal event with
    ``seq > after_seq`` (first the backlog from ``runs/<R>/events.jsonl``, then live ones, strictly in seq
    order, never twice on one connection; the daemon frames each journal line as it is, undecoded:
-   ``event_frames``) and, when ``log_offset`` was given,
-   ``{"type": "log", "run": R, "lines": [[offset, text], ...], "next_offset": N}`` where ``offset`` is the
-   byte offset of the line's start in ``output.log`` (so the receiver can store lines idempotently).
-   Once ``output.log`` was truncated or replaced, offsets run on from where the previous file ended
-   (stream offsets, agent/logs/generations.py): distinct and increasing for every line of the run;
-   ``log_offset`` and ``status``'s ``log_size`` are stream offsets too (the same numbers while the log
-   was never cut).
-   With ``"blocks": true`` in the ``follow`` request the lines come as blocks instead, one JSON string for
-   many lines (no JSON object or array per line on either side):
+   ``event_frames``) and, when ``log_offset`` was given, the log's complete lines from that stream offset
+   on, in blocks (one JSON string for many lines: no JSON object or array per line on either side):
    ``{"type": "log_block", "run": R, "offset": S, "next_offset": N, "text": "a\\nb", "offsets"?: [...]}``:
    the complete lines from stream offset ``S`` joined by ``\\n`` (a line's text never holds ``\\n`` or
-   ``\\r``), ``N`` the offset after the last of them.  ``offsets`` (each line's start) is sent only when they
-   are not the natural ones, ``S`` plus the UTF-8 length + 1 of each line before (``natural_offsets``):
-   where bytes were replaced or stripped, a ``\\r\\n`` ended a line, a line was cut or a log generation
-   ended.  On the wire ``text`` is not a JSON string: the line carries ``"size": B`` in its place and is
-   followed by the B bytes of the text (UTF-8) and a ``\\n`` (``encode``; read with ``attach_payload``), so
-   neither side escapes or scans the text character by character.  A daemon that does not know
-   ``blocks`` ignores it and sends ``log`` messages.
+   ``\\r``), ``N`` the offset after the last of them.  Stream offsets are byte offsets in ``output.log``
+   that run on from where the previous file ended once it was truncated or replaced
+   (agent/logs/generations.py): distinct and increasing for every line of the run, so the receiver
+   stores lines idempotently; ``log_offset`` and ``status``'s ``log_size`` are stream offsets too (the
+   same numbers while the log was never cut).  ``offsets`` (each line's start) is sent only when they are
+   not the natural ones, ``S`` plus the UTF-8 length + 1 of each line before (``natural_offsets``): where
+   bytes were replaced or stripped, a ``\\r\\n`` ended a line, a line was cut or a log generation ended.
+   On the wire ``text`` is not a JSON string: the line carries ``"size": B`` in its place and is followed
+   by the B bytes of the text (UTF-8) and a ``\\n`` (``encode``; read with ``attach_payload``), so neither
+   side escapes or scans the text character by character.
    ``unfollow`` ends the stream.
 
 Requests (args → result):
@@ -60,7 +56,7 @@ Requests (args → result):
   waits in the queue) and, for a Slurm job, ``scheduler``: ``{"job_id", "array", "phase", "state",
   "reason", "position", "tasks", "error", "vanished"?}``; ``stop`` of a Slurm job is one ``scancel``
   (``killed`` empty, ``job_id``, ``scheduler_state``, ``confirmed`` once Slurm reports it ended).
-- ``follow {run, after_seq=0, log_offset?, blocks?}`` → ``{"run", "last_seq"}`` then the stream above;
+- ``follow {run, after_seq=0, log_offset?}`` → ``{"run", "last_seq"}`` then the stream above;
   ``unfollow {run}``.
 - ``read_log {run, offset=0, limit=65536}`` → ``{"run", "offset", "next_offset", "size", "data"}``
   (``data`` decoded as UTF-8 with replacement).
@@ -221,9 +217,9 @@ def encode(message: dict[str, Any]) -> bytes:
 
 def payload_size(message: dict[str, Any]) -> int | None:
     """How many bytes (the trailing newline included) follow this decoded line raw; None: none follow."""
-    if message.get("type") != "log_block" or "size" not in message:
+    if message.get("type") != "log_block":
         return None
-    size = message["size"]
+    size = message.get("size")
     if type(size) is not int or not 0 <= size <= MAX_PAYLOAD_BYTES:
         raise ProtocolError(
             ErrorCode.BAD_ARGS, f"log_block 'size' must be an integer in [0, {MAX_PAYLOAD_BYTES}]"
@@ -305,11 +301,6 @@ def event_block_frames(run: str, lines: bytes) -> bytes:
         return b""
     head = _event_head(run)
     return head + lines[:-1].replace(b"\n", b"}\n" + head) + b"}\n"
-
-
-def log_lines(run: str, lines: list[tuple[int, str]], next_offset: int) -> dict[str, Any]:
-    """A streamed batch of log lines ``(byte offset, text)`` of a followed run."""
-    return {"type": "log", "run": run, "lines": [[o, t] for o, t in lines], "next_offset": next_offset}
 
 
 def natural_offsets(offset: int, text: str, texts: list[str] | None = None) -> list[int]:

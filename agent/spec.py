@@ -23,12 +23,10 @@ from pydantic import (
 )
 
 from agent import limits
+from agent.backends import DEFAULT, OWN, PIPELINES, Backend
 from agent.milestones.rulefile import RuleError, validate_rules
 from agent.runs.outdir import output_dir_error
 
-Backend = Literal["worker-extension", "vllm-native", "command", "speculators", "specforge"]
-#: Backends that run a user's own extraction pipeline (agent/extract/pipeline_run.py), not eaglewatch's.
-PIPELINE_BACKENDS = ("speculators", "specforge")
 LayerConvention = Literal["input", "output"]
 ShapeFailurePolicy = Literal["alert", "stop"]
 #: Deliberate faults for the demo and the tests: make the capture go wrong the way real runs do.
@@ -195,7 +193,7 @@ class RunSpecBase(BaseModel):
         min_length=1,
         description="name of a configured host, or a list of them for a sharded run (controller level)",
     )
-    backend: Backend = "worker-extension"
+    backend: Backend = DEFAULT
     model: _Path | None = Field(default=None, description="absolute path of the model directory on the host")
     layers: list[StrictInt] | None = Field(
         default=None,
@@ -359,32 +357,33 @@ class RunSpecBase(BaseModel):
 
     @model_validator(mode="after")
     def _backend_fields(self) -> RunSpecBase:
-        if self.backend == "command":
+        backend = self.backend
+        if backend == Backend.COMMAND:
             if not self.command:
-                raise ValueError("backend 'command' needs 'command' (an argv list)")
+                raise ValueError(f"backend '{backend}' needs 'command' (an argv list)")
             if self.shard is not None or self.shards > 1:
-                raise ValueError(
-                    "'shard' and 'shards' need an extraction backend (worker-extension or vllm-native)"
-                )
+                raise ValueError(f"'shard' and 'shards' need an extraction backend ({' or '.join(OWN)})")
         else:
             if self.command:
-                raise ValueError(f"'command' is only allowed with backend 'command', not {self.backend!r}")
+                raise ValueError(
+                    f"'command' is only allowed with backend '{Backend.COMMAND}', not '{backend}'"
+                )
             missing = [f for f in ("model", "dataset", "output_dir") if getattr(self, f) is None]
-            if self.backend == "specforge" and self.specforge is None:
+            if backend == Backend.SPECFORGE and self.specforge is None:
                 missing.append("specforge (its scripts_dir at least)")
             if missing:
-                raise ValueError(f"backend {self.backend!r} needs {', '.join(missing)}")
-        for name in PIPELINE_BACKENDS:
-            if getattr(self, name) is not None and self.backend != name:
-                raise ValueError(f"'{name}' is only allowed with backend '{name}', not {self.backend!r}")
-        if self.backend == "specforge" and self.layers is not None:
+                raise ValueError(f"backend '{backend}' needs {', '.join(missing)}")
+        for name in PIPELINES:  # each pipeline's options field is named after it
+            if getattr(self, name) is not None and backend != name:
+                raise ValueError(f"'{name}' is only allowed with backend '{name}', not '{backend}'")
+        if backend == Backend.SPECFORGE and self.layers is not None:
             raise ValueError(
-                "backend 'specforge' takes its layers from its draft model config: leave 'layers' out "
+                f"backend '{backend}' takes its layers from its draft model config: leave 'layers' out "
                 "(pass --draft-model-config in specforge.args)"
             )
-        if self.backend in PIPELINE_BACKENDS and (self.shard is not None or self.shards > 1):
+        if backend in PIPELINES and (self.shard is not None or self.shards > 1):
             raise ValueError(
-                f"'shard' and 'shards' are eaglewatch's slicing; backend {self.backend!r} splits work with "
+                f"'shard' and 'shards' are eaglewatch's slicing; backend '{backend}' splits work with "
                 "its own flags (speculators: client_args --world-size/--rank)"
             )
         return self

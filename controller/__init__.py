@@ -1,4 +1,4 @@
-"""eaglewatch controller: SSH links to agents, SQLite state, run lifecycle, alerts and the CLI."""
+"""eaglewatch controller: SSH links to agents, SQLite state, run lifecycle, alerts."""
 
 from agent import __version__
 

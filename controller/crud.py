@@ -95,19 +95,6 @@ def add_log_block(*, tx: Tx, run_id: str, block: Block) -> int:
     return new.count
 
 
-def add_log_lines(*, tx: Tx, run_id: str, lines: list[list[Any]], next_offset: int | None) -> int:
-    """Store ``(offset, text)`` lines (an older agent's per-line ``log`` message) as one block."""
-    if not lines:
-        if next_offset is not None:
-            tx.conn.execute(
-                "UPDATE runs SET log_offset = max(log_offset, ?) WHERE id = ?", (int(next_offset), run_id)
-            )
-        return 0
-    last = int(lines[-1][0])
-    nxt = int(next_offset) if next_offset is not None and int(next_offset) > last else last + 1
-    return add_log_block(tx=tx, run_id=run_id, block=Block.from_lines([(o, t) for o, t in lines], nxt))
-
-
 def publish_run(*, tx: Tx, run_id: str) -> None:
     """Record + publish the run's current public shape (a shard's job: its sharded run's too)."""
     run = queries.get_run_public(tx.conn, run_id)

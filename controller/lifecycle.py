@@ -20,7 +20,7 @@ from enum import StrEnum
 
 
 class RunState(StrEnum):
-    """Run states (DESIGN.md contract)."""
+    """Run states (a contract: docs/architecture.md)."""
 
     PENDING = "pending"
     STARTING = "starting"
@@ -49,6 +49,8 @@ class RunEvent(StrEnum):
 
 S, E = RunState, RunEvent
 TERMINAL: frozenset[RunState] = frozenset({S.COMPLETED, S.FAILED, S.STOPPED, S.LOST})
+#: Runs that may be resumed (an extraction that ended without finishing).
+RESUMABLE_STATES = ("failed", "stopped", "lost")
 
 _FINISH: dict[RunEvent, RunState] = {
     E.JOB_COMPLETED: S.COMPLETED,

@@ -6,8 +6,8 @@ A transport yields a byte-stream pair running ``eaglewatch-agent connect``: ``SS
 asyncssh connection (host keys verified against known_hosts, agent forwarding off, keepalives on, connect
 timeout), ``LocalTransport`` over a subprocess's pipes (embedded demo, tests without SSH).  ``Link`` reads
 the daemon's hello, then one reader task decodes every line: replies resolve the pending request with the
-same id; ``event``/``log``/``log_block`` stream messages go, in arrival order, to the ``on_stream``
-coroutine (a ``log_block``'s raw text, which follows its line, read first: agent/protocol.py).
+same id; ``event`` and ``log_block`` stream messages go, in arrival order, to the ``on_stream`` coroutine
+(a ``log_block``'s raw text, which follows its line, read first: agent/protocol.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from controller.errors import AgentError, Unreachable
 
 log = logging.getLogger(__name__)
 StreamHandler = Callable[[dict[str, Any]], Awaitable[None]]
-#: Largest daemon→controller line accepted (a log batch of long lines).
+#: Largest daemon→controller line accepted (a big reply such as ``read_log``'s; a log block's text follows
+#: its line and is read apart).
 READ_LIMIT = 64 << 20
 
 

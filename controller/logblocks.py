@@ -62,13 +62,6 @@ class Block:
         return cls(offsets[0], next_offset, text, None if natural[:-1] == offsets else offsets)
 
     @classmethod
-    def from_lines(cls, lines: list[tuple[int, str]], next_offset: int) -> Block:
-        """A block from ``(offset, text)`` pairs (the per-line ``log`` message of older agents)."""
-        offsets = [int(o) for o, _ in lines]
-        texts = [str(t).replace("\r", " ").replace("\n", " ") for _, t in lines]
-        return cls.make(offsets, "\n".join(texts), next_offset)
-
-    @classmethod
     def from_message(cls, msg: dict[str, Any]) -> Block:
         """The block of a ``log_block`` stream message; BlockError names what is malformed."""
         offset, nxt, text, offsets = (

@@ -1,23 +1,27 @@
-"""SQLModel tables (the SQLite schema) and the public shapes the facade returns.
+"""SQLModel tables (the SQLite schema), the inputs the facade takes and the public shapes it returns.
 
-Layering as in the FastAPI template: ``HostCreate`` (input) → ``Host`` (table) → ``HostPublic`` (output).
+Layering as in the FastAPI template: ``HostCreate`` (input) → ``Host`` (table) → ``HostPublic`` (output);
+a run's input is the ``RunSpec`` (agent/spec.py), validated once where it enters (``parse_run_spec``).
 JSON columns are stored as TEXT and decoded into the public models.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 from pydantic import Field as PField
 from sqlalchemy import Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from agent.sched.options import sbatch_arg_problem, slurm_name_problem
+from agent.spec import RunSpec
+from controller.errors import SpecInvalid
 from controller.sshdest import parse_destination
 
-#: 2: log lines stored as blocks (log_blocks; the per-line log_lines rows of 1 are migrated).
+#: The schema this controller writes; it refuses a database of a newer one.
 SCHEMA_VERSION = 2
 
 RUN_STATES = ("pending", "starting", "running", "completed", "failed", "stopped", "lost", "unknown")
@@ -196,6 +200,30 @@ class LogBlock(SQLModel, table=True):
     text: str
     #: each line's offset (little-endian int64), NULL when they are the natural ones
     offsets: bytes | None = None
+
+
+def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
+    """pydantic errors as [{field, message}] naming each bad field."""
+    out = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err.get("loc", ()))
+        if not field:  # a model-level rule: name the first spec field its message mentions
+            msg = str(err.get("msg", ""))
+            named = [f for f in RunSpec.model_fields if f != "backend" and re.search(rf"\b{f}\b", msg)]
+            field = named[0] if named else "spec"
+        out.append({"field": field, "message": str(err.get("msg", "invalid"))})
+    return out
+
+
+def parse_run_spec(data: object) -> RunSpec:
+    """A run spec as a user wrote it (CLI, spec file, the stored spec a run resumes) validated; SpecInvalid
+    names each bad field."""
+    if not isinstance(data, dict):
+        raise SpecInvalid([{"field": "spec", "message": "a run spec must be a JSON object"}])
+    try:
+        return RunSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecInvalid(validation_errors(exc)) from None
 
 
 # ---------------------------------------------------------------- public shapes (facade / API output)

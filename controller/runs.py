@@ -1,27 +1,24 @@
-"""Run operations: validate a spec, write the run (pending) first, launch and stop through the agent."""
+"""Run operations: check a validated spec against its hosts, write the run (pending) first, launch and stop
+through the agent."""
 
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import time
 from typing import Any
 
-from pydantic import ValidationError
-
-from agent.spec import PIPELINE_BACKENDS, RunSpec
+from agent.backends import PIPELINES
+from agent.spec import RunSpec
 from controller import crud, queries
 from controller.alerts import AlertPolicy
 from controller.errors import AgentError, Conflict, NotFound, SpecInvalid, Unreachable
 from controller.fleet import Supervisors
-from controller.lifecycle import RunEvent, event_for_agent_state, is_terminal
+from controller.lifecycle import RESUMABLE_STATES, RunEvent, event_for_agent_state, is_terminal
+from controller.models import parse_run_spec
 from controller.settings import Settings
 from controller.shardruns import ShardOps
 from controller.store import Store, Tx
-
-#: Runs that may be resumed (an extraction that ended without finishing).
-RESUMABLE_STATES = ("failed", "stopped", "lost")
 
 #: The agent gives a forecast up to 300 s (agent/runs/output_info.py); the link waits a little longer.
 FORECAST_TIMEOUT_S = 330
@@ -33,75 +30,33 @@ def new_run_id(now: float | None = None) -> str:
     return f"r-{stamp}-{secrets.token_hex(2)}"
 
 
-def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
-    """pydantic errors as [{field, message}] naming each bad field."""
-    out = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err.get("loc", ()))
-        if not field:  # a model-level rule: name the first spec field its message mentions
-            msg = str(err.get("msg", ""))
-            named = [f for f in RunSpec.model_fields if f != "backend" and re.search(rf"\b{f}\b", msg)]
-            field = named[0] if named else "spec"
-        out.append({"field": field, "message": str(err.get("msg", "invalid"))})
-    return out
-
-
-def validate_spec(spec: dict[str, Any] | RunSpec, hosts: dict[str, dict[str, Any] | None]) -> RunSpec:
-    """Validate a spec against the model and what is known about its hosts (name → row, None when there
-    is no such host); raises SpecInvalid."""
-    if isinstance(spec, RunSpec):
-        parsed = spec
-    else:
-        if not isinstance(spec, dict):
-            raise SpecInvalid([{"field": "spec", "message": "a run spec must be a JSON object"}])
-        try:
-            parsed = RunSpec.model_validate(spec)
-        except ValidationError as exc:
-            errs = validation_errors(exc)
-            errs.extend(_unknown_hosts(hosts))
-            raise SpecInvalid(errs) from None
-    errors = _unknown_hosts(hosts)
-    for row in (r for r in hosts.values() if r is not None):
-        gpus = json.loads(row.get("gpus_json") or "[]")
-        # A Slurm login node's own GPUs say nothing of the compute nodes' (Slurm refuses what none has).
-        if gpus and row.get("scheduler") != "slurm" and parsed.tensor_parallel_size > len(gpus):
-            errors.append(
-                {
-                    "field": "tensor_parallel_size",
-                    "message": f"{parsed.tensor_parallel_size} > {len(gpus)} GPUs on host {row['name']}",
-                }
-            )
-    if (
-        parsed.layers is not None
-        and parsed.expect.layers is not None
-        and len(parsed.layers) != parsed.expect.layers
-    ):
-        errors.append(
-            {
-                "field": "layers",
-                "message": f"{len(parsed.layers)} layer ids but expect.layers is {parsed.expect.layers}",
-            }
-        )
-    if errors:
-        raise SpecInvalid(errors)
-    return parsed
-
-
-def _unknown_hosts(hosts: dict[str, dict[str, Any] | None]) -> list[dict[str, str]]:
-    return [
+def check_hosts(spec: RunSpec, hosts: dict[str, dict[str, Any] | None]) -> None:
+    """What the spec model cannot know: that its hosts (name → row, None when there is no such host) exist
+    and have the GPUs it asks for, and that its layer ids agree with ``expect.layers``; raises SpecInvalid."""
+    errors = [
         {"field": "host", "message": f"no host named {name!r} (add it with: hosts add)"}
         for name, row in hosts.items()
         if row is None
     ]
-
-
-def spec_hosts(spec: dict[str, Any] | RunSpec) -> list[str]:
-    """The host names a spec names (before validation: whatever strings it holds)."""
-    if isinstance(spec, RunSpec):
-        return spec.hosts
-    given = spec.get("host") if isinstance(spec, dict) else None
-    names = [given] if isinstance(given, str) else given if isinstance(given, list) else []
-    return [n for n in names if isinstance(n, str) and n][:64]
+    for row in (r for r in hosts.values() if r is not None):
+        gpus = json.loads(row.get("gpus_json") or "[]")
+        # A Slurm login node's own GPUs say nothing of the compute nodes' (Slurm refuses what none has).
+        if gpus and row.get("scheduler") != "slurm" and spec.tensor_parallel_size > len(gpus):
+            errors.append(
+                {
+                    "field": "tensor_parallel_size",
+                    "message": f"{spec.tensor_parallel_size} > {len(gpus)} GPUs on host {row['name']}",
+                }
+            )
+    if spec.layers is not None and spec.expect.layers is not None and len(spec.layers) != spec.expect.layers:
+        errors.append(
+            {
+                "field": "layers",
+                "message": f"{len(spec.layers)} layer ids but expect.layers is {spec.expect.layers}",
+            }
+        )
+    if errors:
+        raise SpecInvalid(errors)
 
 
 def scheduler_args(host: dict[str, Any]) -> dict[str, Any] | None:
@@ -120,7 +75,6 @@ def scheduler_args(host: dict[str, Any]) -> dict[str, Any] | None:
 class RunOps:
     """Create and stop runs; launches go through the supervised link or a one-shot link."""
 
-    resumable = RESUMABLE_STATES
     new_id = staticmethod(new_run_id)
 
     def __init__(
@@ -130,49 +84,44 @@ class RunOps:
         self.store = store
         self.supervisors = supervisors
         self.policy = policy
-        self.sharded = ShardOps(self)
+        self.sharded = ShardOps(store, supervisors, policy, self)
 
-    async def _validated(self, spec: dict[str, Any] | RunSpec) -> RunSpec:
-        """The spec validated against the model and its host as stored; raises SpecInvalid."""
+    async def _check_hosts(self, spec: RunSpec) -> None:
+        """check_hosts against the spec's hosts as stored; raises SpecInvalid."""
         hosts: dict[str, dict[str, Any] | None] = {}
-        for name in spec_hosts(spec):
+        for name in spec.hosts:
             try:
                 hosts[name] = await self.store.read(queries.host_row, name)
             except NotFound:
                 hosts[name] = None
-        return validate_spec(spec, hosts)
+        check_hosts(spec, hosts)
 
-    async def create(self, spec: dict[str, Any] | RunSpec, resumed_from: str | None = None) -> str:
-        """Validate, write pending, launch; a failed launch leaves a failed run with the reason.
+    async def create(self, spec: RunSpec, resumed_from: str | None = None) -> str:
+        """Check the hosts, write pending, launch; a failed launch leaves a failed run with the reason.
 
         A spec with ``shards`` > 1 becomes one sharded run of several jobs (controller/shardruns.py)."""
-        parsed = await self._validated(spec)
-        if parsed.shards > 1:
-            return await self.sharded.create(parsed)
+        await self._check_hosts(spec)
+        if spec.shards > 1:
+            return await self.sharded.create(spec)
         run_id = new_run_id()
-        spec_dict = parsed.model_dump(mode="json")
+        document = spec.model_dump(mode="json")
 
         def insert(tx: Tx) -> None:
             crud.insert_run(
-                tx=tx,
-                run_id=run_id,
-                name=parsed.name,
-                host=parsed.hosts[0],
-                backend=parsed.backend,
-                model=parsed.model,
-                spec_json=json.dumps(spec_dict),
-                resumed_from=resumed_from,
-            )
+                tx=tx, run_id=run_id, name=spec.name, host=spec.hosts[0], backend=spec.backend,
+                model=spec.model, spec_json=json.dumps(document), resumed_from=resumed_from,
+            )  # fmt: skip
             crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCH, policy=self.policy)
 
         await self.store.write(insert)
-        await self.launch(run_id, parsed.hosts[0], spec_dict)
+        await self.launch(run_id, spec.hosts[0], document)
         return run_id
 
     async def launch(
-        self, run_id: str, host: str, spec_dict: dict[str, Any], array: tuple[int, list[int]] | None = None
+        self, run_id: str, host: str, document: dict[str, Any], array: tuple[int, list[int]] | None = None
     ) -> None:
-        """Ask ``host``'s agent to launch a written (starting) run; a refusal fails it with the reason.
+        """Ask ``host``'s agent to launch a written (starting) run with its spec as stored (``document``); a
+        refusal fails it with the reason.
 
         ``array`` (shards, task ids): on a Slurm host, one array job running those shards of the run."""
         try:
@@ -184,7 +133,7 @@ class RunOps:
             sched.update(shards=array[0], tasks=array[1])
         try:
             async with self.supervisors.link_for(host) as link:
-                result = await link.request("launch", run=run_id, spec=spec_dict, timeout=120, **extra)
+                result = await link.request("launch", run=run_id, spec=document, timeout=120, **extra)
         except (AgentError, Unreachable) as exc:
             reason = f"launch failed: {exc.message}"
             await self.store.write(
@@ -222,20 +171,20 @@ class RunOps:
             raise Conflict(
                 f"run {run_id} runs a command, which may not skip finished work: start it again instead"
             )
-        return await self.create(json.loads(run["spec_json"]), resumed_from=run_id)
+        return await self.create(parse_run_spec(json.loads(run["spec_json"])), resumed_from=run_id)
 
-    async def forecast(self, spec: dict[str, Any] | RunSpec) -> dict[str, Any]:
+    async def forecast(self, spec: RunSpec) -> dict[str, Any]:
         """The host's forecast for a spec (bytes to write, free bytes, fits, estimated); launches nothing.
 
         A spec the job cannot forecast (no such model or dataset on the host) is SpecInvalid on `spec`.
         """
-        parsed = await self._validated(spec)
-        if parsed.backend == "command":
+        await self._check_hosts(spec)
+        if spec.backend == "command":
             raise SpecInvalid([{"field": "backend", "message": "a watched command has no forecast"}])
         try:
-            async with self.supervisors.link_for(parsed.hosts[0]) as link:
-                spec_dict = parsed.model_dump(mode="json")
-                return await link.request("forecast", spec=spec_dict, timeout=FORECAST_TIMEOUT_S)
+            async with self.supervisors.link_for(spec.hosts[0]) as link:
+                document = spec.model_dump(mode="json")
+                return await link.request("forecast", spec=document, timeout=FORECAST_TIMEOUT_S)
         except AgentError as exc:
             if exc.agent_code in ("failed", "bad_args"):
                 message = exc.message.removeprefix(f"agent: {exc.agent_code}: ")
@@ -247,7 +196,7 @@ class RunOps:
         run = await self.store.read(queries.run_row, run_id)
         if run["backend"] == "command":
             raise Conflict(f"run {run_id} is a watched command: eaglewatch keeps no manifest for it")
-        if run["backend"] in PIPELINE_BACKENDS:
+        if run["backend"] in PIPELINES:
             raise Conflict(f"run {run_id} ran {run['backend']}, which writes no eaglewatch manifest")
         if run["shards"]:
             return await self.sharded.card(run)

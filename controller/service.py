@@ -13,8 +13,10 @@ Interface (stable; the web builds on it)::
     await ctl.check_host(name) -> HostPublic      (connects now; Unreachable / HostKeyRejected on failure)
     await ctl.host_key(name) -> str               (SHA256 fingerprint the host presents; no trust implied)
 
-    await ctl.create_run(spec: dict | RunSpec) -> str        (run id; SpecInvalid(errors=[{field, message}]),
-                                                               NotFound for an unknown host)
+    await ctl.create_run(spec: RunSpec) -> str   (run id; the spec validated where it came in: the API's
+                                                  body, the web form, the CLI's models.parse_run_spec;
+                                                  SpecInvalid(errors=[{field, message}]) for what only
+                                                  its hosts tell: an unknown host, too few GPUs)
     await ctl.resume_run(run_id) -> str   (a new run, same spec, ``resumed_from`` = run_id; Conflict unless a
                                            failed/stopped/lost extraction)
     await ctl.stop_run(run_id) -> RunPublic ; await ctl.list_runs() -> list[RunPublic] (newest first)
@@ -163,8 +165,8 @@ class Controller:
 
     # ------------------------------------------------------------------ runs
 
-    async def create_run(self, spec: dict[str, Any] | RunSpec) -> str:
-        """Validate, write the run (pending), launch it through the agent; returns the run id."""
+    async def create_run(self, spec: RunSpec) -> str:
+        """Check the spec's hosts, write the run (pending), launch it through its agent; returns its id."""
         return await self.runs.create(spec)
 
     async def resume_run(self, run_id: str, shard: int | None = None) -> str:
@@ -173,7 +175,7 @@ class Controller:
         A sharded run restarts its failed shards (or only ``shard``) and stays the same run while active."""
         return await self.runs.resume(run_id, shard)
 
-    async def forecast(self, spec: dict[str, Any] | RunSpec) -> dict[str, Any]:
+    async def forecast(self, spec: RunSpec) -> dict[str, Any]:
         """The host's disk forecast for a spec (`extract --forecast` through the agent); launches nothing."""
         return await self.runs.forecast(spec)
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -35,36 +36,76 @@ def ensure_home(path: Path) -> Path:
 
 
 class Settings(BaseSettings):
-    """Everything the controller needs to know; precedence: init args > env > config.toml > defaults."""
+    """Everything the controller needs to know; precedence: init args > env > config.toml > defaults.
+
+    Each field is `EAGLEWATCH_<NAME>` in the environment and `<name>` in config.toml (except `home`, which
+    says where config.toml is).
+    """
 
     model_config = SettingsConfigDict(env_prefix="EAGLEWATCH_", extra="ignore")
 
-    home: Path = Field(default_factory=default_home)
-    bind: str = "127.0.0.1"
-    port: int = Field(default=8765, ge=0, le=65535)
-    db_path: Path | None = Field(default=None, description="default: <home>/eaglewatch.db")
-    #: apprise notification URLs (slack://, ntfy://, json://…): secrets, never rendered.
-    apprise_urls: list[SecretStr] = Field(default_factory=list)
-    unreachable_minutes: float = Field(default=5.0, ge=0)
-    stall_factor: float = Field(default=5.0, gt=0)
+    home: Path = Field(
+        default_factory=default_home, description="the controller's state: database, config.toml, web login"
+    )
+    bind: str = Field(default="127.0.0.1", description="address `serve` listens on")
+    port: int = Field(default=8765, ge=0, le=65535, description="port `serve` listens on")
+    db_path: Path | None = Field(
+        default=None, description="the SQLite database (unset: `<home>/eaglewatch.db`)"
+    )
+    apprise_urls: list[SecretStr] = Field(
+        default_factory=list,
+        description="alert channels (slack://, ntfy://, mailto://, json://…), secret; env: a JSON list",
+    )
+    unreachable_minutes: float = Field(
+        default=5.0, ge=0, description="alert when a host stays unreachable this long"
+    )
+    stall_factor: float = Field(
+        default=5.0, gt=0, description="alert when progress is overdue by this factor × the recent interval"
+    )
     stall_min_s: float = Field(default=60.0, ge=0, description="never call a run stalled sooner than this")
-    cooldown_s: float = Field(default=600.0, ge=0)
-    known_hosts: Path | None = Field(default=None, description="default: ~/.ssh/known_hosts")
-    ssh_config: Path | None = Field(default=None, description="default: ~/.ssh/config")
-    keepalive_interval: float = Field(default=15.0, gt=0)
-    keepalive_count_max: int = Field(default=3, ge=1)
-    connect_timeout: float = Field(default=15.0, gt=0)
-    reconnect_initial_s: float = Field(default=0.5, gt=0)
-    reconnect_max_s: float = Field(default=30.0, gt=0)
+    cooldown_s: float = Field(
+        default=600.0, ge=0, description="the same alert for the same run or host at most once per this"
+    )
+    known_hosts: Path | None = Field(
+        default=None, description="SSH known_hosts (unset: `~/.ssh/known_hosts`)"
+    )
+    ssh_config: Path | None = Field(
+        default=None, description="SSH config with host aliases (unset: `~/.ssh/config`)"
+    )
+    keepalive_interval: float = Field(default=15.0, gt=0, description="seconds between SSH keepalives")
+    keepalive_count_max: int = Field(
+        default=3, ge=1, description="unanswered keepalives before a link counts as down"
+    )
+    connect_timeout: float = Field(default=15.0, gt=0, description="seconds an SSH connect may take")
+    reconnect_initial_s: float = Field(default=0.5, gt=0, description="first wait before reconnecting a link")
+    reconnect_max_s: float = Field(
+        default=30.0, gt=0, description="longest wait between reconnects (the wait doubles up to it)"
+    )
     sweep_interval_s: float = Field(default=5.0, gt=0, description="how often stall/unreachable rules run")
     remote_base: str = Field(
         default=".local/share/eaglewatch",
         description="where the agent is uploaded on hosts (relative to the remote home, or absolute)",
     )
-    outbox_max_backoff_s: float = Field(default=300.0, gt=0)
+    outbox_max_backoff_s: float = Field(
+        default=300.0, gt=0, description="longest wait between retries of an undelivered alert"
+    )
     session_ttl_s: float = Field(
         default=12 * 3600.0, gt=0, le=30 * 86400, description="web login sessions expire after this"
     )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="extra DNS names the web UI answers to (DNS-rebinding guard); env: comma-separated",
+    )
+    demo_home: Path = Field(
+        default_factory=lambda: Path.home() / ".local" / "share" / "eaglewatch-demo",
+        description="the demo's state, never the controller's home (`demo --home` wins)",
+    )
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        """The environment gives one comma-separated string; config.toml a list."""
+        return value.split(",") if isinstance(value, str) else value
 
     @classmethod
     def settings_customise_sources(

@@ -1,4 +1,4 @@
-"""Pure: a sharded run's placement over hosts and GPU groups, its shard specs, and its one state and progress.
+"""Pure: a sharded run's placement over hosts and GPU groups, its jobs' specs, and its one state and progress.
 
 The decisions controller/shardruns.py (the fan-out) and controller/shard_store.py (the aggregate row) make,
 kept apart from I/O so they are tested on their own.
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from agent.spec import RunSpec, Shard
 from controller.lifecycle import RunState, is_terminal
 
 S = RunState
@@ -94,17 +95,28 @@ def place(
     return out
 
 
-def shard_spec(spec: dict[str, Any], at: Placement, count: int) -> dict[str, Any]:
+def shard_spec(spec: RunSpec, at: Placement, count: int) -> RunSpec:
     """The job spec of one shard: one host, its shard, its GPUs in CUDA_VISIBLE_DEVICES (or its cores in
-    VLLM_CPU_OMP_THREADS_BIND); no `shards`."""
-    child = {k: v for k, v in spec.items() if k != "shards"}
-    child["host"] = at.host
-    child["shard"] = {"index": at.index, "count": count}
+    VLLM_CPU_OMP_THREADS_BIND); not split again."""
+    env = dict(spec.env)
     if at.gpus is not None:
-        child["env"] = {**spec.get("env", {}), "CUDA_VISIBLE_DEVICES": ",".join(map(str, at.gpus))}
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, at.gpus))
     if at.cpus is not None:
-        child["env"] = {**spec.get("env", {}), CPU_BIND: at.cpus}
-    return child
+        env[CPU_BIND] = at.cpus
+    shard = Shard(index=at.index, count=count)
+    return spec.model_copy(update={"host": at.host, "shard": shard, "env": env, "shards": 1})
+
+
+def array_spec(spec: RunSpec, host: str) -> RunSpec:
+    """The spec of one Slurm host's array job: the run's, on that host, not split again here (each task
+    gets its ``shard`` from its task id on the cluster, agent/sched/task.py)."""
+    return spec.model_copy(update={"host": host, "shards": 1})
+
+
+def job_document(spec: RunSpec) -> dict[str, Any]:
+    """A job's spec as its run row stores it and its agent gets it: without ``shards``, which is its
+    sharded run's business, not the job's."""
+    return spec.model_dump(mode="json", exclude={"shards"})
 
 
 def run_state(shard_states: list[str]) -> str:

@@ -3,7 +3,8 @@
 Each shard is an ordinary agent job (a hidden run row) with its own spec: ``shard`` and, on a GPU host,
 ``CUDA_VISIBLE_DEVICES`` naming its GPU group.  ``shard_jobs`` is the one place a run becomes per-host jobs.
 The shards placed on a Slurm host are instead one array job there (``slurm_arrays``): one hidden job row,
-one sbatch, its task i being shard i; each shard row names that job and its task.
+one sbatch, its task i being shard i; each shard row names that job and its task.  A job's spec stays a
+``RunSpec`` until ``job_document`` writes it for the database and the agent.
 """
 
 from __future__ import annotations
@@ -11,18 +12,26 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agent.spec import RunSpec
 from controller import crud, queries, shard_store
+from controller.alerts import AlertPolicy
 from controller.errors import Conflict, NotFound, SpecInvalid
-from controller.lifecycle import RunEvent, is_terminal
-from controller.models import ShardPublic
-from controller.sharding import Placement, PlacementError, cpu_groups, gpu_indices, place, shard_spec
-from controller.store import Tx
-
-if TYPE_CHECKING:
-    from controller.runs import RunOps
+from controller.fleet import Supervisors
+from controller.lifecycle import RESUMABLE_STATES, RunEvent, is_terminal
+from controller.models import ShardPublic, parse_run_spec
+from controller.sharding import (
+    Placement,
+    PlacementError,
+    array_spec,
+    cpu_groups,
+    gpu_indices,
+    job_document,
+    place,
+    shard_spec,
+)
+from controller.store import Store, Tx
 
 
 @dataclass(frozen=True)
@@ -32,7 +41,7 @@ class ShardJob:
     index: int
     host: str
     gpus: tuple[int, ...] | None
-    spec: dict[str, Any]
+    spec: RunSpec
 
 
 def shard_jobs(parsed: RunSpec, hosts: dict[str, dict[str, Any]]) -> list[ShardJob]:
@@ -50,9 +59,8 @@ def shard_jobs(parsed: RunSpec, hosts: dict[str, dict[str, Any]]) -> list[ShardJ
         )
         for name in parsed.hosts
     ]
-    spec = parsed.model_dump(mode="json")
     return [
-        ShardJob(p.index, p.host, p.gpus, shard_spec(spec, p, parsed.shards))
+        ShardJob(p.index, p.host, p.gpus, shard_spec(parsed, p, parsed.shards))
         for p in place(parsed.shards, groups, parsed.tensor_parallel_size, cpu_groups(parsed.env))
     ]
 
@@ -71,21 +79,36 @@ def slurm_arrays(jobs: list[ShardJob], hosts: dict[str, dict[str, Any]]) -> dict
     return out
 
 
-def array_spec(spec: dict[str, Any], host: str) -> dict[str, Any]:
-    """The spec of one Slurm host's array job: the run's, on that host, without ``shards`` (each task gets
-    its ``shard`` from its task id on the cluster, agent/sched/task.py)."""
-    return {**{k: v for k, v in spec.items() if k != "shards"}, "host": host}
+class Jobs(Protocol):
+    """What a sharded run asks of the run operations (controller/runs.py RunOps) for each of its jobs."""
+
+    def new_id(self) -> str:
+        """A new run id."""
+        ...
+
+    async def launch(
+        self, run_id: str, host: str, document: dict[str, Any], array: tuple[int, list[int]] | None = None
+    ) -> None:
+        """Launch a written job with its stored spec; a refusal fails it."""
+        ...
+
+    async def stop(self, run_id: str) -> dict[str, Any]:
+        """Stop a job."""
+        ...
 
 
 class ShardOps:
     """What RunOps does for a sharded run: create its jobs, resume a shard, stop them all, fetch its card."""
 
-    def __init__(self, ops: RunOps) -> None:
-        self.ops = ops
+    def __init__(self, store: Store, supervisors: Supervisors, policy: AlertPolicy, jobs: Jobs) -> None:
+        self.store = store
+        self.supervisors = supervisors
+        self.policy = policy
+        self.jobs = jobs
 
     async def create(self, parsed: RunSpec) -> str:
         """Place the shards, write the run and its jobs, launch every job; returns the run's id."""
-        hosts = {name: await self.ops.store.read(queries.host_row, name) for name in parsed.hosts}
+        hosts = {name: await self.store.read(queries.host_row, name) for name in parsed.hosts}
         try:
             jobs = shard_jobs(parsed, hosts)
         except PlacementError as exc:
@@ -104,8 +127,8 @@ class ShardOps:
     ) -> str:
         attempts = attempts or {}
         arrays = arrays or {}
-        run_id = self.ops.new_id()
-        spec_dict = parsed.model_dump(mode="json")
+        run_id = self.jobs.new_id()
+        document = parsed.model_dump(mode="json")
         in_array = {j.index for tasks in arrays.values() for j in tasks}
         launch = [(f"{run_id}-s{j.index}", j) for j in jobs if j.index not in in_array]
         array_jobs = [(f"{run_id}-array{k}", host, tasks) for k, (host, tasks) in enumerate(arrays.items())]
@@ -113,36 +136,39 @@ class ShardOps:
         def insert(tx: Tx) -> None:
             crud.insert_run(
                 tx=tx, run_id=run_id, name=parsed.name, host=",".join(parsed.hosts), backend=parsed.backend,
-                model=parsed.model, spec_json=json.dumps(spec_dict), resumed_from=resumed_from,
+                model=parsed.model, spec_json=json.dumps(document), resumed_from=resumed_from,
                 shards=parsed.shards,
             )  # fmt: skip
             for s in keep:  # completed shards of the run this one resumes: their jobs count here too
                 shard_store.carry_shard(tx.conn, resumed_from or "", run_id, s.index)
             for job_id, host, tasks in array_jobs:
-                spec = array_spec(spec_dict, host)
                 crud.insert_run(
                     tx=tx, run_id=job_id, name=f"{parsed.name} shards {','.join(str(j.index) for j in tasks)}"
                     f"/{parsed.shards} (Slurm array)", host=host, backend=parsed.backend, model=parsed.model,
-                    spec_json=json.dumps(spec), resumed_from=None, shard_of=run_id,
+                    spec_json=json.dumps(job_document(array_spec(parsed, host))), resumed_from=None,
+                    shard_of=run_id,
                 )  # fmt: skip
                 for j in tasks:
                     shard_store.insert_shard(tx.conn, run_id, j.index, host, None, job_id, 1, task=j.index)
-                crud.transition(tx=tx, run_id=job_id, event=RunEvent.LAUNCH, policy=self.ops.policy)
+                crud.transition(tx=tx, run_id=job_id, event=RunEvent.LAUNCH, policy=self.policy)
             for job_id, job in launch:
                 self._insert_job(tx, run_id, job_id, job, parsed.shards, previous.get(job.index))
                 shard_store.insert_shard(
                     tx.conn, run_id, job.index, job.host, job.gpus, job_id, attempts.get(job.index, 0) + 1
                 )
-                crud.transition(tx=tx, run_id=job_id, event=RunEvent.LAUNCH, policy=self.ops.policy)
+                crud.transition(tx=tx, run_id=job_id, event=RunEvent.LAUNCH, policy=self.policy)
             if shard_store.aggregate(tx.conn, run_id, tx.now, None):
                 crud.publish_run(tx=tx, run_id=run_id)
 
-        await self.ops.store.write(insert)
+        await self.store.write(insert)
         await asyncio.gather(
-            *(self.ops.launch(job_id, job.host, job.spec) for job_id, job in launch),
+            *(self.jobs.launch(job_id, job.host, job_document(job.spec)) for job_id, job in launch),
             *(
-                self.ops.launch(
-                    job_id, host, array_spec(spec_dict, host), array=(parsed.shards, [j.index for j in tasks])
+                self.jobs.launch(
+                    job_id,
+                    host,
+                    job_document(array_spec(parsed, host)),
+                    array=(parsed.shards, [j.index for j in tasks]),
                 )
                 for job_id, host, tasks in array_jobs
             ),
@@ -153,8 +179,8 @@ class ShardOps:
         self, tx: Tx, run_id: str, job_id: str, job: ShardJob, count: int, resumed_from: str | None
     ) -> None:
         crud.insert_run(
-            tx=tx, run_id=job_id, name=f"{job.spec['name']} shard {job.index}/{count}", host=job.host,
-            backend=job.spec["backend"], model=job.spec.get("model"), spec_json=json.dumps(job.spec),
+            tx=tx, run_id=job_id, name=f"{job.spec.name} shard {job.index}/{count}", host=job.host,
+            backend=job.spec.backend, model=job.spec.model, spec_json=json.dumps(job_document(job.spec)),
             resumed_from=resumed_from, shard_of=run_id, shard_index=job.index,
         )  # fmt: skip
 
@@ -165,12 +191,12 @@ class ShardOps:
         shards over (a terminal state never moves back).  Returns the id of the run to follow.
         """
         run_id = run["id"]
-        rows = await self.ops.store.read(shard_store.shards, run_id)
+        rows = await self.store.read(shard_store.shards, run_id)
         if shard is not None and not 0 <= shard < len(rows):
             raise NotFound(f"run {run_id} has no shard {shard} (its shards are 0 to {len(rows) - 1})")
-        targets = [rows[shard]] if shard is not None else [r for r in rows if r.state in self.ops.resumable]
+        targets = [rows[shard]] if shard is not None else [r for r in rows if r.state in RESUMABLE_STATES]
         for r in targets:
-            if r.state not in self.ops.resumable:
+            if r.state not in RESUMABLE_STATES:
                 raise Conflict(
                     f"shard {r.index} of run {run_id} is {r.state}: "
                     "only a failed, stopped or lost shard can be resumed"
@@ -179,15 +205,15 @@ class ShardOps:
             raise Conflict(f"no shard of run {run_id} failed, stopped or was lost: nothing to resume")
         jobs = []
         for r in targets:
-            old = await self.ops.store.read(queries.run_row, r.job_id)
-            spec = json.loads(old["spec_json"])
+            old = await self.store.read(queries.run_row, r.job_id)
+            spec = parse_run_spec(json.loads(old["spec_json"]))
             if r.task is not None:  # a task of an array job: now a job of its own, one sbatch of its shard
                 spec = shard_spec(spec, Placement(r.index, r.host, None), len(rows))
             jobs.append(ShardJob(r.index, r.host, tuple(r.gpus) if r.gpus else None, spec))
         previous = {r.index: r.job_id for r in targets}
         attempts = {r.index: r.attempts for r in targets}
         if is_terminal(run["state"]):
-            parsed = RunSpec.model_validate(json.loads(run["spec_json"]))
+            parsed = parse_run_spec(json.loads(run["spec_json"]))
             keep = [r for r in rows if r.index not in previous]
             return await self._start(parsed, jobs, keep, run_id, previous, attempts)
         launch = [(f"{run_id}-s{j.index}-a{attempts[j.index] + 1}", j) for j in jobs]
@@ -199,20 +225,22 @@ class ShardOps:
             for job_id, job in launch:
                 self._insert_job(tx, run_id, job_id, job, run["shards"], previous[job.index])
                 shard_store.replace_job(tx.conn, run_id, job.index, job_id)
-                crud.transition(tx=tx, run_id=job_id, event=RunEvent.LAUNCH, policy=self.ops.policy)
+                crud.transition(tx=tx, run_id=job_id, event=RunEvent.LAUNCH, policy=self.policy)
 
-        await self.ops.store.write(insert)
-        await asyncio.gather(*(self.ops.launch(job_id, job.host, job.spec) for job_id, job in launch))
+        await self.store.write(insert)
+        await asyncio.gather(
+            *(self.jobs.launch(job_id, j.host, job_document(j.spec)) for job_id, j in launch)
+        )
         return run_id
 
     async def stop(self, run: dict[str, Any]) -> dict[str, Any]:
         """Stop every shard's job that is still going; the run ends once they all have."""
-        rows = await self.ops.store.read(shard_store.shards, run["id"])
+        rows = await self.store.read(shard_store.shards, run["id"])
         # pending too: a shard's Slurm job (or array) waiting in the queue is scancelled there
         going = [r for r in rows if not is_terminal(r.state)]
         # An array job's tasks share it: one stop (one scancel) for all of them.
         job_ids = list(dict.fromkeys(r.job_id for r in going))
-        results = await asyncio.gather(*(self.ops.stop(j) for j in job_ids), return_exceptions=True)
+        results = await asyncio.gather(*(self.jobs.stop(j) for j in job_ids), return_exceptions=True)
         failed = [(j, e) for j, e in zip(job_ids, results, strict=True) if isinstance(e, BaseException)]
         if failed and len(failed) == len(job_ids):
             raise failed[0][1]
@@ -221,7 +249,7 @@ class ShardOps:
 
     async def card(self, run: dict[str, Any]) -> dict[str, Any]:
         """The merged manifest.json (all shards, totals) from the first host whose output dir has it."""
-        rows = await self.ops.store.read(shard_store.shards, run["id"])
+        rows = await self.store.read(shard_store.shards, run["id"])
         seen: set[str] = set()
         last = "no shard has written a manifest yet"
         for r in rows:
@@ -229,7 +257,7 @@ class ShardOps:
                 continue
             seen.add(r.host)
             try:
-                async with self.ops.supervisors.link_for(r.host) as link:
+                async with self.supervisors.link_for(r.host) as link:
                     doc = await link.request("manifest", run=r.job_id, timeout=60)
             except Exception as exc:  # any host's failure is only a reason to try the next
                 last = f"host {r.host}: {exc}"

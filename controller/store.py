@@ -37,7 +37,6 @@ from sqlmodel import SQLModel
 
 from controller import models
 from controller.bus import Bus, BusEvent
-from controller.logmigration import migrate_log_lines
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,7 +93,6 @@ def create_schema(path: Path) -> None:
     conn = connect(path)
     try:
         _add_missing_columns(conn)
-        migrate_log_lines(conn)
         conn.execute("INSERT OR IGNORE INTO schema_version(version) VALUES (?)", (models.SCHEMA_VERSION,))
     finally:
         conn.close()

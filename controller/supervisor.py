@@ -162,11 +162,7 @@ class HostSupervisor:
                 self.following.add(run["id"])
                 with contextlib.suppress(AgentError):
                     await link.request(
-                        "follow",
-                        run=run["id"],
-                        after_seq=run["last_seq"],
-                        log_offset=run["log_offset"],
-                        blocks=True,
+                        "follow", run=run["id"], after_seq=run["last_seq"], log_offset=run["log_offset"]
                     )
 
     @staticmethod
@@ -201,9 +197,7 @@ class HostSupervisor:
             return
         self.following.add(run_id)
         try:
-            await link.request(
-                "follow", run=run_id, after_seq=run["last_seq"], log_offset=run["log_offset"], blocks=True
-            )
+            await link.request("follow", run=run_id, after_seq=run["last_seq"], log_offset=run["log_offset"])
         except AgentError as exc:
             # Stays in `following` so this does not repeat every second; the next connection retries.
             log.warning("run %s: follow failed: %s", run_id, exc)
@@ -233,8 +227,7 @@ class HostSupervisor:
             )
 
     async def on_stream(self, msg: dict[str, Any]) -> None:
-        """Queue a stream message (journal event, log block, or an older agent's log lines) to the store, in
-        arrival order."""
+        """Queue a stream message (journal event or log block) to the store, in arrival order."""
         mtype, run_id = msg.get("type"), msg.get("run")
         if not isinstance(run_id, str):
             return
@@ -258,12 +251,6 @@ class HostSupervisor:
                 lambda tx: crud.add_log_block(tx=tx, run_id=run_id, block=block), now_if_idle=True
             )
             fut3.add_done_callback(_log_failure)
-        elif mtype == "log" and isinstance(msg.get("lines"), list):  # an agent that sends no blocks
-            lines, nxt = msg["lines"], msg.get("next_offset")
-            fut2 = self.store.submit(
-                lambda tx: crud.add_log_lines(tx=tx, run_id=run_id, lines=lines, next_offset=nxt)
-            )
-            fut2.add_done_callback(_log_failure)
         if self.store.pending > MAX_PENDING_WRITES or len(self._events) > MAX_PENDING_EVENTS:
             await self._drain_writes()
 

@@ -1,4 +1,4 @@
-"""The JSON HTTP API (DESIGN.md "Controller HTTP API") plus the SSE event streams and /metrics."""
+"""The JSON HTTP API (docs/architecture.md, "HTTP API") plus the SSE event streams and /metrics."""
 
 from __future__ import annotations
 
@@ -128,14 +128,14 @@ async def get_host(ctl: ControllerDep, name: str) -> HostPublic:
 @post_router.post("/runs", response_model=Created, status_code=201, responses=_SPEC_ERRORS)
 async def create_run(ctl: ControllerDep, spec: Annotated[RunSpec, Body()]) -> Created:
     """Validate a run spec and launch it; 422 names each bad field."""
-    run_id = await ctl.create_run(spec.model_dump(mode="json", exclude_unset=True))
+    run_id = await ctl.create_run(spec)
     return Created(id=run_id)
 
 
 @post_router.post("/forecast", response_model=ForecastOut, responses=_SPEC_ERRORS)
 async def forecast(ctl: ControllerDep, spec: Annotated[RunSpec, Body()]) -> ForecastOut:
     """The host's disk forecast for a run spec (its job's `--forecast`); launches nothing."""
-    return ForecastOut.model_validate(await ctl.forecast(spec.model_dump(mode="json", exclude_unset=True)))
+    return ForecastOut.model_validate(await ctl.forecast(spec))
 
 
 @router.get("/runs", response_model=list[RunPublic])

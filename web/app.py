@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -40,11 +39,8 @@ def _jinja() -> jinja2.Environment:
     return env
 
 
-def _allowed_hosts(bind: str, extra: Iterable[str]) -> frozenset[str]:
-    names = {h.strip().lower() for h in extra if h.strip()}
-    names.update(
-        h.strip().lower() for h in os.environ.get("EAGLEWATCH_ALLOWED_HOSTS", "").split(",") if h.strip()
-    )
+def _allowed_hosts(bind: str, configured: Iterable[str]) -> frozenset[str]:
+    names = {h.strip().lower() for h in configured if h.strip()}
     if not security.is_loopback(bind):
         names.update({socket.gethostname().lower(), socket.getfqdn().lower()})
         if bind not in ("0.0.0.0", "::", ""):
@@ -58,7 +54,6 @@ def create_app(
     settings: Settings | None = None,
     bind: str | None = None,
     require_auth: bool | None = None,
-    allowed_hosts: Iterable[str] = (),
     manage_controller: bool | None = None,
 ) -> FastAPI:
     """Build the app around a Controller (created from ``settings`` and started by the lifespan if None)."""
@@ -111,10 +106,10 @@ def create_app(
             f"the web UI needs a login token but none is stored under {home}; run serve() first"
         )
     app.add_middleware(BodyLimit, limit=limits.MAX_BODY_BYTES)  # inside WebSecurity: Host and login first
+    hosts = _allowed_hosts(bind, settings.allowed_hosts)
     app.add_middleware(
         WebSecurity, signer=signer, require_auth=auth, checker=app.state.token_checker,
-        sessions=app.state.sessions, allowed_hosts=_allowed_hosts(bind, allowed_hosts),
-        metrics=app.state.metrics,
+        sessions=app.state.sessions, allowed_hosts=hosts, metrics=app.state.metrics,
     )  # fmt: skip
     app.include_router(api.router)
     app.include_router(api.post_router)

@@ -31,16 +31,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.backends import Backend
+from agent.spec import parse_spec
 from controller.errors import NotFound
 from controller.models import HostCreate
 from controller.service import Controller
 from controller.settings import Settings, ensure_home
-from controller.terminal_view import TerminalView, parse_marker
 from web import security
 from web.app import create_app
 from web.forms import spec_to_form
 from web.run_templates import TemplateStore
 from web.sse import TERMINAL_STATES
+from web.terminal_view import TerminalView, parse_marker
 
 DEMO_HOST = "local"
 #: A fast stand-in job for --no-extract: milestone lines in the extraction job's own format and order (per
@@ -62,7 +64,7 @@ for start in range(0, total, 2):
     emit("progress", samples_done=done, samples_total=total, tokens_per_s=100.0 * done)
 emit("completed", samples=total)
 """
-#: vLLM on CPU: a small KV cache, no hub access (shared/domain/vllm-on-cpu.md).
+#: vLLM on CPU: a small KV cache, no hub access (docs/vllm.md).
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -97,12 +99,6 @@ class DemoPaths:
         return self.home / "outputs" / name
 
 
-def default_home() -> Path:
-    """$EAGLEWATCH_DEMO_HOME, else ~/.local/share/eaglewatch-demo (never the real controller's home)."""
-    env = os.environ.get("EAGLEWATCH_DEMO_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".local" / "share" / "eaglewatch-demo"
-
-
 def write_dataset(path: Path, samples: int = 24) -> None:
     """Prompts in the tiny tokenizer's vocabulary ('w0'..'w495'), 16-48 words each; deterministic."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +114,7 @@ def extraction_spec(paths: DemoPaths, name: str, fault: str | None = None, out: 
     spec: dict[str, Any] = {
         "name": name,
         "host": DEMO_HOST,
-        "backend": "worker-extension",
+        "backend": Backend.WORKER_EXTENSION,
         "model": str(paths.model),
         "dataset": str(paths.dataset),
         "output_dir": str(paths.output(out or name)),
@@ -140,7 +136,7 @@ def command_spec(paths: DemoPaths, name: str, samples: int = 6) -> dict[str, Any
     return {
         "name": name,
         "host": DEMO_HOST,
-        "backend": "command",
+        "backend": Backend.COMMAND,
         # A script file rather than `-c CODE`: the New-run form keeps one argument per line.
         "command": [sys.executable, str(paths.fake_job), str(samples)],
     }
@@ -337,13 +333,12 @@ async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool) -
         if extract:
             # A fresh output directory per start: a finished one would be resumed (nothing left to do).
             stamp = time.strftime("%Y%m%d-%H%M%S")
-            first = await ctl.create_run(extraction_spec(paths, "demo-1", out=f"demo-1-{stamp}"))
+            first = await ctl.create_run(parse_spec(extraction_spec(paths, "demo-1", out=f"demo-1-{stamp}")))
             if broken:
-                await ctl.create_run(
-                    extraction_spec(paths, "demo-broken", "drop_layer", f"demo-broken-{stamp}")
-                )
+                broken_spec = extraction_spec(paths, "demo-broken", "drop_layer", f"demo-broken-{stamp}")
+                await ctl.create_run(parse_spec(broken_spec))
         else:
-            first = await ctl.create_run(command_spec(paths, "demo-1"))
+            first = await ctl.create_run(parse_spec(command_spec(paths, "demo-1")))
         print(f"  first run: {url}runs/{first}\n  Ctrl-C stops the demo and its runs.\n", flush=True)
         await serve_task
     finally:
@@ -364,8 +359,7 @@ def run_demo(
     broken: bool = False,
 ) -> int:
     """Run the embedded demo until Ctrl-C; returns the exit status."""
-    home = (home or default_home()).expanduser().resolve()
-    os.environ["EAGLEWATCH_HOME"] = str(home)  # anything reading Settings() in this process sees the demo
+    home = (home or Settings().demo_home).expanduser().resolve()
     try:
         return asyncio.run(_demo(home, bind, port, extract, broken))
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ from typing import Any
 
 import jinja2
 
+from agent.backends import DEFAULT, SUMMARY, Backend
 from agent.milestones.records import json_record_lines
 
 PROBLEM_WORDS = {
@@ -170,3 +171,5 @@ def install(env: jinja2.Environment) -> None:
         log_text=log_text,
     )
     env.globals.update(spec_value=spec_value, field_items=field_items, masked_env=masked_env, percent=percent)
+    env.globals["backend_choices"] = [(b.value, f"{b.value} ({SUMMARY[b]})") for b in Backend]
+    env.globals["default_backend"] = DEFAULT.value

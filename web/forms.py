@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agent.backends import PIPELINES, Backend
 from agent.spec import RunSpecBase, parse_spec
 from web.filters import is_secret_name
 
@@ -20,12 +21,12 @@ FIELDS = (
     "pipeline_args", "server_port", "nproc_per_node",
 )  # fmt: skip
 #: Form field → (backend's options key, option) for the speculators / SpecForge options.
-_PIPELINE_FIELDS = {
-    "pipeline_scripts_dir": {"speculators": "scripts_dir", "specforge": "scripts_dir"},
-    "pipeline_python": {"speculators": "python", "specforge": "python"},
-    "pipeline_args": {"speculators": "client_args", "specforge": "args"},
-    "server_port": {"speculators": "port"},
-    "nproc_per_node": {"specforge": "nproc_per_node"},
+_PIPELINE_FIELDS: dict[str, dict[str, str]] = {
+    "pipeline_scripts_dir": {Backend.SPECULATORS: "scripts_dir", Backend.SPECFORGE: "scripts_dir"},
+    "pipeline_python": {Backend.SPECULATORS: "python", Backend.SPECFORGE: "python"},
+    "pipeline_args": {Backend.SPECULATORS: "client_args", Backend.SPECFORGE: "args"},
+    "server_port": {Backend.SPECULATORS: "port"},
+    "nproc_per_node": {Backend.SPECFORGE: "nproc_per_node"},
 }
 _INT_FIELDS = (
     "tensor_parallel_size", "max_samples", "seq_len", "batch_size", "disk_low_gib", "shards",
@@ -116,7 +117,7 @@ def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
 def _pipeline_options(form: Mapping[str, str], spec: dict[str, Any], errors: dict[str, str]) -> None:
     """The speculators / SpecForge options of the form, under the backend's key (fields of others ignored)."""
     backend = spec.get("backend")
-    if backend not in ("speculators", "specforge"):
+    if backend not in PIPELINES:
         return
     options: dict[str, Any] = {}
     for key, names in _PIPELINE_FIELDS.items():
@@ -132,7 +133,7 @@ def _pipeline_options(form: Mapping[str, str], spec: dict[str, Any], errors: dic
                 errors[key] = f"{key.replace('_', ' ')} must be a whole number, got {text!r}"
         else:
             options[option] = text
-    if options or backend == "specforge":
+    if options or backend == Backend.SPECFORGE:
         spec[backend] = options
 
 
@@ -171,7 +172,7 @@ def spec_to_form(spec: Mapping[str, Any]) -> dict[str, str]:
         elif key in _PIPELINE_FIELDS:
             backend = spec.get("backend")
             options = spec.get(backend) if isinstance(backend, str) else None
-            option = _PIPELINE_FIELDS[key].get(str(backend))
+            option = _PIPELINE_FIELDS[key].get(backend) if isinstance(backend, str) else None
             inner = options.get(option) if isinstance(options, dict) and option else None
             if isinstance(inner, list):
                 out[key] = "\n".join(str(a) for a in inner)
@@ -188,7 +189,7 @@ def _field_of(loc: tuple[Any, ...], message: str) -> list[str]:
         head = str(loc[0])
         if head == "expect" and len(loc) > 1:
             return [f"expect_{loc[1]}"]
-        if head in ("speculators", "specforge") and len(loc) > 1:
+        if head in PIPELINES and len(loc) > 1:
             named = [k for k, names in _PIPELINE_FIELDS.items() if names.get(head) == str(loc[1])]
             return named or [_GENERAL]
         return [head] if head in FIELDS else [_GENERAL]

@@ -10,14 +10,15 @@ from fastapi import APIRouter, Form, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
+from agent.backends import Backend
 from agent.limits import MAX_SHARDS
 from agent.spec import parse_spec
-from controller.capture_card import capture_card, layer_rms_series, sharded_capture_card
 from controller.errors import ControllerError, SpecInvalid
-from controller.runs import RESUMABLE_STATES
+from controller.lifecycle import RESUMABLE_STATES
 from controller.service import Controller
 from controller.verdict import group_problems
 from web import forms, security
+from web.capture_card import capture_card, layer_rms_series, sharded_capture_card
 from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep, TemplateStoreDep
 from web.login_links import LoginLinks
 from web.logpage import read_log_page
@@ -121,7 +122,7 @@ async def submit_run(request: Request, ctl: ControllerDep, store: TemplateStoreD
     spec, errors = forms.check_form(values)
     if not errors and form.get("action") == "forecast":
         try:
-            forecast = await ctl.forecast(parse_spec(spec).model_dump(mode="json", exclude_unset=True))
+            forecast = await ctl.forecast(parse_spec(spec))
         except SpecInvalid as exc:
             errors = forms.errors_by_form_field(exc.errors)
         except ControllerError as exc:  # the host cannot be reached: say so, keep the form
@@ -131,7 +132,7 @@ async def submit_run(request: Request, ctl: ControllerDep, store: TemplateStoreD
         return await _form_page(request, ctl, store, values, errors, status=422)
     if not errors:
         try:
-            run_id = await ctl.create_run(parse_spec(spec).model_dump(mode="json", exclude_unset=True))
+            run_id = await ctl.create_run(parse_spec(spec))
         except SpecInvalid as exc:
             errors = forms.errors_by_form_field(exc.errors)
         except ValidationError as exc:  # parse_spec already passed in check_form; kept for safety
@@ -189,7 +190,7 @@ async def run_page(
         request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
         data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE, timeline=timeline,
         hidden_milestones=len(run.milestones) - len(timeline), problem_groups=problem_groups,
-        resumable=run.state in RESUMABLE_STATES and run.backend != "command", card=card,
+        resumable=run.state in RESUMABLE_STATES and run.backend != Backend.COMMAND, card=card,
         resumable_states=RESUMABLE_STATES,
         layer_chart=card is not None or bool(data["layer_rms"]),
     )  # fmt: skip

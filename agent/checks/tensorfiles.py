@@ -5,8 +5,11 @@ from __future__ import annotations
 import gzip
 import importlib
 import io
+import os
+import struct
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +35,74 @@ class Reader(Protocol):
 
 class LoadError(Exception):
     """A tensor file could not be loaded or read; the message says why in plain words."""
+
+
+class DecompressionBomb(LoadError):
+    """A compressed stream decompresses past its bound (see decompression_bound)."""
+
+
+#: Decompressed bytes allowed per compressed byte when the file declares no usable size. Hidden states
+#: barely compress (bf16 activations are mostly mantissa noise), so a real capture file sits far below
+#: this; zeros compress about a thousandfold under gzip and more under zstd. An all-zero capture is refused
+#: as a bomb too, which the message says.
+MAX_RATIO = 32
+#: Any file may decompress this far, whatever its ratio: small files (tiny models, tests) compress well.
+RATIO_FLOOR = 64 << 20
+#: Slack past a declared size, so that a stream slightly longer than declared is reported as a mismatch.
+SIZE_MARGIN = 1 << 20
+_DRAIN_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Bound:
+    """How far a compressed file may decompress (limit bytes); declared: the size it gave, if that binds."""
+
+    limit: int
+    compressed: int
+    declared: int | None
+
+    def exceeded(self) -> DecompressionBomb:
+        """The error for a stream that went past limit."""
+        why = (
+            f"although it declares {self.declared}"
+            if self.declared is not None
+            else f"more than {MAX_RATIO}× its {self.compressed} compressed bytes"
+        )
+        return DecompressionBomb(
+            f"decompresses past {self.limit} bytes, {why}: a decompression bomb? "
+            "(an all-zero capture looks like one)"
+        )
+
+
+def decompression_bound(compressed: int, declared: int | None = None, wrap: int | None = None) -> Bound:
+    """The bound for a file of compressed bytes that declares its decompressed size (mod wrap, if given).
+
+    The cap is MAX_RATIO × compressed (at least RATIO_FLOOR). A declared size tightens it to that size plus
+    SIZE_MARGIN; with wrap (gzip's ISIZE is mod 2^32) the largest size under the cap that agrees with it.
+    """
+    cap = max(RATIO_FLOOR, MAX_RATIO * compressed)
+    if declared is not None and wrap:
+        declared = declared + wrap * ((cap - declared) // wrap) if declared <= cap else None
+    if declared is None or declared + SIZE_MARGIN >= cap:
+        return Bound(cap, compressed, None)
+    return Bound(declared + SIZE_MARGIN, compressed, declared)
+
+
+class BoundedReader:
+    """A Reader that raises the bound's DecompressionBomb once more than bound.limit bytes came through."""
+
+    def __init__(self, raw: Reader, bound: Bound) -> None:
+        self.raw = raw
+        self.bound = bound
+        self.total = 0
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        """Fill buffer from the underlying stream; 0 at its end."""
+        n = self.raw.readinto(buffer) or 0
+        self.total += n
+        if self.total > self.bound.limit:
+            raise self.bound.exceeded()
+        return n
 
 
 _MISSING = object()
@@ -85,12 +156,28 @@ def _short(e: BaseException) -> str:
     return first[:300]
 
 
-def _gunzip(path: Path) -> bytes:
+def _gzip_isize(path: Path) -> int | None:
+    """The gzip trailer's ISIZE (the last member's size mod 2^32); None for a file too short for one."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) < 18:  # 10-byte header + 8-byte trailer
+            return None
+        f.seek(-4, os.SEEK_END)
+        return int(struct.unpack("<I", f.read(4))[0])
+
+
+def _gunzip(path: Path) -> io.BytesIO:
+    bound = decompression_bound(path.stat().st_size, _gzip_isize(path), wrap=1 << 32)
+    out = io.BytesIO()
+    buf = memoryview(bytearray(_DRAIN_BYTES))
     try:
         with gzip.open(path, "rb") as f:
-            return f.read()
+            reader = BoundedReader(f, bound)
+            while n := reader.readinto(buf):
+                out.write(buf[:n])
     except (OSError, EOFError, zlib.error) as e:
         raise LoadError(f"gzip stream is broken (truncated or corrupt?): {_short(e)}") from None
+    out.seek(0)
+    return out
 
 
 def load_torch_file(path: Path) -> Any:
@@ -100,9 +187,9 @@ def load_torch_file(path: Path) -> Any:
         head = f.read(4)
     source: Path | io.BytesIO = path
     if head.startswith(GZIP_MAGIC):
-        data = _gunzip(path)
-        _expect_magic(data[:4], TORCH_MAGIC, "torch (zip or pickle) file inside the gzip stream:")
-        source = io.BytesIO(data)
+        source = _gunzip(path)
+        _expect_magic(source.read(4), TORCH_MAGIC, "torch (zip or pickle) file inside the gzip stream:")
+        source.seek(0)
     elif path.name.endswith(".gz"):
         _expect_magic(head, (GZIP_MAGIC,), "gzip file:")
     else:

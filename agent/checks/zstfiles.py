@@ -1,8 +1,9 @@
 """zstd-compressed safetensors (`*.safetensors.zst`, vLLM's online connector with compression): one pass.
 
 The header is read from the start of the decompressed stream; the whole stream is then decompressed (a
-truncated file only shows at its end), scanning hidden_states on the way when asked. Needs the optional
-`zstandard` package (imported lazily); numpy or torch for the value scan.
+truncated file only shows at its end), scanning hidden_states on the way when asked. Decompression stops at
+the file's bound (tensorfiles.decompression_bound), so a bomb costs bounded memory and time. Needs the
+optional `zstandard` package (imported lazily); numpy or torch for the value scan.
 """
 
 from __future__ import annotations
@@ -12,20 +13,36 @@ from typing import Any
 
 from agent.checks.safetensors_header import Header, HeaderError, header_length, parse_header
 from agent.checks.shapes import ValueStats
-from agent.checks.tensorfiles import LoadError, Reader, read_exact, require_module, scan_stream, value_backend
+from agent.checks.tensorfiles import (
+    BoundedReader,
+    DecompressionBomb,
+    LoadError,
+    decompression_bound,
+    read_exact,
+    require_module,
+    scan_stream,
+    value_backend,
+)
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _UNKNOWN_SIZE = 1 << 62  # placeholder total while the real size is not known yet
 _DRAIN = 1 << 20
 
 
-def _read(reader: Reader, n: int) -> bytes:
-    buf = bytearray(n)
-    got = read_exact(reader, memoryview(buf))
-    return bytes(buf[:got])
+def _read(reader: BoundedReader, n: int) -> bytes:
+    # chunk by chunk: a corrupt length field must not allocate its claim before the data is there
+    out = bytearray()
+    buf = memoryview(bytearray(min(n, _DRAIN)))
+    while len(out) < n:
+        want = min(len(buf), n - len(out))
+        got = read_exact(reader, buf[:want])
+        out += buf[:got]
+        if got < want:
+            break
+    return bytes(out)
 
 
-def _skip(reader: Reader, n: int) -> int:
+def _skip(reader: BoundedReader, n: int) -> int:
     buf = bytearray(min(n, _DRAIN) or 1)
     skipped = 0
     while skipped < n:
@@ -36,14 +53,11 @@ def _skip(reader: Reader, n: int) -> int:
     return skipped
 
 
-def _drain(reader: Reader) -> int:
-    return _skip(reader, 1 << 62)
-
-
 def read_zst(path: Path, deep: bool) -> tuple[Header, ValueStats | None]:
     """Validate a .safetensors.zst file end to end; value stats of hidden_states when deep (and scannable).
 
-    HeaderError for a broken stream or header (the message says what), LoadError when zstandard is missing.
+    HeaderError for a broken stream or header or a decompression bomb (the message says what), LoadError
+    when zstandard is missing.
     """
     zstd: Any = require_module("zstandard")
     with open(path, "rb") as f:
@@ -55,7 +69,8 @@ def read_zst(path: Path, deep: bool) -> tuple[Header, ValueStats | None]:
         except zstd.ZstdError:
             declared = -1
         f.seek(0)
-        reader = zstd.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+        bound = decompression_bound(path.stat().st_size, declared if declared >= 0 else None)
+        reader = BoundedReader(zstd.ZstdDecompressor().stream_reader(f, read_across_frames=True), bound)
         size = declared if declared >= 0 else _UNKNOWN_SIZE
         try:
             n = header_length(_read(reader, 8), size)
@@ -63,20 +78,23 @@ def read_zst(path: Path, deep: bool) -> tuple[Header, ValueStats | None]:
             if len(header_bytes) != n:
                 raise HeaderError(f"zstd stream ended inside the {n}-byte header (truncated?)")
             header = parse_header(header_bytes, size)
-            pos = header.data_start
             stats = None
             hs = header.tensors.get("hidden_states")
             scannable = hs is not None and hs.dtype in ("BF16", "F16", "F32") and hs.end > hs.begin
             if deep and hs is not None and scannable and value_backend() is not None:
-                pos += _skip(reader, hs.begin)
+                _skip(reader, hs.begin)
                 try:
                     stats = scan_stream(reader, hs.end - hs.begin, hs.shape, hs.dtype)
+                except DecompressionBomb:
+                    raise
                 except LoadError:
                     raise HeaderError("zstd stream ended inside hidden_states (truncated?)") from None
-                pos += hs.end - hs.begin
-            total = pos + _drain(reader)
+            _skip(reader, _UNKNOWN_SIZE)
+            total = reader.total
         except zstd.ZstdError as e:
             raise HeaderError(f"zstd stream is broken (truncated or corrupt?): {e}") from None
+        except DecompressionBomb as e:
+            raise HeaderError(str(e)) from None
     if declared >= 0 and total != declared:
         raise HeaderError(f"zstd stream holds {total} bytes but its frame says {declared} (truncated?)")
     need = header.data_start + max((t.end for t in header.tensors.values()), default=0)

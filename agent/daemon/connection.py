@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent import __version__, protocol
+from agent.backends import Backend
 from agent.daemon.streams import stream_events, stream_log
 from agent.jobs import control as jobs
 from agent.logs.tail import read_from
@@ -231,8 +232,6 @@ class Connection:
         _int_arg(args, "after_seq", 0, 0, 1 << 62)
         if args.get("log_offset") is not None:
             _int_arg(args, "log_offset", 0, 0, 1 << 62)
-        if not isinstance(args.get("blocks", False), bool):
-            raise OpError(ErrorCode.BAD_ARGS, "'blocks' must be true or false")
         return {"run": watcher.paths.run, "last_seq": watcher.journal.last_seq}
 
     def _start_follow(self, args: dict[str, Any]) -> None:
@@ -243,11 +242,7 @@ class Connection:
         tasks = [loop.create_task(self._guard(stream_events(self.send_bytes, watcher, after_seq)))]
         if args.get("log_offset") is not None:
             tasks.append(
-                loop.create_task(
-                    self._guard(
-                        stream_log(self.send, watcher, int(args["log_offset"]), args.get("blocks") is True)
-                    )
-                )
+                loop.create_task(self._guard(stream_log(self.send, watcher, int(args["log_offset"]))))
             )
         self.follows[args["run"]] = tasks
 
@@ -310,10 +305,9 @@ class Connection:
             view = JobSpec.parse(args["spec"])
         except SpecError as exc:
             raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
-        if view.backend == "command":
-            raise OpError(
-                ErrorCode.BAD_ARGS, "backend 'command' writes nothing the agent knows of: no forecast"
-            )
+        if view.backend == Backend.COMMAND:
+            message = f"backend '{Backend.COMMAND}' writes nothing the agent knows of: no forecast"
+            raise OpError(ErrorCode.BAD_ARGS, message)
         try:
             return await forecast(args["spec"], self.daemon.state_dir)
         except ForecastError as exc:

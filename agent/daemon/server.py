@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent import __version__, protocol
+from agent import __version__, protocol, settings
+from agent.backends import Backend
 from agent.daemon.connection import Connection, OpError
 from agent.jobs import control as jobs
 from agent.jobs.procfs import boot_id
 from agent.logs.tail import POLL_INTERVAL_S, Inotify
 from agent.milestones.engine import RuleError, load_rules
 from agent.paths import (
-    RUN_ID_ENV,
     RunPaths,
     atomic_write_json,
     read_json,
@@ -30,21 +30,17 @@ from agent.paths import (
     valid_run_id,
 )
 from agent.protocol import ErrorCode
-from agent.runs import classifier
 from agent.runs.jobspec import JobSpec, SpecError
 from agent.runs.journal import Journal
 from agent.runs.outdir import launch_output_dir_error
 from agent.runs.watcher import RunWatcher
 from agent.sched import jobs as sched_jobs
 from agent.sched import slurm
-from agent.sched.logmerge import LogMerger
 from agent.sched.options import SlurmOptions
 from agent.sched.poller import SlurmPoller
 from agent.sched.slurmstate import JobView
 
 log = logging.getLogger("eaglewatch.agent")
-#: How long a starting daemon waits for a shutting-down one to release the state dir.
-LOCK_WAIT_S = float(os.environ.get("EAGLEWATCH_AGENT_LOCK_WAIT_S", "10"))
 
 
 class DaemonError(Exception):
@@ -52,10 +48,18 @@ class DaemonError(Exception):
 
 
 class Daemon:
-    """One daemon per state dir: the runs it watches and the socket server."""
+    """One daemon per state dir: the runs it watches and the socket server.
 
-    def __init__(self, state_dir: Path, socket_path: Path) -> None:
+    lock_wait_s: how long a starting daemon waits for a shutting-down one to release the state dir;
+    inotify: False polls the run dirs instead (filesystems without inotify, and the tests of that path).
+    """
+
+    def __init__(
+        self, state_dir: Path, socket_path: Path, lock_wait_s: float = 10.0, inotify: bool = True
+    ) -> None:
         self.state_dir = state_dir
+        self.lock_wait_s = lock_wait_s
+        self.use_inotify = inotify
         self.socket_path = Path(os.path.abspath(socket_path))  # announced in the hello: must not be relative
         self.runs: dict[str, RunWatcher] = {}
         self.hostname = socket.gethostname()
@@ -74,7 +78,7 @@ class Daemon:
         runs_dir(self.state_dir).mkdir(exist_ok=True, mode=0o700)
         self._lock_fd = os.open(self.state_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         # An upgrade asks the old daemon to shut down and starts the new one at once: give it a moment.
-        deadline = time.monotonic() + LOCK_WAIT_S
+        deadline = time.monotonic() + self.lock_wait_s
         while True:
             try:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -86,16 +90,10 @@ class Daemon:
                 await asyncio.sleep(0.1)
         os.ftruncate(self._lock_fd, 0)
         os.write(self._lock_fd, f"{os.getpid()}\n".encode())
-        try:
-            classifier.prestart()  # its imports run while the runs are adopted: the first run finds it ready
-        except ValueError as exc:
-            log.warning("%s; classifying in the daemon", exc)
         loop = asyncio.get_running_loop()
         try:
-            if os.environ.get(
-                "EAGLEWATCH_AGENT_NO_INOTIFY"
-            ):  # exercise the fallback (tests, odd filesystems)
-                raise OSError("disabled by EAGLEWATCH_AGENT_NO_INOTIFY")
+            if not self.use_inotify:
+                raise OSError("disabled by --poll")
             self.inotify = Inotify(loop)
         except OSError as exc:
             log.warning("inotify unavailable (%s): polling every %.1f s", exc, POLL_INTERVAL_S)
@@ -165,7 +163,6 @@ class Daemon:
             await asyncio.wait(tasks, timeout=5.0)
         for w in self.runs.values():
             w.journal.close()
-        classifier.close_spare()
         with contextlib.suppress(OSError):
             if self.socket_path.stat().st_ino == self._socket_ino:
                 self.socket_path.unlink()
@@ -195,12 +192,10 @@ class Daemon:
         )
         self.runs[paths.run] = watcher
         job = read_json(paths.job)
-        if isinstance(job, dict) and job.get("scheduler") == "slurm" and watcher.summary.terminal is None:
-            array = job.get("array") if isinstance(job.get("array"), int) else None
-            if array:
-                watcher.merger = LogMerger(paths, array)
-            if not paths.exit.exists():  # re-adopted by job id after a restart, or just submitted
-                self.slurm.track(paths.run, str(job.get("job_id")), sched_jobs.expected_tasks(paths))
+        slurm_job = isinstance(job, dict) and job.get("scheduler") == "slurm"
+        if slurm_job and watcher.summary.terminal is None and not paths.exit.exists():
+            # re-adopted by job id after a restart, or just submitted
+            self.slurm.track(paths.run, str(job.get("job_id")), sched_jobs.expected_tasks(paths))
         watcher.start()
         if watcher.task is not None and self.inotify is not None:
             key = f"run:{paths.run}"
@@ -336,13 +331,13 @@ class Daemon:
         opts: SlurmOptions,
     ) -> dict[str, Any]:
         """The run as a Slurm job (an array of ``opts.shards`` tasks): sbatch, journal, poll."""
-        gpus = None if view.backend == "command" else view.tensor_parallel_size
+        gpus = None if view.backend == Backend.COMMAND else view.tensor_parallel_size
         try:
             record = await asyncio.to_thread(
                 sched_jobs.submit,
                 paths,
                 argv,
-                {**env, RUN_ID_ENV: paths.run},
+                {**env, settings.RUN_ID.name: paths.run},
                 opts,
                 gpus,
                 view.time_limit_minutes,
@@ -392,7 +387,7 @@ def _dump_tasks() -> None:
 
 def launch_argv(run: str, spec: JobSpec, state_dir: Path) -> tuple[list[str], dict[str, str]]:
     """The job's argv and environment additions for a checked spec."""
-    if spec.backend == "command":
+    if spec.backend == Backend.COMMAND:
         return list(spec.command), dict(spec.env)
     spec_file = run_paths(state_dir, run).spec
     # The job imports the very agent package this daemon runs (and vLLM's workers its worker extension).
@@ -402,12 +397,14 @@ def launch_argv(run: str, spec: JobSpec, state_dir: Path) -> tuple[list[str], di
     return [sys.executable, "-m", "agent", "extract", "--spec", str(spec_file)], env
 
 
-async def run_daemon(state_dir: Path, socket_path: Path) -> int:
+async def run_daemon(
+    state_dir: Path, socket_path: Path, lock_wait_s: float = 10.0, inotify: bool = True
+) -> int:
     """Start a daemon and serve until told to stop; exit status for the CLI."""
-    daemon = Daemon(state_dir, socket_path)
     try:
+        daemon = Daemon(state_dir, socket_path, lock_wait_s, inotify)
         await daemon.start()
-    except DaemonError as exc:
+    except (DaemonError, settings.SettingError) as exc:
         print(f"eaglewatch-agent daemon: {exc}", file=sys.stderr)
         return 1
     await daemon.serve_forever()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,10 +14,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 SendBytes = Callable[[bytes], Awaitable[None]]
 #: Events found by one read go out in writes of about this many bytes (the writer's buffer stays bounded).
 EVENT_WRITE_BYTES = 256 * 1024
-#: A log batch holds at most this many lines or about this many bytes of text.
-BATCH_LINES = 500
-BATCH_BYTES = 64 * 1024
-#: A log block (one string for all its lines: no per-line cost on the wire or in the store) holds more.
+#: A log block (one string for all its lines: no per-line cost on the wire or in the store) holds at most
+#: this many lines or about this many bytes of text.
 BLOCK_LINES = 8192
 BLOCK_BYTES = 512 * 1024
 READ_CHUNK = 1 << 20
@@ -63,18 +60,13 @@ async def stream_events(send_bytes: SendBytes, watcher: RunWatcher, after_seq: i
         await watcher.events_changed.wait_past(generation, RECHECK_S)
 
 
-def log_message(run: str, lines: list[tuple[int, str]], next_offset: int, blocks: bool) -> dict[str, Any]:
-    """One stream message for ``lines``: a ``log_block`` (one string for them all) when the client asked
-    for blocks, else the per-line ``log`` message older controllers read (also the fallback for a line
-    holding a newline, which a block's text could not tell apart; the splitter never makes one)."""
-    if blocks:
-        offsets, texts = map(list, zip(*lines, strict=True))
-        with contextlib.suppress(ValueError):
-            return protocol.log_block(run, offsets, "\n".join(texts), next_offset, texts)
-    return protocol.log_lines(run, lines, next_offset)
+def log_message(run: str, lines: list[tuple[int, str]], next_offset: int) -> dict[str, Any]:
+    """The ``log_block`` message for ``lines`` (the splitter's: no text holds a newline)."""
+    offsets, texts = map(list, zip(*lines, strict=True))
+    return protocol.log_block(run, offsets, "\n".join(texts), next_offset, texts)
 
 
-async def stream_log(send: Send, watcher: RunWatcher, log_offset: int, blocks: bool = False) -> None:
+async def stream_log(send: Send, watcher: RunWatcher, log_offset: int) -> None:
     """Send complete log lines from stream offset ``log_offset`` on, exactly the lines the watcher split.
 
     Lines come from the watcher's LineBuffer (agent/logs/linebuffer.py): the log is read and split once, by
@@ -82,25 +74,24 @@ async def stream_log(send: Send, watcher: RunWatcher, log_offset: int, blocks: b
     after a long disconnect, or a run that ended before this daemon started) reads the log itself, split
     the same way, until it reaches an offset the buffer serves.  Offsets run on across truncations and
     replacements of output.log (agent/logs/generations.py): where a generation ends, its unterminated last
-    line is sent as a line, as the watcher ends it.  ``blocks``: send ``log_block`` messages (protocol.py).
+    line is sent as a line, as the watcher ends it.
     """
     run = watcher.paths.run
     pos = log_offset
     disk: _DiskReader | None = None
-    most_lines, most_bytes = (BLOCK_LINES, BLOCK_BYTES) if blocks else (BATCH_LINES, BATCH_BYTES)
     while True:
         generation = watcher.log_changed.generation
-        got = watcher.lines.read(pos, most_lines, most_bytes)
+        got = watcher.lines.read(pos, BLOCK_LINES, BLOCK_BYTES)
         if got is not None:
             disk = None
             lines, nxt = got
             if lines:
-                await send(log_message(run, lines, nxt, blocks))
+                await send(log_message(run, lines, nxt))
                 pos = nxt
                 continue
         else:
             if disk is None or disk.pos != pos:
-                disk = _DiskReader(watcher, pos, blocks)
+                disk = _DiskReader(watcher, pos)
             moved = await disk.read_some(send)
             pos = disk.pos
             if moved:
@@ -111,9 +102,8 @@ async def stream_log(send: Send, watcher: RunWatcher, log_offset: int, blocks: b
 class _DiskReader:
     """A follower's own read of the log, for offsets the watcher's buffer no longer (or never) held."""
 
-    def __init__(self, watcher: RunWatcher, pos: int, blocks: bool) -> None:
+    def __init__(self, watcher: RunWatcher, pos: int) -> None:
         self.watcher = watcher
-        self.blocks = blocks
         self.splitter = LineSplitter(start_offset=pos)
         self.fed = pos
         self.pos = pos  # the offset after the last line sent
@@ -125,41 +115,36 @@ class _DiskReader:
         chunk = watcher.chain.read_at(self.fed, READ_CHUNK)
         moved = False
         if chunk.jumped:
-            await _send_lines(
-                send, run, self.blocks, [(ln.offset, ln.text) for ln in self.splitter.flush()], chunk.offset
-            )
+            await _send_lines(send, run, [(ln.offset, ln.text) for ln in self.splitter.flush()], chunk.offset)
             self.splitter = LineSplitter(start_offset=chunk.offset)
             self.fed = self.pos = chunk.offset
             moved = True
         if chunk.data:
             self.fed += len(chunk.data)
             lines = [(ln.offset, ln.text) for ln in self.splitter.feed(chunk.data)]
-            await _send_lines(send, run, self.blocks, lines, self.splitter.pending_offset)
+            await _send_lines(send, run, lines, self.splitter.pending_offset)
             self.pos = self.splitter.pending_offset
             return True  # read on until the end: a full chunk or a seam may be followed by more
         if chunk.at_end and watcher.summary.terminal is not None and self.flushed_at != self.fed:
             # The job has ended: its unterminated last line is a line now.
             self.flushed_at = self.fed
             lines = [(ln.offset, ln.text) for ln in self.splitter.flush()]
-            await _send_lines(send, run, self.blocks, lines, self.splitter.pending_offset)
+            await _send_lines(send, run, lines, self.splitter.pending_offset)
             self.pos = self.splitter.pending_offset
             moved = bool(lines)
         return moved
 
 
-async def _send_lines(
-    send: Send, run: str, blocks: bool, lines: list[tuple[int, str]], end_offset: int
-) -> None:
-    """Send ``lines`` in batches; each batch's next_offset is where the following unsent line starts."""
+async def _send_lines(send: Send, run: str, lines: list[tuple[int, str]], end_offset: int) -> None:
+    """Send ``lines`` in blocks; each block's next_offset is where the following unsent line starts."""
     batch: list[tuple[int, str]] = []
     size = 0
-    most_lines, most_bytes = (BLOCK_LINES, BLOCK_BYTES) if blocks else (BATCH_LINES, BATCH_BYTES)
     for i, (offset, text) in enumerate(lines):
         batch.append((offset, text))
         size += len(text) + 16
-        if len(batch) >= most_lines or size >= most_bytes:
+        if len(batch) >= BLOCK_LINES or size >= BLOCK_BYTES:
             nxt = lines[i + 1][0] if i + 1 < len(lines) else end_offset
-            await send(log_message(run, batch, nxt, blocks))
+            await send(log_message(run, batch, nxt))
             batch, size = [], 0
     if batch:
-        await send(log_message(run, batch, end_offset, blocks))
+        await send(log_message(run, batch, end_offset))

@@ -7,16 +7,15 @@ reads that setting while it traces, so it must be set after the weights load and
 (the memory profile), when vLLM compiles the model and then captures its graphs. A worker extension cannot
 override `Worker.load_model` (vLLM refuses a mixin that shadows a worker attribute), so importing
 this module in a worker wraps `load_model` instead; the wrapper acts only when the job put the aux indices
-in env `EAGLEWATCH_AUX_LAYERS`, which spawned workers inherit.
+in `settings.AUX_LAYERS`, an environment variable spawned workers inherit.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
-ENV = "EAGLEWATCH_AUX_LAYERS"
+from agent import settings
 
 
 def aux_index(layer_id: int, convention: str, n: int) -> int:
@@ -38,18 +37,8 @@ def aux_plan(layer_ids: list[int], convention: str, n: int) -> tuple[tuple[int, 
 
 
 def env_value(layer_ids: list[int], convention: str, n: int) -> str:
-    """What the job puts in EAGLEWATCH_AUX_LAYERS for these layers."""
+    """What the job puts in settings.AUX_LAYERS for these layers."""
     return ",".join(str(i) for i in aux_plan(layer_ids, convention, n)[0])
-
-
-def parse_env(text: str | None) -> tuple[int, ...] | None:
-    """The aux indices from EAGLEWATCH_AUX_LAYERS; None when unset or empty."""
-    if not text or not text.strip():
-        return None
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"{ENV}={text!r}: expected comma-separated layer indices") from None
 
 
 def enable(runner: Any, layers: tuple[int, ...]) -> None:
@@ -62,7 +51,7 @@ def enable(runner: Any, layers: tuple[int, ...]) -> None:
         raise RuntimeError(
             f"{type(model).__name__} has no EAGLE-3 aux hidden-state outputs in this vLLM, so the capture "
             "cannot run inside the compiled model: add --enforce-eager to vllm_args, or set "
-            "EAGLEWATCH_CAPTURE=hooks"
+            f"{settings.CAPTURE.name}=hooks"
         )
     model.set_aux_hidden_state_layers(layers)
     # the runner (and its dummy runs) then unpack (hidden, aux); without a drafter aux is otherwise unused
@@ -80,7 +69,7 @@ def install() -> None:
     @functools.wraps(orig)
     def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, *args, **kwargs)
-        layers = parse_env(os.environ.get(ENV))
+        layers = settings.AUX_LAYERS.get()
         if layers is not None:
             enable(self.model_runner, layers)
         return out
@@ -93,7 +82,8 @@ def check_enabled(runner: Any) -> None:
     """RuntimeError unless the engine was started with aux outputs on (env set before the engine)."""
     if not getattr(runner, "use_aux_hidden_state_outputs", False):
         raise RuntimeError(
-            f"the engine started without aux hidden-state outputs: {ENV} must be set before it starts"
+            "the engine started without aux hidden-state outputs: "
+            f"{settings.AUX_LAYERS.name} must be set before it starts"
         )
 
 

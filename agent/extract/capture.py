@@ -1,4 +1,4 @@
-"""Per-request assembly of captured steps and the writer threads (device-agnostic; CUDA via gpu_copy)."""
+"""Per-request assembly of captured steps and the writer threads: the core the writer process runs."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class SinkConfig:
 class CaptureSink:
     """Assembles step tensors into per-request [T, L, H] samples and writes them from writer threads.
 
-    The forward thread only enqueues (host tensor or pinned views + CUDA event). The assembler thread
+    The caller only enqueues (host tensor or shared-memory views + CUDA event). The assembler thread
     waits on the event and places each request's rows by position, so chunked prefill, reordering and
     recomputation after preemption all land right. A request whose whole prompt came in one step is
     written straight from the step's buffer (no copy). Finished samples are checked and written by a

@@ -20,7 +20,7 @@ BATCH_SKEW = 1.25
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem found in a sample (code from DESIGN.md's problem codes)."""
+    """One problem found in a sample (code: one of the stable problem codes, docs/architecture.md)."""
 
     code: str
     message: str

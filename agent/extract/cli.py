@@ -9,6 +9,8 @@ import time
 import traceback
 from typing import Any
 
+from agent.backends import PIPELINES, Backend
+
 
 def run_extract(argv: list[str]) -> int:
     """Run one extraction job; 0 done, 1 failed (a `failed` line says why), 2 cannot start (bad spec)."""
@@ -19,18 +21,23 @@ def run_extract(argv: list[str]) -> int:
         action="store_true",
         help='print {"bytes", "free_bytes", "fits", "estimated"} as one JSON object and start nothing',
     )
+    p.add_argument("--worker-extension", help="vLLM worker extension class (tests: a subclass of ours)")
+    p.add_argument(
+        "--results-between-batches",
+        action="store_true",
+        help="take each drain's results in between batches, not beside the next one (tests)",
+    )
     args = p.parse_args(argv)
 
     from agent.extract import signals
     from agent.extract.preflight import SpecError, load_spec, preflight
-    from agent.spec import PIPELINE_BACKENDS
 
     if args.forecast:
         return _print_forecast(args.spec)
 
     try:
         spec = load_spec(args.spec)
-        if spec.backend in PIPELINE_BACKENDS:
+        if spec.backend in PIPELINES:
             from agent.extract.pipeline_run import run_pipeline
 
             return run_pipeline(spec)
@@ -50,20 +57,19 @@ def run_extract(argv: list[str]) -> int:
         print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
         signals.emit("failed", reason=str(e))
         return 2
-    return _run(plan, samples, window)
+    return _run(plan, samples, window, args.worker_extension, not args.results_between_batches)
 
 
 def _print_forecast(path: str) -> int:
     """`extract --spec S --forecast`: one JSON object on stdout, exit 0; 2 with a message on a bad spec."""
     from agent.extract.forecast import forecast_spec
     from agent.extract.preflight import SpecError, load_spec
-    from agent.spec import PIPELINE_BACKENDS
 
     try:
         spec = load_spec(path)
-        if spec.backend == "command":
-            raise SpecError("backend 'command' writes nothing the job knows of: no forecast")
-        if spec.backend in PIPELINE_BACKENDS:
+        if spec.backend == Backend.COMMAND:
+            raise SpecError(f"backend '{Backend.COMMAND}' writes nothing the job knows of: no forecast")
+        if spec.backend in PIPELINES:
             from agent.extract.pipeline_forecast import forecast_pipeline
 
             result = forecast_pipeline(spec)
@@ -76,7 +82,13 @@ def _print_forecast(path: str) -> int:
     return 0
 
 
-def _run(plan: object, samples: list[Any], window: tuple[int, int] | None = None) -> int:
+def _run(
+    plan: object,
+    samples: list[Any],
+    window: tuple[int, int] | None = None,
+    extension: str | None = None,
+    overlap_results: bool = True,
+) -> int:
     from agent.extract import engine, engine_setup, signals
     from agent.extract.forecast import engine_dtype, forecast_lengths, refuse_overrun
     from agent.extract.preflight import Plan
@@ -146,12 +158,14 @@ def _run(plan: object, samples: list[Any], window: tuple[int, int] | None = None
     manifest.save(out)
     try:
         if todo:
-            if spec.backend == "vllm-native":
+            if spec.backend == Backend.VLLM_NATIVE:
                 from agent.extract.native import run_native
 
                 run_native(plan, todo, manifest, prog)
             else:
-                engine.run_worker_extension(plan, todo, manifest, prog)
+                engine.run_worker_extension(
+                    plan, todo, manifest, prog, extension or engine.WORKER_EXTENSION, overlap_results
+                )
     except engine_setup.CaptureFailed as e:
         signals.emit("failed", reason=str(e))
         signals.say(f"FAILED: {e}")

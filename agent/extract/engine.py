@@ -16,7 +16,7 @@ from agent.extract.results_lane import ResultsLane
 from agent.extract.stats import RunStats
 from agent.extract.writer import Manifest
 
-#: Tests may point env EAGLEWATCH_WORKER_EXTENSION at a subclass (to compare with vLLM's own aux states).
+#: vLLM's worker extension class (`extract --worker-extension` names a subclass for tests).
 WORKER_EXTENSION = "agent.extract.worker_ext.EagleWatchCapture"
 
 
@@ -126,17 +126,20 @@ def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest
         raise CaptureFailed(stop_reason)
 
 
-def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, prog: Progress) -> None:
-    """Backend worker-extension: vLLM with our worker extension; the worker writes the files."""
+def run_worker_extension(
+    plan: Plan,
+    todo: list[Sample],
+    manifest: Manifest,
+    prog: Progress,
+    extension: str = WORKER_EXTENSION,
+    overlap_results: bool = True,
+) -> None:
+    """Backend worker-extension: vLLM with our worker extension; the worker writes the files.
+
+    overlap_results: take each drain's results in beside the next batch (False: between batches)."""
     from vllm import LLM
 
-    from agent.extract.writer_proc import ENV as WRITER_ENV
-    from agent.extract.writer_proc import WRITERS
-
     spec = plan.spec
-    writer = os.environ.get(WRITER_ENV) or None
-    if writer is not None and writer not in WRITERS:
-        raise CaptureFailed(f"{WRITER_ENV}={writer!r}: expected one of {', '.join(WRITERS)}")
     try:  # the workers read the same env: refuse a malformed knob before the engine takes minutes to start
         tune = tuning.from_env()
     except ValueError as e:
@@ -149,7 +152,7 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
     kwargs.update(enforce_eager=not capture.compiled, enable_prefix_caching=False)
     llm = LLM(
         model=str(plan.model_dir),
-        worker_extension_cls=os.environ.get("EAGLEWATCH_WORKER_EXTENSION", WORKER_EXTENSION),
+        worker_extension_cls=extension,
         tensor_parallel_size=spec.tensor_parallel_size,
         **kwargs,
     )
@@ -159,23 +162,19 @@ def run_worker_extension(plan: Plan, todo: list[Sample], manifest: Manifest, pro
         "output_dir": spec.output_dir,
         "fault": spec.inject_fault,
         "stop_on_failure": spec.on_shape_failure == "stop",
-        "writer": writer,
         "capture": capture.path,
     }
     info = one_result(llm.collective_rpc("eaglewatch_setup", args=(cfg,)))
     manifest.dtype = info["dtype"]
     found = {
         "model_runner": info.get("model_runner"),
-        "writer": info.get("writer"),
         "capture": info.get("capture"),
         "stats_kernel": info.get("stats_kernel"),
         "tuning": info.get("tuning"),
     }
     configured(plan, info["dtype"], info["layer_class"], **found)
     try:
-        pipelined = info.get("writer") == "process"
-        # with the process, a drain's results are also taken in while the next batch runs (unless told not)
-        capture_batches(llm, plan, todo, manifest, prog, pipelined, pipelined and tune.results_overlap)
+        capture_batches(llm, plan, todo, manifest, prog, overlap_results)
     finally:
         if tune.trace:  # a diagnostic: written once, after the last step, failed runs too
             llm.collective_rpc("eaglewatch_write_trace")
@@ -187,20 +186,17 @@ def capture_batches(
     todo: list[Sample],
     manifest: Manifest,
     prog: Progress,
-    pipelined: bool,
     overlap_results: bool,
 ) -> None:
     """Run the batches through the engine, collect their files, run the canary rounds.
 
-    pipelined: a batch's last writes overlap the next batch's steps; overlap_results: so does taking in
-    a drain's results."""
+    A batch's last writes overlap the next batch's steps; overlap_results: so does taking in a drain's
+    results."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     spec = plan.spec
     prog.restart_clock()
-    # a writer process overlaps a batch's last writes with the next batch's steps; writer threads would
-    # contend with the forward for the GIL, so with them each batch is waited for (pipelined False)
     stop = spec.on_shape_failure == "stop"
     # under stop, results are taken at once, so that a bad sample stops the run before the next batch starts
     overlap = overlap_results and not stop
@@ -228,7 +224,7 @@ def capture_batches(
                 first = batch
             # the canary compares with the first batch's files: it starts once they are all written; under
             # on_shape_failure=stop it is waited for, so a mismatch stops the run after the first batch
-            wait = not pipelined or (first is not None and stop)
+            wait = first is not None and stop
             collect(llm, plan, manifest, prog, (outstanding, seen, wait), lane)
             if not overlap and first is not None and all(s.idx in seen for s in first):
                 start_canary(llm, plan, first, manifest.dtype, "first batch", prog)
@@ -354,13 +350,12 @@ def configured(
     dtype: str,
     layer_class: str,
     model_runner: str | None = None,
-    writer: str | None = None,
     capture: str | None = None,
     stats_kernel: str | None = None,
     tuning: dict[str, Any] | None = None,
 ) -> None:
-    """The capture_configured milestone: the runner, writer, capture path, statistics kernel and tuning
-    knobs the worker chose."""
+    """The capture_configured milestone: the runner, capture path, statistics kernel and tuning knobs the
+    worker chose."""
     spec = plan.spec
     extra: dict[str, Any] = {"stats_kernel": stats_kernel} if stats_kernel else {}
     if tuning:
@@ -375,7 +370,6 @@ def configured(
         layer_class=layer_class,
         model_runner=model_runner,
         tensor_parallel_size=spec.tensor_parallel_size,
-        writer=writer,
         capture=capture,
         **extra,
     )

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from agent import settings
 from agent.extract import runtime, signals
 from agent.extract.preflight import Plan
 
@@ -106,7 +107,7 @@ def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
         from agent.extract import aux_capture
 
         # read by the wrapped Worker.load_model in each worker, which inherits this environment
-        defaults[aux_capture.ENV] = aux_capture.env_value(
+        defaults[settings.AUX_LAYERS.name] = aux_capture.env_value(
             plan.layer_ids, spec.layer_convention, plan.num_hidden_layers
         )
     os.environ.update(defaults)

@@ -12,15 +12,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from agent import backends, settings
+from agent.backends import Backend
 from agent.extract.runtime import parse_version
 
 DEFAULT_FILE = Path(__file__).with_name("known_bugs.toml")
-ALLOW_ENV = "EAGLEWATCH_ALLOW_KNOWN_BUGS"
 #: Facts of a run a bug entry may require (its `when`). "aux_outputs": the capture reads vLLM's EAGLE-3 aux
 #: hidden-state outputs (vllm-native always; the worker extension only on its compiled "aux" path, which is
 #: chosen after the preflight, so bugs that need it are handed to that choice: `aux_path_bugs`).
 CONDITIONS = frozenset({"captures_final_layer", "vlm_wrapper", "aux_outputs"})
-BACKENDS = frozenset({"worker-extension", "vllm-native"})
 Severity = Literal["warning", "refuse"]
 Version = tuple[int, int, int]
 
@@ -40,7 +40,7 @@ class KnownBug:
     vllm_min: Version | None = None
     vllm_below: Version | None = None
     archs: frozenset[str] = frozenset()
-    backends: frozenset[str] = frozenset()
+    backends: frozenset[Backend] = frozenset()
     when: frozenset[str] = frozenset()
 
     def describe(self) -> str:
@@ -54,7 +54,7 @@ class Target:
 
     vllm_version: str
     archs: tuple[str, ...]
-    backend: str
+    backend: Backend
     conditions: frozenset[str]
 
 
@@ -78,6 +78,14 @@ def _names(entry: str, key: str, value: Any, allowed: frozenset[str] | None = No
             f"known bug {entry}: unknown {key} {sorted(unknown)}; expected {sorted(allowed or ())}"
         )
     return frozenset(value)
+
+
+def _backends(entry: str, value: Any) -> frozenset[Backend]:
+    """An entry's backends: eaglewatch's own capture backends only (the others run no capture of ours)."""
+    try:
+        return frozenset(backends.parse(v, f"known bug {entry}: backends", backends.OWN) for v in value or ())
+    except backends.UnknownBackend as e:
+        raise BugTableError(str(e)) from None
 
 
 def parse_bugs(data: Mapping[str, Any]) -> list[KnownBug]:
@@ -106,7 +114,7 @@ def parse_bugs(data: Mapping[str, Any]) -> list[KnownBug]:
                 vllm_min=_version(name, "vllm_min", raw.get("vllm_min")),
                 vllm_below=_version(name, "vllm_below", raw.get("vllm_below")),
                 archs=_names(name, "archs", raw.get("archs")),
-                backends=_names(name, "backends", raw.get("backends"), BACKENDS),
+                backends=_backends(name, _names(name, "backends", raw.get("backends"))),
                 when=_names(name, "when", raw.get("when"), CONDITIONS),
             )
         )
@@ -140,7 +148,7 @@ def run_conditions(
 
 
 def target_for(
-    version: str, config: Mapping[str, Any], backend: str, layer_ids: Iterable[int], convention: str
+    version: str, config: Mapping[str, Any], backend: Backend, layer_ids: Iterable[int], convention: str
 ) -> Target:
     """The Target of a run from its (text-merged) config.json: a wrapper's own architecture and its language
     model's both count, since a known bug may name either."""
@@ -150,7 +158,7 @@ def target_for(
     archs += [a for a in inner_archs or [] if isinstance(a, str) and a not in archs]
     n = int(config["num_hidden_layers"])
     conditions = run_conditions(config, layer_ids, convention, n)
-    if backend == "vllm-native":
+    if backend == Backend.VLLM_NATIVE:
         conditions |= {"aux_outputs"}
     return Target(version, tuple(archs), backend, conditions)
 
@@ -190,8 +198,8 @@ def match(bugs: Iterable[KnownBug], target: Target) -> list[KnownBug]:
 
 
 def allowed_ids(env: Mapping[str, str]) -> frozenset[str]:
-    """Bug ids the user declared fixed in their vLLM build (ALLOW_ENV, comma-separated)."""
-    return frozenset(x.strip() for x in env.get(ALLOW_ENV, "").split(",") if x.strip())
+    """Bug ids the user declared fixed in their vLLM build (settings.ALLOW_KNOWN_BUGS)."""
+    return settings.ALLOW_KNOWN_BUGS.get(env)
 
 
 def aux_refusal(bugs: Iterable[KnownBug], target: Target, allowed: frozenset[str]) -> str | None:
@@ -201,7 +209,7 @@ def aux_refusal(bugs: Iterable[KnownBug], target: Target, allowed: frozenset[str
     if not named:
         return None
     said = "; ".join(f"known vLLM bug {b.id}, {b.link}" for b in named)
-    return f"{said}; {ALLOW_ENV}={','.join(b.id for b in named)} keeps them"
+    return f"{said}; {settings.ALLOW_KNOWN_BUGS.name}={','.join(b.id for b in named)} keeps them"
 
 
 def gate(bugs: Iterable[KnownBug], target: Target, allowed: frozenset[str]) -> tuple[list[str], list[str]]:
@@ -211,11 +219,11 @@ def gate(bugs: Iterable[KnownBug], target: Target, allowed: frozenset[str]) -> t
     for bug in match(bugs, target):
         if bug.severity == "refuse" and bug.id not in allowed:
             refusals.append(
-                f"{bug.describe()}. Use a fixed vLLM, or set {ALLOW_ENV}={bug.id} in the spec's env if your "
-                "build carries the fix"
+                f"{bug.describe()}. Use a fixed vLLM, or set {settings.ALLOW_KNOWN_BUGS.name}={bug.id} in "
+                "the spec's env if your build carries the fix"
             )
         elif bug.severity == "refuse":
-            warnings.append(f"{bug.describe()}; capturing anyway ({ALLOW_ENV})")
+            warnings.append(f"{bug.describe()}; capturing anyway ({settings.ALLOW_KNOWN_BUGS.name})")
         else:
             warnings.append(bug.describe())
     return refusals, warnings

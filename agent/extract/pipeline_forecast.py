@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agent.backends import Backend
 from agent.extract.forecast import (
     SAMPLE_ROWS,
     Forecast,
@@ -215,7 +216,7 @@ def forecast_specforge(spec: RunSpec) -> Forecast:
 
 def forecast_pipeline(spec: RunSpec) -> Forecast:
     """The forecast of a validated spec of backend speculators or specforge; starts nothing."""
-    if spec.backend == "speculators":
+    if spec.backend == Backend.SPECULATORS:
         return forecast_speculators(spec)
     return forecast_specforge(spec)
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from agent.backends import Backend
 from agent.extract import signals
 from agent.extract.forecast import Forecast, refuse_overrun
 from agent.extract.pipeline_disk import PROGRESS_INTERVAL_S, DiskWatch
@@ -44,7 +45,7 @@ TEARDOWN_LOG = "server-teardown.log"  # in the job's directory (the run's direct
 
 def run_pipeline(spec: RunSpec) -> int:
     """Run backend ``speculators`` or ``specforge`` for a validated spec; the job's exit status."""
-    opts = spec.speculators if spec.backend == "speculators" else spec.specforge
+    opts = spec.speculators if spec.backend == Backend.SPECULATORS else spec.specforge
     python = (opts.python if opts is not None else None) or sys.executable
     out = spec.output_dir or ""
     os.makedirs(out, exist_ok=True)
@@ -52,12 +53,12 @@ def run_pipeline(spec: RunSpec) -> int:
     if need is not None and refuse_overrun(need, out, spec.allow_disk_overrun):
         return 2
     total = need.samples if need is not None else None
-    if spec.backend == "specforge":
+    if spec.backend == Backend.SPECFORGE:
         total = specforge_total(spec)
         if total is not None:  # SpecForge's bar counts batches: the total makes percent and ETA possible
             signals.emit("progress", rule="pipeline_total", samples_done=0, samples_total=total)
     disk = DiskWatch(out, total, need.bytes if need is not None else 0, spec.disk_low_gib * 2**30)
-    if spec.backend == "specforge":
+    if spec.backend == Backend.SPECFORGE:
         argv = specforge_argv(spec, python)
         signals.say(f"starting SpecForge: {' '.join(argv)}")
         return ChildRunner(argv, disk).run()

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agent.backends import Backend
 from agent.extract import known_bugs, runtime
 from agent.spec import RunSpec, eagle3_default_layers, parse_spec
 
@@ -121,31 +122,31 @@ def _contains(rel: str, needle: str) -> bool:
     return path is not None and needle in path.read_text(encoding="utf-8", errors="replace")
 
 
-def backend_support() -> dict[str, str | None]:
+def backend_support() -> dict[Backend, str | None]:
     """backend -> None when the installed vLLM supports it, else the reason (read from vLLM's files)."""
     version = vllm_version()
     if version is None:
         reason = "vLLM is not installed in this Python environment"
-        return {"worker-extension": reason, "vllm-native": reason}
-    out: dict[str, str | None] = {}
+        return {Backend.WORKER_EXTENSION: reason, Backend.VLLM_NATIVE: reason}
+    out: dict[Backend, str | None] = {}
     if not _contains("v1/worker/worker_base.py", "worker_extension_cls"):
-        out["worker-extension"] = (
+        out[Backend.WORKER_EXTENSION] = (
             f"vLLM {version} has no worker_extension_cls (needs the V1 worker, vLLM >= 0.8)"
         )
     elif not _contains("v1/core/sched/output.py", "num_scheduled_tokens"):
-        out["worker-extension"] = (
+        out[Backend.WORKER_EXTENSION] = (
             f"vLLM {version} has no per-step num_scheduled_tokens in its scheduler output"
         )
     else:
-        out["worker-extension"] = None
+        out[Backend.WORKER_EXTENSION] = None
     if _vllm_file("distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py") is None:
-        out["vllm-native"] = (
+        out[Backend.VLLM_NATIVE] = (
             f"vLLM {version} has no ExampleHiddenStatesConnector (extract_hidden_states needs vLLM >= 0.18)"
         )
     elif not _contains("config/speculative.py", "extract_hidden_states"):
-        out["vllm-native"] = f"vLLM {version} has no 'extract_hidden_states' speculative method"
+        out[Backend.VLLM_NATIVE] = f"vLLM {version} has no 'extract_hidden_states' speculative method"
     else:
-        out["vllm-native"] = None
+        out[Backend.VLLM_NATIVE] = None
     return out
 
 
@@ -154,8 +155,8 @@ def preflight(spec: RunSpec, bugs: list[known_bugs.KnownBug] | None = None) -> P
 
     bugs: the known-bug table (default: agent/extract/known_bugs.toml).
     """
-    if spec.backend == "command":
-        raise SpecError("backend 'command' is run by the agent itself, not by `extract`")
+    if spec.backend == Backend.COMMAND:
+        raise SpecError(f"backend '{Backend.COMMAND}' is run by the agent itself, not by `extract`")
     assert spec.model is not None and spec.dataset is not None and spec.output_dir is not None
     model_dir = Path(spec.model)
     cfg = text_config(model_dir)
@@ -169,7 +170,7 @@ def preflight(spec: RunSpec, bugs: list[known_bugs.KnownBug] | None = None) -> P
         raise SpecError(f"expect.layers {spec.expect.layers} != {len(layer_ids)} requested layer ids")
     reason = backend_support().get(spec.backend)
     if reason is not None:
-        raise SpecError(f"backend {spec.backend!r} is not supported here: {reason}")
+        raise SpecError(f"backend '{spec.backend}' is not supported here: {reason}")
     version = vllm_version() or "none"
     try:
         note = runtime.check_version(version, {**os.environ, **spec.env})

@@ -11,6 +11,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from agent import settings
+from agent.backends import Backend
+
 #: vLLM versions the capture was validated on (tests/gpu/validation.md; the CPU suite).
 TESTED_VERSIONS = {
     "0.20.0": "GPU: H200, CUDA 13, torch 2.11",
@@ -19,11 +22,7 @@ TESTED_VERSIONS = {
 }
 #: [low, high): versions whose runner and scheduler APIs the capture reads were checked against.
 SUPPORTED_RANGE = ((0, 20), (0, 34))
-ALLOW_UNTESTED_ENV = "EAGLEWATCH_ALLOW_UNTESTED_VLLM"
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-#: the user's choice of capture path for the worker extension: "aux" (compiled, CUDA graphs) or "hooks"
-CAPTURE_ENV = "EAGLEWATCH_CAPTURE"
-CAPTURES = ("aux", "hooks")
 #: vLLM 0.25–0.26 `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`: MoE models that still default to V2.
 V2_DEFAULT_MOE_ARCHS = frozenset(
     {
@@ -60,14 +59,15 @@ def check_version(version: str, env: Mapping[str, str]) -> str | None:
     tested = ", ".join(f"{v} ({where})" for v, where in TESTED_VERSIONS.items())
     span = f"{low[0]}.{low[1]} – {high[0]}.{high[1] - 1}"
     if parsed is None or not low <= parsed[:2] < high:
-        if env.get(ALLOW_UNTESTED_ENV, "").lower() in _TRUE:
+        if settings.ALLOW_UNTESTED_VLLM.get(env):
             return (
-                f"vLLM {version} is outside the checked range {span}; capturing anyway ({ALLOW_UNTESTED_ENV})"
+                f"vLLM {version} is outside the checked range {span}; capturing anyway "
+                f"({settings.ALLOW_UNTESTED_VLLM.name})"
             )
         raise UnsupportedVersion(
             f"vLLM {version} is outside the range the capture was checked against ({span}; tested: "
-            f"{tested}): its runner or scheduler may attribute tokens differently and write wrong data. "
-            f"Use a checked version, or set {ALLOW_UNTESTED_ENV}=1 in the spec's env to try anyway"
+            f"{tested}): its runner or scheduler may attribute tokens differently and write wrong data. Use "
+            f"a checked version, or set {settings.ALLOW_UNTESTED_VLLM.name}=1 in the spec's env to try anyway"
         )
     return f"vLLM {version} is inside the checked range {span} but untested (tested: {tested})"
 
@@ -138,28 +138,30 @@ def choose_capture(
     aux_refused: why vLLM's aux outputs would give wrong data for this run (a known bug), if they would.
     """
     eager = has_arg(vllm_args, "--enforce-eager")
-    if backend != "worker-extension":
+    if backend != Backend.WORKER_EXTENSION:
         if platform != "cuda":
             return CaptureChoice("native", False, f"no CUDA graphs on {platform}: eager")
         if eager:
             return CaptureChoice("native", False, "--enforce-eager (your setting)")
         return CaptureChoice("native", True, "vLLM's own capture runs inside the compiled model")
-    user = (env.get(CAPTURE_ENV) or "").strip().lower() or None
-    if user is not None and user not in CAPTURES:
-        raise CaptureConflict(f"{CAPTURE_ENV}={user!r}: expected one of {', '.join(CAPTURES)}")
+    name = settings.CAPTURE.name
+    try:
+        user = settings.CAPTURE.get(env)
+    except settings.SettingError as e:
+        raise CaptureConflict(str(e)) from None
     runner = flag(env.get(RUNNER_ENV))
     if user == "hooks":
-        return CaptureChoice("hooks", False, f"{CAPTURE_ENV}=hooks (your setting): eager, Python layer hooks")
+        return CaptureChoice("hooks", False, f"{name}=hooks (your setting): eager, Python layer hooks")
     if user == "aux":
         if aux_refused:
-            raise CaptureConflict(f"{CAPTURE_ENV}=aux (your setting) reads vLLM's aux outputs: {aux_refused}")
+            raise CaptureConflict(f"{name}=aux (your setting) reads vLLM's aux outputs: {aux_refused}")
         if runner is True:
             raise CaptureConflict(
-                f"{CAPTURE_ENV}=aux reads vLLM's aux hidden-state outputs through the V1 model runner, but "
+                f"{name}=aux reads vLLM's aux hidden-state outputs through the V1 model runner, but "
                 f"{RUNNER_ENV}=1 asks for V2: drop one of the two settings"
             )
         # off the GPU too: vLLM's CPU engine compiles the model unless told to run eager
-        return _aux(not eager, f"{CAPTURE_ENV}=aux (your setting)", env)
+        return _aux(not eager, f"{name}=aux (your setting)", env)
     if platform != "cuda":
         return CaptureChoice("hooks", False, f"no CUDA graphs on {platform}: eager, Python layer hooks")
     if eager:
@@ -197,10 +199,10 @@ def choose_runner(
         return RunnerChoice("v1", "the CPU engine's V2 runner needs Triton on a GPU")
     if version[:2] < (0, 25):
         return RunnerChoice("v1", f"vLLM {version[0]}.{version[1]} runs V1 unless told otherwise")
-    if backend == "vllm-native" and version[:2] < (0, 32):
+    if backend == Backend.VLLM_NATIVE and version[:2] < (0, 32):
         return RunnerChoice(
             "v1",
-            "V2 runs no extract_hidden_states before vLLM 0.32: V1 selected for vllm-native",
+            f"V2 runs no extract_hidden_states before vLLM 0.32: V1 selected for {Backend.VLLM_NATIVE}",
             {RUNNER_ENV: "0"},
         )
     if version[:2] <= (0, 26) and is_moe and not V2_DEFAULT_MOE_ARCHS.intersection(archs):
@@ -246,7 +248,7 @@ def cpu_defaults(
     mem_available: int,
     model_dtype: str,
 ) -> CpuDefaults:
-    """Safe settings for vLLM's CPU engine where the user set none (shared/domain/vllm-on-cpu.md)."""
+    """Safe settings for vLLM's CPU engine where the user set none (docs/vllm.md)."""
     out_env: dict[str, str] = {}
     args: list[str] = []
     why: dict[str, str] = {}

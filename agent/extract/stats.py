@@ -66,9 +66,9 @@ def fused_step_stats(sample: torch.Tensor, force: bool = False) -> tuple[StepSta
     """step_stats compiled into fused kernels for tensors like sample (CUDA; any device with force), with
     how it runs: 'compiled', or 'eager: <why>' when compiling fails or gives other values than eager.
 
-    Eager, the statistics make four passes over the step and two of them write a bool copy of it (1.75 ms per
-    8192 tokens x 4 x 4096 bf16 on an H200, about 1 % of the step); compiled, one pass (0.37 ms). Compiled
-    here, once, on sample: shapes are dynamic, so the steps' token counts reuse this one compile.
+    Eager, the statistics make four passes over the step and two of them write a bool copy of it; compiled,
+    one pass (docs/benchmarks.md has both costs). Compiled here, once, on sample: shapes are dynamic, so the
+    steps' token counts reuse this one compile.
     """
     import torch
 
@@ -98,9 +98,9 @@ def warm_sizes(max_tokens: int) -> list[int]:
 def warm(fn: StepStats, sample: torch.Tensor, sizes: list[int]) -> dict[int, float]:
     """Run fn once per token count (rows like sample) and wait for it; ms per size, for the milestone.
 
-    Compiling, specialising and tuning the fused kernels for a new size happen at its first call: measured in
-    vLLM on an H200, 0.3-0.8 s inside the first step, the whole capture's cost of a 12-second run. Here they
-    happen at setup instead, and the largest step's memory is taken from the allocator once.
+    Compiling, specialising and tuning the fused kernels for a new size happen at its first call, which in
+    vLLM lands inside the first step and holds the GPU up. Here they happen at setup instead, and the largest
+    step's memory is taken from the allocator once.
     """
     import time
 
@@ -108,7 +108,7 @@ def warm(fn: StepStats, sample: torch.Tensor, sizes: list[int]) -> dict[int, flo
 
     took = {}
     # under inference mode, as vLLM runs its steps: dynamo guards on it (and on inference tensors), so a
-    # warm-up outside it compiles a graph the steps never use (measured: the first step still paid 0.2-0.7 s)
+    # warm-up outside it compiles a graph the steps never use (the first step would compile again)
     with torch.inference_mode():
         for n in sizes:
             rows = torch.zeros((n, *sample.shape[1:]), dtype=sample.dtype, device=sample.device)

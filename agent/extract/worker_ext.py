@@ -16,20 +16,20 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 import time
 from typing import Any
 
 import torch
 from torch import nn
 
+from agent import settings
 from agent.extract import aux_capture, tuning
 from agent.extract.canary import CANARY_KEY
-from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
+from agent.extract.capture import SinkConfig, spans_for_step
 from agent.extract.costs import StepCost
 from agent.extract.gpu_copy import PinnedCopier
 from agent.extract.stats import StepStats, fused_step_stats, step_stats, warm, warm_sizes
-from agent.extract.writer_proc import ProcessSink, choose_writer
+from agent.extract.writer_proc import ProcessSink
 
 IDX_KEY = "eaglewatch_idx"
 
@@ -94,7 +94,7 @@ class _Step:
 class EagleWatchCapture:
     """Mixin added to vLLM's worker class; public methods are RPC entry points (prefixed: no clashes)."""
 
-    def _ew_init(self, kind: str, nslots: int, sink: CaptureSink | ProcessSink | None) -> None:
+    def _ew_init(self, kind: str, nslots: int, sink: ProcessSink | None) -> None:
         """Per-worker capture state; only TP rank 0 holds a sink (one writer)."""
         self._ew_rank0 = sink is not None
         self._ew_sink = sink
@@ -107,7 +107,7 @@ class EagleWatchCapture:
         self._ew_aux_slots: list[int] = []  # aux path: per slot, its position in the model's aux list
         self._ew_stats: StepStats = step_stats
         self._ew_stats_how = "eager"
-        self._ew_tuning = tuning.Tuning()
+        self._ew_tuning = tuning.from_env({})
         self._ew_warm_ms: dict[int, float] = {}  # compiled statistics warmed at setup: ms per token count
 
     def eaglewatch_setup(self, cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -125,10 +125,7 @@ class EagleWatchCapture:
         tp_rank = ps.get_tp_group().rank_in_group
         hidden = int(text_cfg.hidden_size)
         device = torch.device(getattr(runner, "device", torch.device("cpu")))
-        writer = choose_writer(cfg.get("writer"), cuda=device.type == "cuda")
         tune = tuning.from_env()
-        if tune.switch_interval_ms is not None:  # every rank: each one's forward thread is on the step's path
-            sys.setswitchinterval(tune.switch_interval_ms / 1000)
         sink_cfg = SinkConfig(
             cfg["output_dir"],
             len(cfg["layer_ids"]),
@@ -138,17 +135,13 @@ class EagleWatchCapture:
             writers=tune.writers,
             writeback_mb=tune.writeback_mb,
         )
-        sink = self._ew_make_sink(sink_cfg, writer, device, tune.pinned_buffers) if tp_rank == 0 else None
+        sink = None
+        if tp_rank == 0:
+            sink = ProcessSink(sink_cfg, pin=device.type == "cuda", max_buffers=tune.pinned_buffers)
         self._ew_init(kind, len(cfg["layer_ids"]), sink)
         self._ew_tuning = tune
-        if self._ew_rank0 and device.type == "cuda":
-            shared = sink if isinstance(sink, ProcessSink) else None
-            self._ew_copier = PinnedCopier(
-                device,
-                max_buffers=tune.pinned_buffers,
-                alloc=shared.alloc if shared else None,
-                free=shared.free if shared else None,
-            )
+        if sink is not None and device.type == "cuda":
+            self._ew_copier = PinnedCopier(device, tune.pinned_buffers, alloc=sink.alloc, free=sink.free)
             sched = self.vllm_config.scheduler_config  # type: ignore[attr-defined]
             elt = torch.empty((), dtype=self.vllm_config.model_config.dtype).element_size()  # type: ignore[attr-defined]
             nl = len(cfg["layer_ids"])
@@ -178,9 +171,9 @@ class EagleWatchCapture:
                 else:
                     layers[li].register_forward_hook(functools.partial(self._ew_post, slot))
         self._ew_wrap_runner(runner, kind)
-        if not self._ew_rank0:
+        if sink is None:
             return None
-        started_s = sink.wait_ready() if isinstance(sink, ProcessSink) else None
+        started_s = sink.wait_ready()
         return {
             "rank": tp_rank,
             "layers_path": path,
@@ -189,25 +182,16 @@ class EagleWatchCapture:
             "hidden_size": hidden,
             "dtype": str(self.vllm_config.model_config.dtype).removeprefix("torch."),  # type: ignore[attr-defined]
             "device": str(device),
-            "writer": writer,
             "capture": capture,
             "stats_kernel": self._ew_stats_how,
             "tuning": {
                 **tune.fields(),
                 **({"stats_warm_ms": self._ew_warm_ms} if self._ew_warm_ms else {}),
-                **({"writer_start_s": round(started_s, 3)} if started_s is not None else {}),
+                "writer_start_s": round(started_s, 3),
             },
             "model_runner": kind,
             "runner_class": f"{type(runner).__module__}.{type(runner).__name__}",
         }
-
-    def _ew_make_sink(
-        self, cfg: SinkConfig, writer: str, device: torch.device, buffers: int
-    ) -> CaptureSink | ProcessSink:
-        """Rank 0's sink: writer threads in this process, or a writer process fed through shared memory."""
-        if writer == "process":
-            return ProcessSink(cfg, pin=device.type == "cuda", max_buffers=buffers)
-        return CaptureSink(cfg)
 
     def _ew_wrap_runner(self, runner: Any, kind: str) -> None:
         """Bracket each execute_model call as one step; on V2, read the batch order prepare_inputs made."""
@@ -266,12 +250,11 @@ class EagleWatchCapture:
         }
 
     def eaglewatch_write_trace(self) -> str | None:
-        """Write the per-step costs trace where EAGLEWATCH_COSTS_TRACE says (rank 0; the job calls this once,
+        """Write the per-step costs trace where settings.COSTS_TRACE says (rank 0; the job calls this once,
         after its last step); the path written, or None.
 
-        Written then, to a new file renamed into place: rewritten at every drain it put a truncate of a file
-        still queued for writeback (behind gigabytes of captured samples) inside the drain, the likely cause
-        of seconds-long final drains on the H200 machines (tests/gpu/validation.md, session 6)."""
+        Written then, to a new file renamed into place: rewritten at every drain it would put a truncate of a
+        file still queued for writeback (behind gigabytes of captured samples) inside the drain."""
         path = self._ew_tuning.trace
         if self._ew_sink is None or not path:
             return None
@@ -396,5 +379,5 @@ def _timed_release(release: Any, record: Any) -> Any:
     return timed
 
 
-if os.environ.get(aux_capture.ENV):  # the job asked for aux outputs: workers import this before loading
+if settings.AUX_LAYERS.get() is not None:  # the job asked for aux outputs: workers import this before loading
     aux_capture.install()

@@ -2,10 +2,9 @@
 
 Left to itself the kernel keeps every written file in the page cache until its dirty thresholds are
 crossed, and then throttles *every* process on the host that writes a byte: the job's log lines, its
-manifest, the agent's journal. On the H200 the job stalled 1.6–4.1 s at the end of 17 GB captures while
-the file writers themselves were not slowed, and in later runs 12–14 GB of capture data sat dirty:
-consistent with that throttling, which was not caught in the act (tests/gpu/validation.md, sixth GPU
-session). sync_file_range(2) starts each file's write-out at once; when more than the bound is in flight
+manifest, the agent's journal. At the end of large captures on the H200 the job stalled for seconds while
+the file writers themselves were not slowed, with gigabytes of capture data dirty (docs/benchmarks.md).
+sync_file_range(2) starts each file's write-out at once; when more than the bound is in flight
 the writer waits for its oldest files, so the wait lands on the writer (where the pinned-buffer
 backpressure already handles it) and never on the rest of the host. Linux only, through ctypes (stdlib);
 elsewhere, or where the file system refuses the call, it does nothing and says why in `reason`.

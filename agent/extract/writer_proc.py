@@ -1,12 +1,15 @@
-"""Capture writing in a child process: step rows cross in shared memory, so the GPU worker's thread never
-waits for the GIL behind assembly, checks and file writes.
+"""The capture writer: a child process fed through shared memory, so the worker's forward thread never waits
+for the GIL behind assembly, checks and file writes, and a batch's last writes overlap the next batch's steps.
 
-The worker keeps only what must run beside the forward: hooks, the device-to-host copy into a buffer
-of shared memory (a memfd, pinned with cudaHostRegister on CUDA), and two light threads — one waits for
-each step's copy and sends a JSON line describing it, one reads the child's replies. The child
-(`python -m agent.extract.writer_proc FD`) gets each buffer's fd over a Unix socket, maps it and runs
-the ordinary CaptureSink; it answers `release` once it no longer needs a buffer (backpressure) and
-`drained` with the results.
+It is the only writer (the CPU engine's too): in the H200 validation runs, writer threads inside the worker
+made each batch wait for its files and fell short end to end where the process did not.
+
+The worker keeps only what must run beside the forward: hooks, the device-to-host copy into a buffer of
+shared memory (a memfd, pinned with cudaHostRegister on CUDA), and two light threads — one waits for each
+step's copy and sends a JSON line describing it, one reads the child's replies. The child
+(`python -m agent.extract.writer_proc FD`) gets each buffer's fd over a Unix socket, maps it and runs the
+ordinary CaptureSink (assembly and writer threads, agent/extract/capture.py); it answers `release` once it
+no longer needs a buffer (backpressure) and `drained` with the results.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ import torch
 from agent.extract.capture import CaptureSink, SinkConfig, Span
 from agent.extract.costs import CaptureCosts
 
-WRITERS = ("process", "thread")
 #: capture_costs fields only the writer process knows: its last drain brings them back
 WRITER_FIELDS = (
     "write_s",
@@ -47,22 +49,6 @@ WRITER_FIELDS = (
     "writeback_waits",
     "writeback",
 )
-ENV = "EAGLEWATCH_WRITER"
-
-
-def choose_writer(asked: str | None, cuda: bool = False) -> str:
-    """The user's choice, else the writer process on CUDA and writer threads elsewhere.
-
-    On the H200 (tests/gpu/validation.md, session 7) the writer process gave 0.950–0.974 of plain prefill
-    end to end in six runs and writer threads 0.83–0.88 in two: threads make each batch wait for its files
-    (they would contend with the forward for the GIL), the process overlaps them with the next batch. On
-    the CPU engine the forward and the writer share the same cores, so threads stay the default there.
-    """
-    if asked:
-        if asked not in WRITERS:
-            raise ValueError(f"{ENV}={asked!r}: expected one of {', '.join(WRITERS)}")
-        return asked
-    return "process" if cuda else "thread"
 
 
 def _map(fd: int, size: int) -> tuple[mmap.mmap, torch.Tensor]:
@@ -186,7 +172,7 @@ class ProcessSink:
         """Block until the child has started (seconds waited); RuntimeError if it died or never did.
 
         Called at setup: the child's start (importing torch, seconds) then happens beside the engine's
-        own setup instead of inside the first batch (measured on the CPU engine: a 2 s first drain)."""
+        own setup instead of inside the first batch's drain."""
         t0 = time.monotonic()
         while not self._ready.wait(0.1):
             if self._dead is not None:

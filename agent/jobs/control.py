@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent import settings
 from agent.jobs import procfs
-from agent.paths import RUN_ID_ENV, RunPaths, atomic_write_json, read_json
+from agent.paths import RunPaths, atomic_write_json, read_json
 
 _PKG_ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +26,9 @@ class SpawnError(Exception):
 
 def spawn(paths: RunPaths, argv: list[str], env: dict[str, str], cwd: str | None = None) -> dict[str, Any]:
     """Start ``argv`` detached under a supervisor; return the job record (pid, start_time, boot_id, argv)."""
-    atomic_write_json(paths.launch, {"argv": argv, "env": {**env, RUN_ID_ENV: paths.run}, "cwd": cwd})
+    atomic_write_json(
+        paths.launch, {"argv": argv, "env": {**env, settings.RUN_ID.name: paths.run}, "cwd": cwd}
+    )
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "agent.jobs.supervise", str(paths.dir)],
@@ -88,7 +91,7 @@ def run_processes(
 
     ``born_after`` (clock ticks since boot, the job's own start time): older processes are passed over
     without reading their environment, as none of them can descend from the job."""
-    entry = f"{RUN_ID_ENV}={run}".encode()
+    entry = f"{settings.RUN_ID.name}={run}".encode()
     uid = os.getuid()
     group = job["pid"] if job_alive(job) and job else None
     found = []

@@ -9,7 +9,7 @@ raises, so one odd driver line cannot take the daemon down. ``query`` is the I/O
 nvidia-smi is absent or fails, the lists are empty; an ``errors`` list is added only when something went
 wrong, so a machine without a GPU answers exactly ``{"gpus": [], "processes": []}``.
 
-``EAGLEWATCH_NVIDIA_SMI`` overrides the nvidia-smi path (an operator with it outside PATH).
+``settings.NVIDIA_SMI`` overrides the nvidia-smi path (an operator with it outside PATH).
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
+from agent import settings
+
 GPU_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used", "utilization.gpu", "temperature.gpu")
 PROCESS_FIELDS = ("pid", "gpu_uuid", "used_memory")
 GPU_QUERY = ("--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits")
 PROCESS_QUERY = ("--query-compute-apps=" + ",".join(PROCESS_FIELDS), "--format=csv,noheader,nounits")
 #: nvidia-smi can hang for many seconds on a wedged driver; the daemon must not.
 DEFAULT_TIMEOUT_S = 10.0
-ENV_NVIDIA_SMI = "EAGLEWATCH_NVIDIA_SMI"
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def parse_process_csv(text: str) -> Parsed:
 
 def find_nvidia_smi() -> str | None:
     """Path of the nvidia-smi to run, or None when there is none."""
-    override = os.environ.get(ENV_NVIDIA_SMI)
+    override = settings.NVIDIA_SMI.get()
     if override:
         return override if os.access(override, os.X_OK) else None
     return shutil.which("nvidia-smi")

@@ -10,38 +10,23 @@ from typing import overload
 DIGIT_FOLD = bytes.maketrans(b"123456789", b"000000000")
 
 
-#: ``Block.count`` of a block whose lines are not counted here (``clean_block(shapes=False)``): a classifier
-#: child counts them, and the count comes back with the block's hits.
-UNCOUNTED = -2
-
-
 @dataclass(frozen=True, slots=True)
 class Block:
     """Complete lines kept as raw bytes: ``data`` holds them, each ended by ``\\n``, from stream ``offset``.
 
     Every line is valid UTF-8 with no ``\\r``, no escape byte and at most the cap, so its text is its bytes
     decoded. ``shapes`` holds each line's bytes with ASCII digits folded to ``0`` (``DIGIT_FOLD``): one C
-    split of the whole block, which gives the lines' count and lengths without decoding anything.  A block
-    made for a classifier child (``clean_block(shapes=False)``) has no shapes and is not even counted
-    (``count`` UNCOUNTED): the child folds and counts its lines, on another core.
+    split of the whole block, which gives the lines' count and lengths without decoding anything.
     """
 
     offset: int
     data: bytes
     shapes: list[bytes]
-    count: int = -1  # -1: len(shapes); UNCOUNTED: not counted
-
-    @property
-    def counted(self) -> bool:
-        """Whether the block's lines were counted here (``lines`` is known)."""
-        return self.count != UNCOUNTED
 
     @property
     def lines(self) -> int:
-        """How many lines the block holds (ValueError for a block not counted)."""
-        if self.count == UNCOUNTED:
-            raise ValueError("a block made for a classifier child is not counted")
-        return self.count if self.count >= 0 else len(self.shapes)
+        """How many lines the block holds."""
+        return len(self.shapes)
 
     @property
     def end(self) -> int:
@@ -55,9 +40,8 @@ class Block:
         return texts
 
 
-def clean_block(data: bytes, offset: int, max_line_bytes: int, shapes: bool = True) -> Block | None:
-    """``data`` (complete lines, ending in ``\\n``) as a Block, or None when some line needs the splitter
-    (``shapes`` False: a block neither folded nor counted, unless a line may pass the cap)."""
+def clean_block(data: bytes, offset: int, max_line_bytes: int) -> Block | None:
+    """``data`` (complete lines, ending in ``\\n``) as a Block, or None when some line needs the splitter."""
     if b"\r" in data or b"\x1b" in data:
         return None
     if not data.isascii():
@@ -65,12 +49,6 @@ def clean_block(data: bytes, offset: int, max_line_bytes: int, shapes: bool = Tr
             data.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    if not shapes and (len(data) <= max_line_bytes or _short_lines(data, max_line_bytes)):
-        return Block(offset, data, [], UNCOUNTED)  # counting is a pass over every byte: the child's
-    return _shaped(data, offset, max_line_bytes)
-
-
-def _shaped(data: bytes, offset: int, max_line_bytes: int) -> Block | None:
     shapes = data.translate(DIGIT_FOLD).split(b"\n")
     shapes.pop()
     if (

@@ -13,8 +13,7 @@ otherwise (``None``) ``pos`` is older than what is held, or not a line start the
 follower reads the log itself until it reaches an offset the buffer serves.  Lines are the watcher's own,
 so a follower sees exactly the lines the watcher split, once each, in order.
 Memory is bounded: the oldest lines go first once ``max_lines`` or ``max_bytes`` is passed (a raw block
-that has not been split goes whole).  A raw block whose lines a classifier child counts (``Block.counted``
-False) counts towards ``max_bytes`` at once and towards ``max_lines`` once ``count_block`` says how many.
+that has not been split goes whole).
 """
 
 from __future__ import annotations
@@ -36,13 +35,12 @@ _text = attrgetter("text")
 class _Segment:
     """Consecutive held lines: a raw block until split, then per-line offsets, texts and running sizes."""
 
-    __slots__ = ("base", "count", "counted", "cum", "head", "offsets", "raw", "start", "texts")
+    __slots__ = ("base", "count", "cum", "head", "offsets", "raw", "start", "texts")
 
     def __init__(self, start: int) -> None:
         self.raw: bytes | None = None  # a Block's bytes, until split
         self.start = start  # offset of the first live line
         self.count = 0  # live lines
-        self.counted = True  # False: a raw block whose lines are not counted yet (count 0 until they are)
         self.offsets: list[int] = []
         self.texts: list[str] = []
         self.cum: list[int] = []  # cum[i]: budget bytes of lines [0, i]
@@ -52,8 +50,7 @@ class _Segment:
     @classmethod
     def of_block(cls, block: Block) -> _Segment:
         seg = cls(block.offset)
-        seg.raw, seg.count = block.data, block.lines if block.counted else 0
-        seg.counted = block.counted
+        seg.raw, seg.count = block.data, block.lines
         return seg
 
     @property
@@ -81,7 +78,7 @@ class _Segment:
         # offsets count bytes: a line's length in characters is its length in bytes only for ASCII
         sizes = map(len, texts if self.raw.isascii() else self.raw.split(b"\n"))
         self.raw = None
-        self.count, self.counted = len(texts), True
+        self.count = len(texts)
         starts = accumulate(sizes, initial=0)
         self.offsets = list(map(int.__add__, starts, range(self.start, self.start + len(texts))))
         self.texts = texts
@@ -144,21 +141,6 @@ class LineBuffer:
         self.end = end
         self._trim()
 
-    def count_block(self, offset: int, count: int) -> None:
-        """The raw block at ``offset``, appended before its lines were counted, holds ``count`` lines (a
-        classifier child counted them); nothing to do if it was split or dropped meanwhile."""
-        found = self._find(offset)
-        if found is None:
-            return
-        seg = self._segs[found[0]]
-        if seg.counted or seg.start != offset:
-            return
-        before = seg.size
-        seg.count, seg.counted = count, True
-        self._lines += count
-        self._bytes += seg.size - before
-        self._trim()
-
     def _trim(self) -> None:
         segs = self._segs
         while segs and (self._lines > self.max_lines or self._bytes > self.max_bytes):
@@ -180,10 +162,9 @@ class LineBuffer:
                 self._bytes -= size - seg.size
 
     def _split(self, seg: _Segment) -> None:
-        before, lines = seg.size, seg.count
+        before = seg.size
         seg.split()
         self._bytes += seg.size - before  # characters, not bytes, once decoded
-        self._lines += seg.count - lines  # a block not counted yet is, now
 
     def __len__(self) -> int:
         return self._lines

@@ -208,16 +208,15 @@ class LineSplitter:
         self._append_partial(data[cur:])
         return out
 
-    def feed_block(self, data: bytes, shapes: bool = True) -> tuple[list[Line], Block | None]:
+    def feed_block(self, data: bytes) -> tuple[list[Line], Block | None]:
         """Consume a chunk; return the lines it completed: first as ``Line`` objects, then (when not None) a
-        ``Block`` of the rest.  The same lines as ``feed`` gives, in the same order, with the same texts.
-        ``shapes`` False: the block is only counted (block.py ``clean_block``)."""
+        ``Block`` of the rest.  The same lines as ``feed`` gives, in the same order, with the same texts."""
         first = data.find(b"\n")
         last = data.rfind(b"\n")
         if first == last or self._cr or b"\r" in data:  # a \r anywhere: the general path ends every line
             return self.feed(data), None
         head = self.feed(data[: first + 1])  # completes the pending partial line
-        block = clean_block(data[first + 1 : last + 1], self._start, self.max_line_bytes, shapes)
+        block = clean_block(data[first + 1 : last + 1], self._start, self.max_line_bytes)
         if block is None:
             head += self.feed(data[first + 1 :])
             return head, None

@@ -49,9 +49,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from agent.logs.block import Block
+from agent.logs.block import Block, BlockLines
 from agent.milestones import tracebacks
-from agent.milestones.found import Found, RawLines, find
 from agent.milestones.groups import RankGroups
 from agent.milestones.logline import (
     Gate,
@@ -173,14 +172,10 @@ class MilestoneEngine:
         """``feed_many`` for a Block of raw lines: only the lines that may match are ever decoded."""
         if not self._prefilter.usable:
             return self.feed_many(block.texts(), first)
-        # a block made for a classifier child has no shapes: find folds its lines itself
-        found = find(self._prefilter, block.data, block.shapes if block.count == -1 else None)
-        return self.feed_found(block.data, found, first)
-
-    def feed_found(self, data: bytes, found: Found, first: int) -> list[Milestone]:
-        """``feed_block`` of raw lines ``data`` whose likely lines were found apart (found.py ``find``, with
-        a prefilter of these rules: a classifier child finds them while the daemon reads on)."""
-        return self._feed_hits(RawLines(data, found.count), found.hits, found.keys, found.texts, first)
+        shapes = block.shapes
+        hits = self._prefilter.hits_of(shapes)
+        lines = BlockLines(block)
+        return self._feed_hits(lines, hits, [shapes[h] for h in hits], lines.texts_at(hits), first)
 
     @property
     def prefilter(self) -> Prefilter:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.backends import OWN, PIPELINES, Backend
 from agent.milestones.conversions import CONVERTERS
 from agent.milestones.regex_safety import check_user_regex
 
@@ -63,11 +64,10 @@ ERROR_CLASSES = frozenset(
 )  # fmt: skip
 SEVERITIES = ("info", "warning", "error", "critical")
 BUILTIN_DIR = Path(__file__).with_name("rules")
-BUILTIN_FILES = ("vllm.toml", "errors.toml", "eaglewatch.toml", "speculators.toml", "specforge.toml")
-#: Rule files for lines only the users' own pipelines print: a run of eaglewatch's own vLLM backends never
-#: reads them (they would double its tail+rules cost: tests/bench/bench_ingest.py).
-PIPELINE_FILES = {"speculators.toml", "specforge.toml"}
-OWN_BACKENDS = ("worker-extension", "vllm-native")
+#: Rule files for lines only the users' own pipelines print, one named after each: a run of eaglewatch's own
+#: vLLM backends never reads them (they would double its tail+rules cost: tests/bench/bench_ingest.py).
+PIPELINE_FILES = tuple(f"{backend}.toml" for backend in PIPELINES)
+BUILTIN_FILES = ("vllm.toml", "errors.toml", "eaglewatch.toml", *PIPELINE_FILES)
 
 
 class RuleError(ValueError):
@@ -267,13 +267,13 @@ def merge(layers: Iterable[list[Rule]]) -> RuleSet:
 
 
 def load_rules(
-    extra: list[dict[str, Any]] | None = None, files: Sequence[Path] = (), backend: str | None = None
+    extra: list[dict[str, Any]] | None = None, files: Sequence[Path] = (), backend: Backend | None = None
 ) -> RuleSet:
     """Built-in rules, then rule files, then ``extra`` (a run spec's rules); raises RuleError.
 
     ``backend``: the run's; eaglewatch's own backends skip the rules for the users' pipelines' lines (None,
     e.g. reading any log: every built-in file)."""
-    names = [n for n in BUILTIN_FILES if backend not in OWN_BACKENDS or n not in PIPELINE_FILES]
+    names = [n for n in BUILTIN_FILES if backend not in OWN or n not in PIPELINE_FILES]
     layers = [read_rule_file(BUILTIN_DIR / name) for name in names]
     layers += [read_rule_file(Path(f)) for f in files]
     if extra:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Any
 
 from agent.runs.jobspec import JobSpec
@@ -11,45 +12,50 @@ from agent.runs.outputs import check_events, check_file, complete_files, shard_g
 
 
 class OutputChecks:
-    """Mixed into RunWatcher: what it checks of the run's output_dir and how the results are journaled."""
+    """What the watcher checks of the run's output_dir: its results go to ``record`` (numbered with the
+    log line ``line()`` reached), a failed check to ``on_failure``.
 
-    spec: JobSpec
-    line: int
-    checked: dict[str, list[int]]
-    _checking: bool
-    _pending_files: dict[str, tuple[int, int]]
-    _recovered_checks: set[str]
+    ``checked`` (file name → [size, mtime_ns] when checked) goes into the cursor; ``recovered``: files whose
+    checks the journal already holds from before a restart (taken as checked, not checked again)."""
 
-    def _append(self, ev: dict[str, Any]) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        spec: JobSpec,
+        checked: dict[str, list[int]],
+        recovered: set[str],
+        record: Callable[[list[dict[str, Any]]], None],
+        line: Callable[[], int],
+        on_failure: Callable[[str], None],
+    ) -> None:
+        self.spec = spec
+        self.checked = checked
+        self._recovered = recovered
+        self._record = record
+        self._line = line
+        self._on_failure = on_failure
+        self._pending: dict[str, tuple[int, int]] = {}  # files seen once: their size and mtime_ns then
 
-    def _save_cursor(self, force: bool = False) -> None:
-        raise NotImplementedError
+    @property
+    def waiting(self) -> bool:
+        """Whether files were seen that are not complete yet (look again soon)."""
+        return bool(self._pending)
 
-    def _shape_failed(self, reason: str) -> None:
-        raise NotImplementedError
-
-    async def _scan_outputs(self, final: bool) -> None:
-        """Check each capture file once it is complete: same size on two looks and no ``.lock`` beside it."""
+    async def scan(self, final: bool) -> bool:
+        """Check each capture file once it is complete: same size on two looks and no ``.lock`` beside it;
+        True when some were checked."""
         out = self.spec.output_dir
-        if not out or self._checking or not os.path.isdir(out):
-            return
+        if not out or not os.path.isdir(out):
+            return False
         window = shard_window(out, self.spec.shard)
         if self.spec.shard is not None and window is None:
-            return  # a shard's job writes its manifest (its range) before any file: none of its files yet
-        ready = complete_files(out, self.checked, self._pending_files, self._recovered_checks, final, window)
-        if not ready:
-            return
-        self._checking = True
-        try:
-            for name, sig in ready:
-                self._pending_files.pop(name, None)
-                report = await self._check(os.path.join(out, name))
-                self.checked[name] = list(sig)
-                self._record_check(name, report)
-        finally:
-            self._checking = False
-        self._save_cursor(force=True)
+            return False  # a shard's job writes its manifest (its range) before any file: none yet
+        ready = complete_files(out, self.checked, self._pending, self._recovered, final, window)
+        for name, sig in ready:
+            self._pending.pop(name, None)
+            report = await self._check(os.path.join(out, name))
+            self.checked[name] = list(sig)
+            self._report(name, report)
+        return bool(ready)
 
     async def _check(self, path: str, deep: bool = True) -> dict[str, Any]:
         spec = self.spec
@@ -62,28 +68,27 @@ class OutputChecks:
             deep=deep,
         )
 
-    def _record_check(self, name: str, report: dict[str, Any]) -> None:
-        for ev in check_events(name, report, self.line):
-            self._append(ev)
+    def _report(self, name: str, report: dict[str, Any]) -> None:
+        self._record(check_events(name, report, self._line()))
         problems = list(report.get("problems") or [])
         if problems:
             p = problems[0]
-            self._shape_failed(f"shape check failed: {p.get('code')} in {p.get('file', name)}")
+            self._on_failure(f"shape check failed: {p.get('code')} in {p.get('file', name)}")
 
-    async def _check_index_gaps(self) -> None:
+    async def check_index_gaps(self) -> None:
         """Once, at the end: a header-only look at the whole output dir for missing hs_N/data_N indices."""
         out = self.spec.output_dir
         if not out or not os.path.isdir(out) or "." in self.checked:
             return
         self.checked["."] = [0, 0]
-        if "." in self._recovered_checks:
+        if "." in self._recovered:
             return
         if self.spec.shard is not None:  # its own range only: other shards may still be writing theirs
             found = await asyncio.to_thread(shard_gaps, out, self.spec.shard)
             if found:
-                self._record_check(".", {"ok": False, "format": None, "problems": found})
+                self._report(".", {"ok": False, "format": None, "problems": found})
             return
         report = await self._check(out, deep=False)
         gaps = [p for p in report.get("problems") or [] if p.get("code") == "index_gap"]
         if gaps:
-            self._record_check(".", {"ok": False, "format": report.get("format"), "problems": gaps})
+            self._report(".", {"ok": False, "format": report.get("format"), "problems": gaps})

@@ -14,12 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import limits
+from agent import backends, limits
+from agent.backends import Backend
 from agent.runs.outdir import output_dir_error
 
-BACKENDS = ("worker-extension", "vllm-native", "command", "speculators", "specforge")
-#: Backends running a user's own tool (agent/extract/pipeline_run.py): no eaglewatch manifest.
-PIPELINE_BACKENDS = ("speculators", "specforge")
 #: The fields a launch refuses when they are wrong; the rest only inform watching and checking.
 LAUNCH_FIELDS = frozenset(
     {"backend", "env", "command", "rules", "on_shape_failure", "output_dir", "shard", "time_limit_minutes"}
@@ -31,10 +29,11 @@ class SpecError(ValueError):
     """A spec field the daemon cannot act on; the message names the field."""
 
 
-def _backend(value: Any) -> str:
-    if value not in BACKENDS:
-        raise SpecError(f"spec.backend {str(value)[:40]!r} is not one of {', '.join(BACKENDS)}")
-    return str(value)
+def _backend(value: Any) -> Backend:
+    try:
+        return backends.parse(value, "spec.backend")
+    except backends.UnknownBackend as e:
+        raise SpecError(str(e)) from None
 
 
 def _env(value: Any) -> dict[str, str]:
@@ -148,7 +147,7 @@ class JobSpec:
     """The fields of a run spec the daemon uses; defaults as in agent/spec.py."""
 
     name: str | None = None
-    backend: str = "worker-extension"
+    backend: Backend = backends.DEFAULT
     tensor_parallel_size: int = 1
     model: str | None = None
     layers: list[int] | None = None
@@ -173,7 +172,7 @@ class JobSpec:
         if problem:
             raise SpecError(f"spec: {problem}")
         view = cls._read(spec, strict=True)
-        if view.backend == "command" and not view.command:
+        if view.backend == Backend.COMMAND and not view.command:
             raise SpecError("backend 'command' needs spec.command: a non-empty list of strings")
         return view
 
@@ -227,4 +226,4 @@ class JobSpec:
     def world_size(self) -> int | None:
         """TP ranks the extraction job runs (closes per-rank groups at once); unknown for a command."""
         # SpecForge's torchrun ranks print no vLLM rank prefixes: its lines never form rank groups
-        return None if self.backend in ("command", "specforge") else self.tensor_parallel_size
+        return None if self.backend in (Backend.COMMAND, Backend.SPECFORGE) else self.tensor_parallel_size

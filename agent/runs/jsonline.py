@@ -1,5 +1,4 @@
-"""Journal lines: each event as strict JSON on one line, written the same by the daemon and its encoder
-stage (encoder.py)."""
+"""Journal lines: each event as strict JSON on one line."""
 
 from __future__ import annotations
 
@@ -77,7 +76,7 @@ def _milestone_line(ev: dict[str, Any], strings: dict[str, str], stamps: dict[in
 
 def encode_lines(events: list[dict[str, Any]]) -> bytes:
     """Journal lines for ``events``, each ending in a newline: ``dump_line``'s bytes, milestones (most of
-    a backlog's events) built from a template (the encoder stage makes the same bytes)."""
+    a backlog's events) built from a template."""
     strings: dict[str, str] = {}  # a batch's few types and kinds, encoded once
     stamps: dict[int, str] = {}
     out: list[str] = []

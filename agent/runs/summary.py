@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from agent.backends import Backend
+
 TERMINAL = ("completed", "failed", "stopped", "lost")
 #: ``error`` classes after which exit code 0 still means the run failed.
 FATAL_CLASSES = frozenset(
@@ -125,6 +127,6 @@ def final_state(
         return "failed", f"exit code {code}{last}"
     if summary.first_fatal is not None:
         return "failed", f"exited 0 after a fatal error{_errors(summary)}"
-    if backend != "command" and not summary.completed_seen:
+    if backend != Backend.COMMAND and not summary.completed_seen:
         return "failed", "exited 0 without a completion marker"
     return "completed", "exit code 0"

@@ -7,15 +7,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GPU_REQUESTS = ("gpus-per-task", "gres", "none")
-_OPTION_RE = re.compile(r"^--[a-z][a-z0-9-]*(=.*)?$", re.S)
+_OPTION_RE = re.compile(r"--([a-z][a-z0-9-]*)(?:=[^\n\0]*)?")
 #: Options eaglewatch sets itself; a host's extra sbatch arguments may not override them.
-_RESERVED = ("--output", "--error", "--array", "--parsable", "--chdir", "--wrap", "--job-name", "--open-mode")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.,:-]{1,128}$")
+_RESERVED = ("output", "error", "array", "parsable", "chdir", "wrap", "job-name", "open-mode")
+#: Options after which sbatch submits nothing, or blocks until the job ends, instead of printing its id.
+_NO_JOB_ID = ("wait", "test-only", "help", "usage", "version")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.,:-]{1,128}")
+#: sbatch's long options (Slurm 22.05, as its getopt_long knows them: `sbatch --a=1` lists those of 'a').
+#: sbatch accepts any unambiguous prefix of one, so an abbreviation must be resolved before it is judged.
+_SBATCH_LONG = """
+    account acctg-freq array batch bb bbf begin chdir cluster cluster-constraint clusters comment constraint
+    container context contiguous core-spec cores-per-socket cpu-freq cpus-per-gpu cpus-per-task deadline
+    delay-boot dependency distribution error exclude exclusive export export-file extra-node-info
+    get-user-env gid gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task gres gres-flags help
+    hint hold ignore-pbs input job-name kill-on-invalid-dep licenses mail-type mail-user mcs-label mem
+    mem-bind mem-per-cpu mem-per-gpu mincpus network nice no-kill no-requeue nodefile nodelist nodes ntasks
+    ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket ntasks-per-tres open-mode output
+    overcommit oversubscribe parsable partition power prefer priority profile propagate qos quiet reboot
+    requeue reservation signal sockets-per-node spread-job switches tasks-per-node test-only thread-spec
+    threads-per-core time time-min tmp uid usage use-min-nodes verbose version wait wait-all-nodes wckey
+    wrap
+"""
+SBATCH_LONG_OPTIONS = tuple(_SBATCH_LONG.split())
 
 
 def slurm_name_problem(field_name: str, value: Any) -> str | None:
     """Why ``value`` cannot be a partition or account name, else None."""
-    if value is None or (isinstance(value, str) and _NAME_RE.match(value)):
+    if value is None or (isinstance(value, str) and _NAME_RE.fullmatch(value)):
         return None
     return f"{field_name} must be a Slurm name (letters, digits, '_.,:-'), got {str(value)[:80]!r}"
 
@@ -75,10 +93,29 @@ class SlurmOptions:
         return sorted(self.tasks) if self.tasks else list(range(self.shards))
 
 
+def resolve_long(name: str) -> tuple[str, ...]:
+    """The sbatch long options ``--name`` stands for, as getopt_long decides: itself, else all it prefixes."""
+    if name in SBATCH_LONG_OPTIONS:
+        return (name,)
+    return tuple(o for o in SBATCH_LONG_OPTIONS if o.startswith(name))
+
+
 def sbatch_arg_problem(arg: Any) -> str | None:
     """Why ``arg`` cannot be an extra sbatch option (one ``--name[=value]`` each), else None."""
-    if not isinstance(arg, str) or not _OPTION_RE.match(arg) or "\0" in arg or "\n" in arg or len(arg) > 1024:
+    m = _OPTION_RE.fullmatch(arg) if isinstance(arg, str) and len(arg) <= 1024 else None
+    if m is None:
         return f"{str(arg)[:80]!r} is not one long option --name or --name=value"
-    if arg.split("=", 1)[0] in _RESERVED:
-        return f"{arg.split('=', 1)[0]} is set by eaglewatch itself"
-    return None
+    name = m.group(1)
+    means = resolve_long(name)
+    if len(means) > 1:
+        return f"--{name} is ambiguous: sbatch cannot tell {', '.join('--' + o for o in means)} apart"
+    # An option unknown here (a newer Slurm's) passes: that sbatch resolves it, and it cannot mean a
+    # reserved option, every prefix of which is known here.
+    target = means[0] if means else name
+    if target in _RESERVED:
+        why = "is set by eaglewatch itself"
+    elif target in _NO_JOB_ID:
+        why = "would keep sbatch from submitting the job and printing its id at once"
+    else:
+        return None
+    return f"--{name} {why}" if target == name else f"--{name} abbreviates --{target}, which {why}"

@@ -4,32 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 
+from agent import settings
 from agent.sched import slurm
 from agent.sched.slurmstate import JobView, combine
 
 log = logging.getLogger("eaglewatch.agent")
 
 
-def poll_interval_s() -> float:
-    """Seconds between scheduler calls: $EAGLEWATCH_SLURM_POLL_S, default 10 (gentle on slurmctld)."""
-    try:
-        return max(0.2, float(os.environ.get("EAGLEWATCH_SLURM_POLL_S", "10")))
-    except ValueError:
-        return 10.0
-
-
 Look = Callable[[str, JobView | None, str | None], None]
 
 
 class SlurmPoller:
-    """Tracks run → (job id, array size or task ids); calls ``on_look(run, view, error)`` after each look."""
+    """Tracks run → (job id, array size or task ids); calls ``on_look(run, view, error)`` after each look.
+
+    interval_s: seconds between scheduler calls (default settings.SLURM_POLL_S: gentle on slurmctld)."""
 
     def __init__(self, on_look: Look, interval_s: float | None = None) -> None:
         self.on_look = on_look
-        self.interval_s = poll_interval_s() if interval_s is None else interval_s
+        self.interval_s = settings.SLURM_POLL_S.get() if interval_s is None else interval_s
         self.jobs: dict[str, tuple[str, int | list[int] | None]] = {}
         self.calls = 0
         self._task: asyncio.Task[None] | None = None

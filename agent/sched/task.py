@@ -9,7 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from agent.paths import RUN_ID_ENV, atomic_write_json, read_json
+from agent import settings
+from agent.paths import atomic_write_json, read_json
 
 
 def main(argv: list[str]) -> int:
@@ -25,11 +26,11 @@ def main(argv: list[str]) -> int:
     args = [str(a) for a in launch["argv"]]
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (launch.get("env") or {}).items()})
-    env[RUN_ID_ENV] = run_dir.name
+    env[settings.RUN_ID.name] = run_dir.name
     shards = launch.get("shards")
     task = os.environ.get("SLURM_ARRAY_TASK_ID")
     if isinstance(shards, int) and task is not None and task.isdigit():
-        env["EAGLEWATCH_SHARD"] = f"{task}/{shards}"
+        env[settings.SHARD.name] = f"{task}/{shards}"
         if "--spec" in args:  # an extraction: this task's spec says which shard it is
             i = args.index("--spec") + 1
             spec = json.loads(Path(args[i]).read_text())

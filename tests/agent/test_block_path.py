@@ -194,57 +194,6 @@ def test_lines_up_to_the_cap_stay_a_block() -> None:
         assert block is not None and list(map(len, block.shapes)) == [size, 1, size]
 
 
-def test_a_block_for_a_child_near_the_cap_serves_the_lines_a_shaped_one_does() -> None:
-    """``shapes=False`` (the classifier child folds and counts lines itself): a block is neither folded nor
-    counted while every line is surely under the cap; a line near it is measured as on the shaped path, one
-    over it is no block; the line buffer serves the uncounted block's lines as the shaped block's, offsets
-    and all, and counts them once it splits them."""
-    for size in (1, 31, 32, 33, 63, 64):
-        data = b"a1" * (size // 2) + b"a" * (size % 2) + b"\nb\n" + b"c" * size + b"\n"
-        bare, shaped = clean_block(data, 100, 64, shapes=False), clean_block(data, 100, 64)
-        assert bare is not None and shaped is not None and shaped.lines == 3
-        assert bare.counted == (size >= 32)  # longer lines fail the window test: measured, shaped
-        if bare.counted:
-            assert bare.lines == 3
-        else:
-            assert not bare.shapes
-            with pytest.raises(ValueError, match="not counted"):
-                _ = bare.lines
-        served = []
-        for block in (bare, shaped):
-            buf = LineBuffer()
-            buf.reset(100)
-            buf.append_block(block, block.end)
-            served.append((buf.read(100, 10, 1 << 20), buf.read_text(100, 1 << 20), len(buf)))
-        assert served[0] == served[1] and served[0][0] is not None and served[0][2] == 3
-        assert [t for _, t in served[0][0][0]] == data.decode().split("\n")[:3]
-    assert clean_block(b"ok\n" + b"z" * 65 + b"\n", 0, 64, shapes=False) is None  # over the cap
-
-
-def test_an_uncounted_block_counts_towards_the_line_bound_once_counted() -> None:
-    """A block a classifier child counts: held by its bytes at once, by its lines once ``count_block`` says
-    how many (then the line bound drops the oldest whole); a count for a block no longer held, or one
-    already counted, changes nothing."""
-    blocks = [clean_block(b"x\n" * 40, at, 64, shapes=False) for at in (0, 80, 160)]
-    assert all(b is not None and not b.counted for b in blocks)
-    buf = LineBuffer(max_lines=100)
-    buf.reset(0)
-    for b in blocks:
-        assert b is not None
-        buf.append_block(b, b.end)
-    assert len(buf) == 0 and buf.read_text(0, 1 << 20) == ("x\n" * 40, 80)
-    buf.count_block(0, 40)
-    buf.count_block(80, 40)
-    assert len(buf) == 80
-    buf.count_block(80, 40)  # already counted
-    assert len(buf) == 80
-    buf.count_block(160, 40)  # 120 lines: the oldest block goes whole
-    assert len(buf) == 80 and buf.read(0, 10, 1 << 20) is None
-    assert buf.read_text(80, 1 << 20) == ("x\n" * 40, 160)
-    buf.count_block(0, 40)  # no longer held
-    assert len(buf) == 80
-
-
 @pytest.mark.parametrize(
     ("data", "why"),
     [

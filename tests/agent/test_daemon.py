@@ -11,7 +11,15 @@ import pytest
 
 from agent.paths import read_json, run_paths
 from tests.helpers.agentjobs import OOM_TRACEBACK, VLLM_LINES, forker, marker, printer, sleeper, write_script
-from tests.helpers.agentproc import AgentClient, AgentError, AgentProc, agent_daemon, terminal_event
+from tests.helpers.agentproc import (
+    AgentClient,
+    AgentError,
+    AgentProc,
+    agent_daemon,
+    last_log_text,
+    log_lines,
+    terminal_event,
+)
 
 __all__ = ["agent_daemon"]
 
@@ -25,7 +33,7 @@ def _events(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _log_lines(msgs: list[dict[str, Any]]) -> list[tuple[int, str]]:
-    return [(o, t) for m in msgs if m.get("type") == "log" for o, t in m["lines"]]
+    return [line for m in msgs for line in log_lines(m)]
 
 
 def test_launch_follow_to_completion(agent_daemon: AgentProc, tmp_path: Path) -> None:
@@ -51,7 +59,7 @@ def test_launch_follow_to_completion(agent_daemon: AgentProc, tmp_path: Path) ->
         assert progress["fields"]["samples_done"] == 4
         # Every log line arrives (tqdm's \r splits lines), with its byte offset in output.log.
         if not any(t == "tqdm 100%" for _, t in _log_lines(msgs)):
-            msgs += c.wait_for(lambda m: m.get("type") == "log" and m["lines"][-1][1] == "tqdm 100%", 10)
+            msgs += c.wait_for(lambda m: last_log_text(m) == "tqdm 100%", 10)
         got = _log_lines(msgs)
         assert [t for _, t in got] == [*lines[:-1], "tqdm 50%", "tqdm 100%"]
         raw = run_paths(agent_daemon.state_dir, "ok-1").log.read_bytes()
@@ -130,7 +138,7 @@ def test_stop_kills_job_and_escaped_worker(agent_daemon: AgentProc, tmp_path: Pa
     with AgentClient(agent_daemon.socket) as c:
         launched = c.result("launch", run="st", spec=_cmd(forker(tmp_path, pidfile)))
         c.result("follow", run="st", after_seq=0, log_offset=0)
-        c.wait_for(lambda m: m.get("type") == "log" and "lives on" in m["lines"][-1][1])
+        c.wait_for(lambda m: "lives on" in (last_log_text(m) or ""))
         res = c.result("stop", run="st", grace_s=0.5)
         assert res["confirmed"] is True and res["remaining"] == [] and res["gpu_released"] is None
         pids = {k["pid"] for k in res["killed"]}
@@ -168,17 +176,15 @@ def test_live_milestone_goes_out_before_its_line(agent_daemon: AgentProc, tmp_pa
         c.result("launch", run="first", spec=_cmd(printer(tmp_path, lines, delay=0.2)))
         c.result("follow", run="first", after_seq=0, log_offset=0)
         msgs = c.wait_for(terminal_event)
-        if not any(m.get("type") == "log" and m["lines"][-1][1] == lines[-1] for m in msgs):
-            msgs += c.wait_for(lambda m: m.get("type") == "log" and m["lines"][-1][1] == lines[-1], 10)
+        if not any(last_log_text(m) == lines[-1] for m in msgs):
+            msgs += c.wait_for(lambda m: last_log_text(m) == lines[-1], 10)
     for i, text in enumerate(lines):
         event_at = next(
             n for n, m in enumerate(msgs)
             if m.get("type") == "event" and m["event"].get("kind") == "progress"
             and m["event"]["fields"]["samples_done"] == i
         )  # fmt: skip
-        line_at = next(
-            n for n, m in enumerate(msgs) if m.get("type") == "log" and text in dict(m["lines"]).values()
-        )
+        line_at = next(n for n, m in enumerate(msgs) if text in dict(log_lines(m)).values())
         assert event_at < line_at, f"progress {i}: its line went out before its milestone"
 
 
@@ -323,7 +329,7 @@ def test_huge_and_invalid_utf8_lines_are_capped_and_delivered(
         c.result("follow", run="messy", after_seq=0, log_offset=0)
         msgs = c.wait_for(terminal_event, timeout=60)
         if not any(t == "green after" for _, t in _log_lines(msgs)):
-            msgs += c.wait_for(lambda m: m.get("type") == "log" and m["lines"][-1][1] == "green after", 20)
+            msgs += c.wait_for(lambda m: last_log_text(m) == "green after", 20)
     got = _log_lines(msgs)
     assert [o for o, _ in got] == [0, 7, 7 + (10 << 20) + 1, 7 + (10 << 20) + 1 + 13]
     assert got[0][1] == "before"

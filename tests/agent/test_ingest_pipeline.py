@@ -8,12 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from agent.logs.splitter import LineSplitter
 from agent.milestones.engine import MilestoneEngine, load_rules
 from agent.paths import read_json, run_paths
-from agent.runs.classifier import CLASSIFIER_ENV
 from agent.runs.journal import Journal, read_raw, scan
 from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent, terminal_event
 from tests.helpers.vllm_log import steady_lines
@@ -79,20 +76,17 @@ def _reference(data: bytes) -> list[dict[str, Any]]:
     return [m.to_dict() for m in out]
 
 
-@pytest.mark.parametrize("classifier", ["off", "on"])
-def test_sigkill_mid_backlog_loses_and_repeats_no_milestone(tmp_path: Path, classifier: str) -> None:
+def test_sigkill_mid_backlog_loses_and_repeats_no_milestone(tmp_path: Path) -> None:
     """The daemon is killed while it catches up on a large log (fsyncs behind the reads, cursors after
     them); the next daemon resumes from the cursor: the journal holds the line-by-line milestones once
-    each, with consecutive seqs, and the cursor never pointed past the journal.  With the rules in a
-    classifier child, the cursors come from its snapshots asked for in line with the blocks."""
-    env = {CLASSIFIER_ENV: classifier}
+    each, with consecutive seqs, and the cursor never pointed past the journal."""
     data = ("\n".join(steady_lines(300_000, tp=4, seed=3)) + "\n").encode()
     log = tmp_path / "big.log"
     log.write_bytes(data)
     want = _reference(data)
     state = tmp_path / "state"
     paths = run_paths(state, "big")
-    agent = start_agent(state, env=env)
+    agent = start_agent(state)
     try:
         with AgentClient(agent.socket, timeout=60) as c:
             c.result("launch", run="big", spec={"backend": "command", "command": ["cat", str(log)]})
@@ -107,7 +101,7 @@ def test_sigkill_mid_backlog_loses_and_repeats_no_milestone(tmp_path: Path, clas
         assert isinstance(cursor, dict) and 0 < cursor["offset"] < len(data), "not killed mid-backlog"
         cursor = read_json(paths.cursor)
         assert cursor["seq"] <= len(scan(paths.events))  # the cursor never points past the journal
-        agent = start_agent(state, env=env)
+        agent = start_agent(state)
         with AgentClient(agent.socket, timeout=120) as c:
             c.result("follow", run="big", after_seq=0)
             c.wait_for(terminal_event, timeout=120)

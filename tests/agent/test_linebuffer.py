@@ -8,6 +8,7 @@ import pytest
 
 from agent.logs.linebuffer import LINE_OVERHEAD, LineBuffer
 from agent.logs.splitter import LineSplitter
+from tests.helpers.agentproc import log_lines
 
 
 def _split(data: bytes, chunks: list[int]) -> tuple[LineBuffer, list[tuple[int, str]]]:
@@ -110,7 +111,7 @@ async def test_a_follower_in_range_never_reads_the_log() -> None:
     got: list[tuple[int, str]] = []
 
     async def send(msg: dict[str, object]) -> None:
-        got.extend((o, t) for o, t in msg["lines"])  # type: ignore[attr-defined]
+        got.extend(log_lines(msg))
 
     task = asyncio.create_task(stream_log(send, watcher, 0))  # type: ignore[arg-type]
     await asyncio.sleep(0.05)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from controller import crud, queries
+from controller.logblocks import Block
 from controller.store import Tx, connect, create_schema
 from tests.helpers.agentjobs import marker, write_script
 from tests.helpers.agentproc import (
@@ -17,6 +18,7 @@ from tests.helpers.agentproc import (
     AgentProc,
     agent_daemon,
     cleanup_runs,
+    log_lines,
     start_agent,
     terminal_event,
 )
@@ -71,18 +73,20 @@ def _events(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [m["event"] for m in msgs if m.get("type") == "event"]
 
 
-def run_and_collect(agent: AgentProc, tmp: Path, action: str) -> tuple[list[dict[str, Any]], list[list[Any]]]:
-    """Launch the job, follow it with its log to the end; (journal events, log batches) as streamed."""
+def run_and_collect(
+    agent: AgentProc, tmp: Path, action: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Launch the job, follow it with its log to the end; (journal events, log blocks) as streamed."""
     with AgentClient(agent.socket) as c:
         c.result("launch", run=action, spec={"name": "t", "host": "h", "backend": "command",
                                              "command": log_job(tmp, action)})  # fmt: skip
         c.result("follow", run=action, after_seq=0, log_offset=0)
         msgs = c.wait_for(terminal_event, timeout=60)
         # the log stream may trail the journal's final state a little: read until the last line came
-        batches = [m for m in msgs if m.get("type") == "log"]
-        while sum(len(b["lines"]) for b in batches) < N:
+        batches = [m for m in msgs if m.get("type") == "log_block"]
+        while sum(len(log_lines(b)) for b in batches) < N:
             m = c.read_message(timeout=10)
-            if m.get("type") == "log":
+            if m.get("type") == "log_block":
                 batches.append(m)
     return _events(msgs), batches
 
@@ -96,7 +100,7 @@ def test_no_line_or_milestone_lost_when_the_log_is_truncated_or_rotated(
     agent_daemon: AgentProc, tmp_path: Path, action: str, rule: str
 ) -> None:
     events, batches = run_and_collect(agent_daemon, tmp_path, action)
-    lines = [(o, t) for b in batches for o, t in b["lines"]]
+    lines = [line for b in batches for line in log_lines(b)]
     offsets = [o for o, _ in lines]
     assert len(set(offsets)) == len(offsets) == N, (len(set(offsets)), len(offsets))
     assert offsets == sorted(offsets)
@@ -119,7 +123,7 @@ def test_no_line_or_milestone_lost_when_the_log_is_truncated_or_rotated(
             tx=tx, run_id=action, name="t", host="h", backend="command", model=None, spec_json="{}"
         )
         for b in batches:
-            crud.add_log_lines(tx=tx, run_id=action, lines=b["lines"], next_offset=b["next_offset"])
+            crud.add_log_block(tx=tx, run_id=action, block=Block.from_message(b))
         stored = [ln["text"] for ln in queries.read_log(conn, action, -1, 100000, None, False)]
     finally:
         conn.close()
@@ -141,16 +145,16 @@ def test_a_daemon_killed_after_the_log_was_rotated_picks_up_the_renamed_file(tmp
         with AgentClient(agent.socket) as c:
             c.result("follow", run="rot", after_seq=0, log_offset=0)
             msgs = c.wait_for(terminal_event, timeout=60)
-            batches = [m for m in msgs if m.get("type") == "log"]
-            while sum(len(b["lines"]) for b in batches) < N:
+            batches = [m for m in msgs if m.get("type") == "log_block"]
+            while sum(len(log_lines(b)) for b in batches) < N:
                 m = c.read_message(timeout=10)
-                if m.get("type") == "log":
+                if m.get("type") == "log_block":
                     batches.append(m)
     finally:
         agent.kill()
         cleanup_runs(state)
     events = _events(msgs)
-    lines = [(o, t) for b in batches for o, t in b["lines"]]
+    lines = [line for b in batches for line in log_lines(b)]
     assert [t for _, t in lines] == expected_lines()
     assert [o for o, _ in lines] == sorted({o for o, _ in lines})
     progress = [e["fields"]["samples_done"] for e in events if e.get("kind") == "progress"]

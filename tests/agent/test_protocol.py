@@ -83,10 +83,6 @@ GOOD_MESSAGES: list[tuple[bytes | str, dict[str, Any]]] = [
         protocol.encode(protocol.error(None, ErrorCode.TOO_LONG, "long")),
         {"type": "error", "id": None, "code": "too_long", "message": "long"},
     ),
-    (
-        protocol.encode(protocol.log_lines("r", [(0, "a"), (2, "ü")], 5)),
-        {"type": "log", "run": "r", "lines": [[0, "a"], [2, "ü"]], "next_offset": 5},
-    ),
     ('{"type": "event", "run": "r", "event": {"seq": 1}}', protocol.event("r", {"seq": 1})),
     (
         '{"type": "future_kind", "x": 1}',
@@ -119,6 +115,6 @@ def test_decode_message_refuses(line: bytes | str, code: ErrorCode) -> None:
 
 
 def test_encode_is_one_compact_utf8_line() -> None:
-    line = protocol.encode({"type": "log", "text": "é\nx"})
+    line = protocol.encode({"type": "event", "run": "r", "event": {"text": "é\nx"}})
     assert line.endswith(b"\n") and line.count(b"\n") == 1  # the newline inside is escaped
     assert "é".encode() in line and b", " not in line

@@ -14,7 +14,14 @@ import pytest
 from agent.jobs import procfs
 from agent.paths import atomic_write_json, read_json, run_paths
 from tests.helpers.agentjobs import marker, printer, write_script
-from tests.helpers.agentproc import AgentClient, AgentProc, cleanup_runs, start_agent, terminal_event
+from tests.helpers.agentproc import (
+    AgentClient,
+    AgentProc,
+    cleanup_runs,
+    log_lines,
+    start_agent,
+    terminal_event,
+)
 
 
 @pytest.fixture
@@ -22,8 +29,8 @@ def state(tmp_path: Path) -> Any:
     st = tmp_path / "state"
     procs: list[AgentProc] = []
 
-    def start(env: dict[str, str] | None = None) -> AgentProc:
-        agent = start_agent(st, env=env)
+    def start(*args: str) -> AgentProc:
+        agent = start_agent(st, args=args)
         procs.append(agent)
         return agent
 
@@ -48,10 +55,10 @@ def _cmd(argv: list[str]) -> dict[str, Any]:
 @pytest.mark.parametrize("mode", ["inotify", "polling"])
 def test_sigkilled_daemon_loses_no_line_and_duplicates_no_seq(state: Any, tmp_path: Path, mode: str) -> None:
     st, start0 = state
-    env = {"EAGLEWATCH_AGENT_NO_INOTIFY": "1"} if mode == "polling" else None
+    args = ("--poll",) if mode == "polling" else ()
 
     def start() -> AgentProc:
-        return start0(env)
+        return start0(*args)
 
     n = 240
     lines: list[str] = []
@@ -69,8 +76,8 @@ def test_sigkilled_daemon_loses_no_line_and_duplicates_no_seq(state: Any, tmp_pa
     def consume(msgs: list[dict[str, Any]]) -> None:
         nonlocal next_offset, after_seq
         for m in msgs:
-            if m.get("type") == "log":
-                for offset, text in m["lines"]:
+            if m.get("type") == "log_block":
+                for offset, text in log_lines(m):
                     assert offset not in received, f"line at {offset} delivered twice"
                     received[offset] = text
                 next_offset = m["next_offset"]
@@ -91,7 +98,7 @@ def test_sigkilled_daemon_loses_no_line_and_duplicates_no_seq(state: Any, tmp_pa
                 consume(c.wait_for(terminal_event, timeout=60))
                 msgs = (
                     c.wait_for(
-                        lambda m: m.get("type") == "log" and any(t == lines[-1] for _, t in m["lines"]),
+                        lambda m: any(t == lines[-1] for _, t in log_lines(m)),
                         timeout=10,
                     )
                     if lines[-1] not in received.values()
@@ -187,7 +194,7 @@ def test_second_daemon_on_same_state_dir_refuses(state: Any) -> None:
     st, start = state
     start()
     with pytest.raises(RuntimeError, match="already"):
-        start_agent(st, st / "other.sock", env={"EAGLEWATCH_AGENT_LOCK_WAIT_S": "0.3"})
+        start_agent(st, st / "other.sock", args=("--lock-wait-s", "0.3"))
 
 
 def test_upgrade_handoff_new_daemon_waits_for_the_old_one(state: Any, tmp_path: Path) -> None:

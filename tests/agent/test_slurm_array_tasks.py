@@ -14,8 +14,8 @@ from agent.sched.slurm import sbatch_argv
 from agent.sched.slurmstate import combine, parse_squeue, task_ids
 from agent.sched.tracking import advance, task_outcome
 from agent.spec import parse_spec
-from controller.sharding import task_state
-from controller.shardruns import array_spec, shard_jobs, slurm_arrays
+from controller.sharding import array_spec, job_document, task_state
+from controller.shardruns import shard_jobs, slurm_arrays
 
 BASE = {"kind": "slurm", "partition": "debug"}
 
@@ -83,7 +83,7 @@ def test_mixed_hosts_the_slurm_hosts_shards_become_one_array_the_others_stay_job
     assert [(j.index, j.host, j.gpus) for j in jobs] == [(0, "hpc", None), (1, "gpu", (0,)), (2, "hpc", None)]
     arrays = slurm_arrays(jobs, hosts)
     assert {h: [j.index for j in js] for h, js in arrays.items()} == {"hpc": [0, 2]}
-    one = array_spec(spec.model_dump(mode="json"), "hpc")
+    one = job_document(array_spec(spec, "hpc"))
     assert one["host"] == "hpc" and "shards" not in one and one.get("shard") is None
     assert parse_spec(one).shards == 1
 

@@ -11,7 +11,7 @@ from typing import Any
 from agent.logs.splitter import LineSplitter
 from agent.milestones.engine import MilestoneEngine, load_rules
 from agent.runs.journal import scan
-from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent, terminal_event
+from tests.helpers.agentproc import AgentClient, cleanup_runs, log_lines, start_agent, terminal_event
 from tests.helpers.vllm_log import make_log, steady_lines
 
 
@@ -41,11 +41,9 @@ def test_a_backlog_journals_the_line_by_line_milestones(tmp_path: Path) -> None:
             c.result("follow", run="big", after_seq=0, log_offset=0)
             seen = c.wait_for(terminal_event, timeout=120)
             # log lines may still be on their way after the final state
-            lines = [t for m in seen if m.get("type") == "log" for _, t in m["lines"]]
+            lines = [t for m in seen for _, t in log_lines(m)]
             while len(lines) < len(texts):
-                msg = c.read_message(30)
-                if msg.get("type") == "log":
-                    lines += [t for _, t in msg["lines"]]
+                lines += [t for _, t in log_lines(c.read_message(30))]
         events = scan(state / "runs" / "big" / "events.jsonl")
     finally:
         agent.kill()
@@ -57,20 +55,3 @@ def test_a_backlog_journals_the_line_by_line_milestones(tmp_path: Path) -> None:
     assert got[: len(want)] == want
     assert [e["kind"] for e in got[len(want) :]] == ["failed"]  # the watcher's verdict on the job's end
     assert lines == texts
-
-
-def test_journal_listeners_hear_events_only_once_published(tmp_path: Path) -> None:
-    """write_many leaves the listeners unheard until publish; append_many tells them at once."""
-    from agent.runs.journal import Journal
-
-    j = Journal(tmp_path / "events.jsonl")
-    heard: list[int] = []
-    j.subscribe(lambda ev: heard.append(ev["seq"]))
-    written = j.write_many([{"type": "x"}, {"type": "y"}])
-    assert [e["seq"] for e in written] == [1, 2] and j.last_seq == 2 and heard == []
-    j.sync()
-    j.publish(written)
-    assert heard == [1, 2]
-    assert [e["seq"] for e in j.append_many([{"type": "z"}])] == [3] and heard == [1, 2, 3]
-    j.close()
-    assert [e["seq"] for e in scan(tmp_path / "events.jsonl")] == [1, 2, 3]

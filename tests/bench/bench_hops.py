@@ -111,7 +111,7 @@ def stream_hop(buf: LineBuffer, events: list[dict[str, Any]]) -> list[bytes]:
         lines, nxt = got
         if not lines:
             return out
-        out.append(protocol.encode(log_message("r-1", lines, nxt, True)))
+        out.append(protocol.encode(log_message("r-1", lines, nxt)))
         pos = nxt
 
 

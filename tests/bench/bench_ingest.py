@@ -166,7 +166,7 @@ def main() -> int:
         f"goal >= {GOAL_LINES_PER_S:,} lines/s on one core: {verdict} ({rate / GOAL_LINES_PER_S:.2f}x goal)"
     )
     size_note = f"{size / 1e6:.0f} MB synthetic log, CPU time, one core"
-    if a.size_mb < 1000:  # a short run swings more with other load (168k-228k lines/s seen at 50 MB)
+    if a.size_mb < 1000:  # a short run swings more with other load
         size_note += "; smaller than the 1 GB the goal is stated for"
     bench_line(
         "ingest",

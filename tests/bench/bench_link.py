@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from agent.spec import parse_spec  # noqa: E402
 from controller import crud  # noqa: E402
 from controller.bus import Bus  # noqa: E402
 from controller.logblocks import Block  # noqa: E402
@@ -66,12 +67,14 @@ def pct(values: list[float], p: float) -> float:
 
 async def start_job(ctl: Controller, job: Path, go: Path, n: int, rate: float) -> str:
     return await ctl.create_run(
-        {
-            "host": "h",
-            "backend": "command",
-            "name": "bench",
-            "command": ["/usr/bin/python3", str(job), str(go), str(n), str(rate)],
-        }
+        parse_spec(
+            {
+                "host": "h",
+                "backend": "command",
+                "name": "bench",
+                "command": ["/usr/bin/python3", str(job), str(go), str(n), str(rate)],
+            }
+        )
     )
 
 

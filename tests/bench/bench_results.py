@@ -1,8 +1,8 @@
 """Benchmark: the job's time taking a drain's results in (checks reported, layer statistics, manifest saved).
 
-This ran between two batches while the GPU waited (`completed.results_seconds`: 0.14–0.3 s of a 12 s run on
-the H200), so it counted in the end-to-end overhead; with the writer process it now runs beside the next
-batch (agent/extract/results_lane.py), and its cost is the CPU it takes from the driver's process.
+This ran between two batches while the GPU waited (`completed.results_seconds`; figures in
+docs/benchmarks.md), so it counted in the end-to-end overhead; it now runs beside the next batch
+(agent/extract/results_lane.py), and its cost is the CPU it takes from the driver's process.
 Results like the H200 run's (4 captured layers, per-layer sums), in drains of 64, into a real output
 directory; the milestone lines go to /dev/null.
 Run: .venv/bin/python tests/bench/bench_results.py [--samples 512] [--repeat 3]; EAGLEWATCH_BENCH_QUICK=1

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.spec import parse_spec
 from controller import queries
 from controller.models import HostCreate
 from controller.service import Controller
@@ -65,11 +66,13 @@ async def test_link_killed_20_times_mid_run(
         sup = ctl.supervisors.hosts["gpu1"]
         await sup.connected.wait()
         run_id = await ctl.create_run(
-            {
-                "host": "gpu1",
-                "backend": "command",
-                "command": ["/usr/bin/python3", str(job_script), str(stop), "0.02"],
-            }
+            parse_spec(
+                {
+                    "host": "gpu1",
+                    "backend": "command",
+                    "command": ["/usr/bin/python3", str(job_script), str(stop), "0.02"],
+                }
+            )
         )
         kills = 0
         while kills < 20:
@@ -149,11 +152,13 @@ async def test_controller_sigkilled_and_restarted_mid_run(
     async with Controller(ssh_settings, supervise=False) as ctl:  # the CLI's way: one-shot link
         await ctl.add_host(host)
         run_id = await ctl.create_run(
-            {
-                "host": "gpu1",
-                "backend": "command",
-                "command": ["/usr/bin/python3", str(job_script), str(stop), "0.02"],
-            }
+            parse_spec(
+                {
+                    "host": "gpu1",
+                    "backend": "command",
+                    "command": ["/usr/bin/python3", str(job_script), str(stop), "0.02"],
+                }
+            )
         )
         assert (await ctl.get_run(run_id)).state == "running"
     db = ssh_settings.database

@@ -1,5 +1,4 @@
-"""Log blocks end to end through a real sshd: awkward bytes survive, a dropped link replays exactly once, and
-the daemon's per-line stream for older controllers carries the very same lines."""
+"""Log blocks end to end through a real sshd: awkward bytes survive, a dropped link replays exactly once."""
 
 from __future__ import annotations
 
@@ -8,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from agent.logs.splitter import LineSplitter
+from agent.spec import parse_spec
 from controller.models import HostCreate
 from controller.service import Controller
 from controller.settings import Settings
 from tests.controller.conftest import wait_for
-from tests.helpers.agentproc import AgentClient
 from tests.helpers.sshd import SSHD
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(120)]
@@ -58,7 +57,9 @@ async def test_awkward_lines_survive_blocks_and_a_dropped_link_replays_exactly_o
         sup = ctl.supervisors.hosts["gpu1"]
         await sup.connected.wait()
         run_id = await ctl.create_run(
-            {"host": "gpu1", "backend": "command", "command": ["/usr/bin/python3", str(job), str(go)]}
+            parse_spec(
+                {"host": "gpu1", "backend": "command", "command": ["/usr/bin/python3", str(job), str(go)]}
+            )
         )
 
         async def first_part() -> bool:
@@ -84,15 +85,3 @@ async def test_awkward_lines_survive_blocks_and_a_dropped_link_replays_exactly_o
     big = next(t for t in texts if t.startswith("AAAA"))
     assert len(big) < 70_000 and big.endswith("bytes dropped]")
     assert "ünïcode € <b>&amp;</b>" in texts
-
-    # An older controller asks for no blocks: the daemon streams per-line messages with the same lines.
-    with AgentClient(state / "agent.sock") as old:
-        assert old.result("follow", run=run_id, after_seq=0, log_offset=0)["run"] == run_id
-        got: list[tuple[int, str]] = []
-        while len(got) < len(want):
-            msg = old.read_message(20)
-            if msg.get("type") == "log_block":
-                raise AssertionError("a follow without 'blocks' got a block")
-            if msg.get("type") == "log":
-                got += [(o, t) for o, t in msg["lines"]]
-    assert got == want

@@ -1,5 +1,5 @@
 """Log blocks: the pure block (offsets, trim, validation), storing them exactly once on a real SQLite file,
-reading lines back (API/page reader, feed), an older agent's per-line messages, and the schema upgrade."""
+reading lines back (API/page reader, feed), the supervisor's intake and the wire form."""
 
 from __future__ import annotations
 
@@ -19,11 +19,10 @@ from controller import crud, queries
 from controller.alerts import AlertPolicy
 from controller.bus import Bus, BusEvent, parse_cursor
 from controller.logblocks import Block, BlockError, lines_data, pack_offsets, unpack_offsets
-from controller.logmigration import migrate_log_lines
 from controller.service import Controller
-from controller.store import Store, Tx, connect, create_schema
+from controller.store import Store, connect, create_schema
 from controller.supervisor import HostSupervisor
-from tests.controller.test_store import _milestone, _run
+from tests.controller.test_store import _block, _milestone, _run
 from tests.web.conftest import settings_for
 from web.app import create_app
 
@@ -37,11 +36,6 @@ def _lines(start: int, n: int, offset: int = 0) -> list[tuple[int, str]]:
         out.append((o, f"line {i}"))
         o += len(f"line {i}") + 1
     return out
-
-
-def _block(lines: list[tuple[int, str]], nxt: int | None = None) -> Block:
-    last_o, last_t = lines[-1]
-    return Block.from_lines(lines, nxt if nxt is not None else last_o + len(last_t.encode()) + 1)
 
 
 # --- pure ----------------------------------------------------------------------------------------------
@@ -101,10 +95,7 @@ def test_offsets_blob_round_trips_and_a_text_with_a_newline_is_no_block() -> Non
     assert unpack_offsets(pack_offsets(offs)) == offs and len(pack_offsets(offs)) == 32
     with pytest.raises(ValueError, match="newlines"):
         protocol.log_block("r", [0], "two\nlines", 9)
-    # the daemon sends a block for a blocks follow, the per-line message otherwise
-    assert log_message("r", [(0, "a"), (2, "b")], 4, True) == protocol.log_block("r", [0, 2], "a\nb", 4)
-    assert log_message("r", [(0, "a"), (2, "b")], 4, False)["lines"] == [[0, "a"], [2, "b"]]
-    assert log_message("r", [(0, "a\nb")], 4, True)["type"] == "log"  # never split into two lines
+    assert log_message("r", [(0, "a"), (2, "b")], 4) == protocol.log_block("r", [0, 2], "a\nb", 4)
 
 
 # --- stored ---------------------------------------------------------------------------------------------
@@ -185,14 +176,18 @@ async def test_feed_replays_blocks_in_commit_order_with_events(store: Store) -> 
     assert [e.cursor for e in rest] == [e.cursor for e in live[4:]]
 
 
-async def test_an_older_agents_per_line_messages_are_stored_as_blocks(store: Store, tmp_path: Path) -> None:
-    """An agent that ignores ``blocks`` sends ``log`` messages: the supervisor stores them the same way."""
+async def test_the_supervisor_stores_overlapping_blocks_once_and_drops_a_malformed_one(
+    store: Store, tmp_path: Path
+) -> None:
+    """``log_block`` messages as they come off the wire: a replayed overlap adds only its new lines, and a
+    block that names an impossible offset is dropped (the link goes on)."""
     await store.write(_run)
     sup = HostSupervisor("h", settings_for(tmp_path / "home"), store, QUIET)
     lines = _lines(0, 10)
     for chunk in (lines[:6], lines[3:]):
         nxt = chunk[-1][0] + len(chunk[-1][1]) + 1
-        await sup.on_stream(protocol.decode_message(protocol.encode(protocol.log_lines("r-1", chunk, nxt))))
+        msg = protocol.log_block("r-1", [o for o, _ in chunk], "\n".join(t for _, t in chunk), nxt)
+        await sup.on_stream(protocol.decode_messages(protocol.encode(msg))[0])
     await sup.on_stream({"type": "log_block", "run": "r-1", "offset": -5, "next_offset": 1, "text": "x"})
     await store.write(lambda tx: None)  # behind the queued writes
     assert await _all(store) == lines
@@ -216,63 +211,6 @@ async def test_the_log_page_shows_block_lines_escaped_with_their_offsets(tmp_pat
     for o in offsets:
         assert f'data-offset="{o}"' in page
     assert [(ln["offset"], ln["text"]) for ln in api] == list(zip(offsets, evil, strict=True))
-
-
-# --- upgrade --------------------------------------------------------------------------------------------
-
-
-def test_an_old_databases_log_lines_become_blocks_and_the_feed_keeps_its_order(tmp_path: Path) -> None:
-    """A schema-1 database (one log_lines row per line, events marked with line ids) opens as schema 2: the
-    same lines and offsets, events still after the lines they followed, log_lines gone."""
-    db = tmp_path / "old.db"
-    create_schema(db)
-    conn = connect(db)
-    conn.execute(
-        "CREATE TABLE log_lines (id INTEGER PRIMARY KEY, run_id VARCHAR NOT NULL, offset INTEGER NOT NULL,"
-        " text VARCHAR NOT NULL, CONSTRAINT uq_log_run_offset UNIQUE (run_id, offset))"
-    )
-    conn.execute("DELETE FROM schema_version")
-    conn.execute("INSERT INTO schema_version VALUES (1)")
-    _run(Tx(conn), "r-1")
-    _run(Tx(conn), "r-2")
-    a, b = _lines(0, 30), _lines(100, 20)
-    b[5] = (b[5][0], "bad \ufffd byte")  # its offset is no longer the natural one
-    rows = (
-        [("r-1", o, t) for o, t in a[:10]]
-        + [("r-2", o, t) for o, t in b]
-        + [("r-1", o, t) for o, t in a[10:]]
-    )
-    conn.executemany("INSERT INTO log_lines(run_id, offset, text) VALUES (?, ?, ?)", rows)
-    # events that followed line ids 5, 10 and 45 (mid-write, end of a write, mid-write of another run)
-    for seq, mark in ((1, 5), (2, 10), (3, 45)):
-        conn.execute(
-            "INSERT INTO events(run_id, seq, kind, at, data_json, log_mark)"
-            " VALUES ('r-1', ?, 'milestone', 0, ?, ?)",
-            (seq, json.dumps({"seq": seq}), mark),
-        )
-    conn.close()
-    create_schema(db)  # what Store.open does
-    conn = connect(db)
-    try:
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 2
-        assert not conn.execute("SELECT 1 FROM sqlite_master WHERE name='log_lines'").fetchone()
-        got_a = [(ln["offset"], ln["text"]) for ln in queries.read_log(conn, "r-1", -1, 1000, None, False)]
-        got_b = [(ln["offset"], ln["text"]) for ln in queries.read_log(conn, "r-2", -1, 1000, None, False)]
-        assert got_a == a and got_b == b
-        feed = queries.feed_since(conn, None, None, 1000)
-        order = [
-            (e.kind, e.data["seq"]) if e.kind == "milestone" else ("log", e.run_id, len(lines_data(e.data)))
-            for e in feed
-            if e.kind in ("milestone", "log")
-        ]
-        # lines 1-5 before seq 1, 6-10 before seq 2, then r-2's 20 lines and r-1's next 15 before seq 3
-        assert order == [
-            ("log", "r-1", 5), ("milestone", 1), ("log", "r-1", 5), ("milestone", 2),
-            ("log", "r-2", 20), ("log", "r-1", 15), ("milestone", 3), ("log", "r-1", 5),
-        ]  # fmt: skip
-        assert migrate_log_lines(conn) == 0  # nothing left to move
-    finally:
-        conn.close()
 
 
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
@@ -339,8 +277,8 @@ async def test_the_feed_pages_big_blocks_by_size_and_paging_on_gets_everything_o
     assert sum(len(lines_data(e.data)) for e in paged if e.kind == "log") == 40
 
 
-async def test_a_blocks_follow_sends_disk_and_buffer_lines_as_blocks() -> None:
-    """stream_log with ``blocks``: the lines a follower reads from the log itself (behind the watcher's
+async def test_a_follow_sends_disk_and_buffer_lines_as_blocks() -> None:
+    """stream_log: the lines a follower reads from the log itself (behind the watcher's
     buffer) and those the buffer serves both go out as ``log_block`` messages, every line once.  (The
     watcher is a stand-in here: its buffer, wake-up and log reader are the real ones.)"""
     from types import SimpleNamespace
@@ -368,7 +306,7 @@ async def test_a_blocks_follow_sends_disk_and_buffer_lines_as_blocks() -> None:
     async def send(msg: dict[str, Any]) -> None:
         msgs.append(protocol.decode_messages(protocol.encode(msg))[0])
 
-    task = asyncio.create_task(stream_log(send, watcher, 0, blocks=True))  # type: ignore[arg-type]
+    task = asyncio.create_task(stream_log(send, watcher, 0))  # type: ignore[arg-type]
     await asyncio.sleep(0.05)
     on_disk = len(data)
     sp = LineSplitter(start_offset=buf.end)

@@ -9,14 +9,16 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from agent.spec import parse_spec
 from controller import crud
 from controller.errors import Conflict, NotFound, SpecInvalid
 from controller.logblocks import lines_data
-from controller.models import HostCreate
+from controller.models import HostCreate, parse_run_spec
 from controller.service import Controller
 from controller.settings import Settings
 from tests.controller.conftest import wait_for
 from tests.controller.test_alerts import Receiver
+from tests.controller.test_store import _block
 from tests.helpers.sshd import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,10 +59,12 @@ async def _state(ctl: Controller, run_id: str, *states: str) -> bool:
 async def test_invalid_specs_name_the_field_and_store_nothing(
     tmp_path: Path, local_settings: Settings, spec: dict[str, Any], fields: set[str]
 ) -> None:
+    """The spec is validated where it comes in (parse_run_spec); what only its hosts tell, when the
+    controller has it: both raise SpecInvalid naming the field."""
     async with Controller(local_settings, supervise=False) as ctl:
         await ctl.add_host(_host(tmp_path))
         with pytest.raises(SpecInvalid) as info:
-            await ctl.create_run(spec)
+            await ctl.create_run(parse_run_spec(spec))
         named = {e["field"] for e in info.value.errors}
         assert all(any(f in n for n in named) for f in fields), info.value.errors
         assert info.value.status == 422
@@ -77,7 +81,9 @@ async def test_tensor_parallel_beyond_known_gpus(tmp_path: Path, local_settings:
         )
         with pytest.raises(SpecInvalid, match="tensor_parallel_size: 4 > 2 GPUs"):
             await ctl.create_run(
-                {"host": "loc", "backend": "command", "command": ["true"], "tensor_parallel_size": 4}
+                parse_spec(
+                    {"host": "loc", "backend": "command", "command": ["true"], "tensor_parallel_size": 4}
+                )
             )
 
 
@@ -90,7 +96,7 @@ async def test_failed_launch_leaves_failed_run_with_reason(tmp_path: Path, reap:
     (tmp_path / "kh").write_text("")
     async with Controller(settings, supervise=False) as ctl:
         await ctl.add_host(HostCreate(name="dead", ssh="dead"))
-        run_id = await ctl.create_run({"host": "dead", "backend": "command", "command": ["true"]})
+        run_id = await ctl.create_run(parse_spec({"host": "dead", "backend": "command", "command": ["true"]}))
         run = await ctl.get_run(run_id)
         assert run.state == "failed" and run.failure_reason and "launch failed" in run.failure_reason
         assert [a.rule for a in run.alerts] == ["run_failed"]
@@ -102,7 +108,7 @@ async def test_run_completes_and_feed_replays(
     async with Controller(local_settings) as ctl:
         sub = ctl.bus.subscribe()
         await ctl.add_host(_host(tmp_path))
-        run_id = await ctl.create_run(_cmd(job_script, tmp_path / "stop", "0.01", "20"))
+        run_id = await ctl.create_run(parse_spec(_cmd(job_script, tmp_path / "stop", "0.01", "20")))
         assert run_id.startswith("r-")
         await wait_for(lambda: _state(ctl, run_id, "completed"), what="completed")
         await wait_for(lambda: _lines(ctl, run_id, 41), what="all lines")
@@ -145,7 +151,7 @@ async def _lines(ctl: Controller, run_id: str, n: int) -> bool:
 async def test_stop_run(tmp_path: Path, local_settings: Settings, job_script: Path) -> None:
     async with Controller(local_settings) as ctl:
         await ctl.add_host(_host(tmp_path))
-        run_id = await ctl.create_run(_cmd(job_script, tmp_path / "stop", "0.1"))
+        run_id = await ctl.create_run(parse_spec(_cmd(job_script, tmp_path / "stop", "0.1")))
         await wait_for(lambda: _lines(ctl, run_id, 2), what="job output")
         run = await ctl.stop_run(run_id)
         await wait_for(lambda: _state(ctl, run_id, "stopped"), what="stopped")
@@ -177,12 +183,14 @@ async def test_shape_failure_alerts_once_and_stops(tmp_path: Path, reap: None) -
         async with Controller(settings) as ctl:
             await ctl.add_host(_host(tmp_path))
             run_id = await ctl.create_run(
-                {
-                    "host": "loc",
-                    "backend": "command",
-                    "command": [sys.executable, str(script)],
-                    "on_shape_failure": "stop",
-                }
+                parse_spec(
+                    {
+                        "host": "loc",
+                        "backend": "command",
+                        "command": [sys.executable, str(script)],
+                        "on_shape_failure": "stop",
+                    }
+                )
             )
             await wait_for(lambda: _state(ctl, run_id, "stopped", "failed"), timeout=60, what="run stopped")
 
@@ -237,7 +245,7 @@ async def test_recently_ended_run_catches_up_missing_tail(
     """The link dropped after the final state but before the last lines: the next connection fetches them."""
     async with Controller(local_settings) as ctl:
         await ctl.add_host(_host(tmp_path))
-        run_id = await ctl.create_run(_cmd(job_script, tmp_path / "stop", "0.01", "10"))
+        run_id = await ctl.create_run(parse_spec(_cmd(job_script, tmp_path / "stop", "0.01", "10")))
         await wait_for(lambda: _state(ctl, run_id, "completed"), what="completed")
         await wait_for(lambda: _lines(ctl, run_id, 21), what="all lines")
         full = await ctl.read_log(run_id)
@@ -246,8 +254,8 @@ async def test_recently_ended_run_catches_up_missing_tail(
     def lose_tail(tx: Any) -> None:
         tx.conn.execute("DELETE FROM log_blocks WHERE run_id=?", (run_id,))
         tx.conn.execute("UPDATE runs SET log_offset=0 WHERE id=?", (run_id,))
-        head = [[ln["offset"], ln["text"]] for ln in full[:15]]
-        crud.add_log_lines(tx=tx, run_id=run_id, lines=head, next_offset=cut)
+        head = [(ln["offset"], ln["text"]) for ln in full[:15]]
+        crud.add_log_block(tx=tx, run_id=run_id, block=_block(head, cut))
 
     async with Controller(local_settings, supervise=False) as ctl:
         await ctl.store.write(lose_tail)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
+from controller.service import Controller
 from controller.settings import Settings
+from web.app import create_app
 
 
 def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,3 +42,38 @@ def test_bad_value_names_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("EAGLEWATCH_PORT", "99999")
     with pytest.raises(ValueError, match="port"):
         Settings()
+
+
+def test_allowed_hosts_from_env_and_config_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EAGLEWATCH_HOME", str(tmp_path))
+    (tmp_path / "config.toml").write_text('allowed_hosts = ["ew.example", "b.example"]\n')
+    assert Settings().allowed_hosts == ["ew.example", "b.example"]
+    monkeypatch.setenv("EAGLEWATCH_ALLOWED_HOSTS", "c.example, d.example")
+    assert [h.strip() for h in Settings().allowed_hosts] == ["c.example", "d.example"]
+
+
+async def test_the_web_ui_answers_to_names_from_config_toml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('allowed_hosts = ["EW.example"]\n')
+    monkeypatch.setenv("EAGLEWATCH_HOME", str(home))
+    ctl = Controller(Settings(), supervise=False)
+    await ctl.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(ctl))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            assert (await c.get("/api/health", headers={"host": "ew.example:8765"})).status_code == 200
+            r = await c.get("/api/health", headers={"host": "other.example:8765"})
+            assert r.status_code == 400 and r.json()["error"] == "bad_host"
+    finally:
+        await ctl.stop()
+
+
+def test_the_demo_home_is_a_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EAGLEWATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert Settings().demo_home == tmp_path / ".local" / "share" / "eaglewatch-demo"
+    monkeypatch.setenv("EAGLEWATCH_DEMO_HOME", str(tmp_path / "demo"))
+    assert Settings().demo_home == tmp_path / "demo"

@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
+from agent.spec import parse_spec
 from controller.models import HostCreate, RunDetail
 from controller.service import Controller
 from controller.settings import Settings
+from tests.cli.test_commands import cli
 from tests.controller.conftest import wait_for
-from tests.controller.test_cli import cli
 from tests.extract.jobrun import IN_PROCESS_ENGINE
 from tests.helpers.sshd import SSHD, kill_tree_matching
 
@@ -70,7 +71,9 @@ async def _scenario(tmp: Path, settings: Settings) -> dict[str, Any]:
             await ctl.add_host(
                 HostCreate(name=name, ssh=alias, python=sys.executable, state_dir=str(tmp / "agent"))
             )
-        run_id = await ctl.create_run(_spec(tmp, model, data, "sharded", host=["h1", "h2"], shards=2))
+        run_id = await ctl.create_run(
+            parse_spec(_spec(tmp, model, data, "sharded", host=["h1", "h2"], shards=2))
+        )
         res["id"] = run_id
         job1 = f"{run_id}-s1"
 
@@ -95,9 +98,11 @@ async def _scenario(tmp: Path, settings: Settings) -> dict[str, Any]:
         res["db_milestones"] = await ctl.store.read(
             lambda c: [tuple(r) for r in c.execute("SELECT run_id, seq, kind FROM milestones")]
         )
-        one = await ctl.create_run(_spec(tmp, model, data, "whole", host="h1"))
+        one = await ctl.create_run(parse_spec(_spec(tmp, model, data, "whole", host="h1")))
         res["one"] = await wait_for(lambda: _ended(ctl, one), timeout=300, what="the 1-shard run to end")
-        stopped = await ctl.create_run(_spec(tmp, model, data, "stopped", host=["h1", "h2"], shards=2))
+        stopped = await ctl.create_run(
+            parse_spec(_spec(tmp, model, data, "stopped", host=["h1", "h2"], shards=2))
+        )
         await wait_for(lambda: _launched(ctl, stopped), timeout=60, what="both shards running")
         await ctl.stop_run(stopped)
         res["stopped"] = await wait_for(

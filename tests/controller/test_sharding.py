@@ -13,6 +13,7 @@ from controller.sharding import (
     PlacementError,
     cpu_groups,
     gpu_indices,
+    job_document,
     place,
     run_progress,
     run_state,
@@ -54,13 +55,18 @@ def test_gpu_indices_from_the_spec_env_or_the_host() -> None:
     assert gpu_indices([], {}) == []
 
 
-def test_shard_spec_is_a_valid_job_spec() -> None:
-    spec = {"host": "a", "model": "/m", "dataset": "/d.jsonl", "output_dir": "/o", "env": {"X": "1"}}
-    child = shard_spec({**spec, "shards": 2}, Placement(1, "b", (2, 3)), 2)
-    assert child["host"] == "b" and child["shard"] == {"index": 1, "count": 2} and "shards" not in child
-    assert child["env"] == {"X": "1", "CUDA_VISIBLE_DEVICES": "2,3"}
-    assert parse_spec(child).shard is not None
-    assert "CUDA_VISIBLE_DEVICES" not in shard_spec(spec, Placement(0, "cpu", None), 2).get("env", {})
+def test_a_shards_job_document_is_the_runs_with_its_host_shard_and_gpus() -> None:
+    """What a shard's run row stores and its agent gets: the run's spec, field for field and in order, with
+    its host, its shard and its GPUs, without ``shards``; a valid spec on its own."""
+    base = {"model": "/m", "dataset": "/d.jsonl", "output_dir": "/o", "env": {"X": "1"}}
+    run = parse_spec({**base, "host": ["a", "b"], "shards": 2})
+    doc = job_document(shard_spec(run, Placement(1, "b", (2, 3)), 2))
+    want = {k: v for k, v in run.model_dump(mode="json").items() if k != "shards"}
+    want.update(host="b", shard={"index": 1, "count": 2}, env={"X": "1", "CUDA_VISIBLE_DEVICES": "2,3"})
+    assert doc == want and list(doc) == list(want)
+    assert parse_spec(doc).shard == Shard(index=1, count=2)
+    cpu = shard_spec(parse_spec({**base, "host": "a"}), Placement(0, "cpu", None), 2)
+    assert "CUDA_VISIBLE_DEVICES" not in cpu.env
 
 
 @pytest.mark.parametrize(
@@ -121,9 +127,9 @@ def test_shard_jobs_place_gpu_groups_from_the_hosts_gpus() -> None:
     gpus = json.dumps([{"index": i} for i in range(4)])
     jobs = shard_jobs(spec, {"a": {"gpus_json": gpus}, "b": {"gpus_json": "[]"}})
     assert [(j.index, j.host, j.gpus) for j in jobs] == [(0, "a", (0, 1)), (1, "b", None), (2, "a", (2, 3))]
-    assert jobs[2].spec["env"] == {"HF_HOME": "/h", "CUDA_VISIBLE_DEVICES": "2,3"}
-    assert jobs[1].spec["env"] == {"HF_HOME": "/h"} and jobs[1].spec["host"] == "b"
-    assert [parse_spec(j.spec).shard for j in jobs] == [Shard(index=i, count=3) for i in range(3)]
+    assert jobs[2].spec.env == {"HF_HOME": "/h", "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert jobs[1].spec.env == {"HF_HOME": "/h"} and jobs[1].spec.host == "b"
+    assert [j.spec.shard for j in jobs] == [Shard(index=i, count=3) for i in range(3)]
     with pytest.raises(PlacementError, match="host a has 4 GPUs"):
         shard_jobs(
             spec.model_copy(update={"shards": 5}), {"a": {"gpus_json": gpus}, "b": {"gpus_json": gpus}}
@@ -137,7 +143,7 @@ def test_cpu_hosts_split_the_given_core_groups() -> None:
     got = place(2, [("cpu", [])], tp=2, cpus=cpu_groups(env))
     assert [p.cpus for p in got] == ["0-3|4-7", "8-11|12-15"]
     spec = {"host": "cpu", "model": "/m", "dataset": "/d.jsonl", "output_dir": "/o", "env": env}
-    assert shard_spec(spec, got[1], 2)["env"] == {"VLLM_CPU_OMP_THREADS_BIND": "8-11|12-15"}
+    assert shard_spec(parse_spec(spec), got[1], 2).env == {"VLLM_CPU_OMP_THREADS_BIND": "8-11|12-15"}
     with pytest.raises(PlacementError, match=r"host cpu has no GPUs and 4 core groups .* but 3 shards"):
         place(3, [("cpu", [])], tp=2, cpus=cpu_groups(env))
     assert place(2, [("g", [0, 1])], tp=1, cpus=["0-3"])[1].cpus is None  # GPU hosts take GPUs

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import agent
+from agent.spec import parse_spec
 from controller.errors import HostKeyRejected
 from controller.models import HostCreate
 from controller.service import Controller
@@ -92,11 +93,13 @@ async def test_dropped_link_makes_runs_unknown_never_failed(
         await ctl.add_host(_host(tmp_path))
         await wait_for(lambda: _reachable(ctl, True), what="connection")
         run_id = await ctl.create_run(
-            {
-                "host": "gpu1",
-                "backend": "command",
-                "command": ["/usr/bin/python3", str(job_script), str(stop), "0.05"],
-            }
+            parse_spec(
+                {
+                    "host": "gpu1",
+                    "backend": "command",
+                    "command": ["/usr/bin/python3", str(job_script), str(stop), "0.05"],
+                }
+            )
         )
         await wait_for(lambda: _milestones(ctl, run_id, 3), what="milestones")
         sshd.stop()

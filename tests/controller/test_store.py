@@ -15,9 +15,17 @@ from controller import crud, queries
 from controller.alerts import AlertPolicy
 from controller.bus import Bus, BusEvent, parse_cursor
 from controller.lifecycle import RunEvent
+from controller.logblocks import Block
 from controller.store import Store, Tx, connect
 
 QUIET = AlertPolicy(cooldown_s=0, deliver=False)
+
+
+def _block(lines: list[tuple[int, str]], nxt: int | None = None) -> Block:
+    """A block of ``(offset, text)`` lines; ``nxt`` defaults to the natural offset after the last."""
+    last_o, last_t = lines[-1]
+    nxt = nxt if nxt is not None else last_o + len(last_t.encode()) + 1
+    return Block.make([o for o, _ in lines], "\n".join(t for _, t in lines), nxt)
 
 
 def _run(tx: Tx, run_id: str = "r-1", spec: dict[str, Any] | None = None) -> None:
@@ -120,13 +128,9 @@ async def test_failed_check_raises_alert_and_leaves_the_stop_to_the_agent(store:
 
 async def test_log_lines_idempotent_and_offset(store: Store) -> None:
     await store.write(_run)
-    lines = [[i * 10, f"line {i}"] for i in range(100)]
-    n1 = await store.write(
-        lambda tx: crud.add_log_lines(tx=tx, run_id="r-1", lines=lines[:60], next_offset=600)
-    )
-    n2 = await store.write(
-        lambda tx: crud.add_log_lines(tx=tx, run_id="r-1", lines=lines[40:], next_offset=1000)
-    )
+    lines = [(i * 10, f"line {i}") for i in range(100)]
+    n1 = await store.write(partial(crud.add_log_block, run_id="r-1", block=_block(lines[:60], 600)))
+    n2 = await store.write(partial(crud.add_log_block, run_id="r-1", block=_block(lines[40:], 1000)))
     assert (n1, n2) == (60, 40)
     got = await store.read(queries.read_log, "r-1", -1, 1000, None, False)
     assert [g["offset"] for g in got] == [i * 10 for i in range(100)]
@@ -146,9 +150,9 @@ async def test_failing_write_is_isolated(store: Store) -> None:
         tx.conn.execute("UPDATE runs SET name='changed' WHERE id='r-1'")
         raise RuntimeError("boom")
 
-    ok = store.submit(lambda tx: crud.add_log_lines(tx=tx, run_id="r-1", lines=[[0, "a"]], next_offset=2))
+    ok = store.submit(partial(crud.add_log_block, run_id="r-1", block=_block([(0, "a")])))
     failing = store.submit(bad)
-    ok2 = store.submit(lambda tx: crud.add_log_lines(tx=tx, run_id="r-1", lines=[[2, "b"]], next_offset=4))
+    ok2 = store.submit(partial(crud.add_log_block, run_id="r-1", block=_block([(2, "b")])))
     assert await ok == 1 and await ok2 == 1
     with pytest.raises(RuntimeError, match="boom"):
         await failing
@@ -162,7 +166,7 @@ async def test_the_feed_reads_events_and_log_lines_from_one_snapshot(store: Stor
     try:
         with queries._snapshot(conn):
             seen = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-            await store.write(partial(crud.add_log_lines, run_id="r-1", lines=[[0, "late"]], next_offset=5))
+            await store.write(partial(crud.add_log_block, run_id="r-1", block=_block([(0, "late")])))
             assert conn.execute("SELECT count(*) FROM log_blocks").fetchone()[0] == 0
             assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == seen
         assert conn.execute("SELECT count(*) FROM log_blocks").fetchone()[0] == 1
@@ -175,14 +179,8 @@ async def test_feed_since_replays_what_the_bus_published(store: Store) -> None:
     await store.write(_run)
     for i in range(1, 6):
         await store.write(partial(crud.apply_events, run_id="r-1", events=[_milestone(i)], policy=QUIET))
-        await store.write(
-            partial(
-                crud.add_log_lines,
-                run_id="r-1",
-                lines=[[i * 100, f"l{i}a"], [i * 100 + 5, f"l{i}b"]],
-                next_offset=i * 100 + 10,
-            )
-        )
+        block = _block([(i * 100, f"l{i}a"), (i * 100 + 5, f"l{i}b")], i * 100 + 10)
+        await store.write(partial(crud.add_log_block, run_id="r-1", block=block))
     live: list[BusEvent] = []
     while not sub._queue.empty():
         item = sub._queue.get_nowait()
@@ -204,7 +202,7 @@ async def test_concurrent_readers_while_writing(store: Store) -> None:
 
     async def writer() -> None:
         for i in range(50):
-            await store.write(partial(crud.add_log_lines, run_id="r-1", lines=[[i, "x"]], next_offset=i + 1))
+            await store.write(partial(crud.add_log_block, run_id="r-1", block=_block([(i, "x")], i + 1)))
 
     async def reader() -> None:
         for _ in range(50):
@@ -318,8 +316,8 @@ async def test_the_writer_never_checkpoints_the_checkpointer_does(
         await s.write(_run)
         size = (tmp_path / "ew.db").stat().st_size
         for start in range(0, 6000, 500):  # ~6 MB of WAL: past SQLite's default autocheckpoint (1000 pages)
-            lines = [[i, "x" * 1000] for i in range(start, start + 500)]
-            await s.write(partial(crud.add_log_lines, run_id="r-1", lines=lines, next_offset=start + 500))
+            block = _block([(i, "x" * 1000) for i in range(start, start + 500)], start + 500)
+            await s.write(partial(crud.add_log_block, run_id="r-1", block=block))
         await asyncio.sleep(0.5)
         grown = (tmp_path / "ew.db").stat().st_size > size + 5_000_000
         assert grown is (checkpoint_s < 1)

@@ -13,6 +13,7 @@ import pytest
 
 import agent
 from agent import protocol
+from agent.spec import parse_spec
 from controller.bootstrap import open_link
 from controller.link import SSHTransport
 from controller.models import HostCreate
@@ -60,7 +61,7 @@ def _bridges(sshd: SSHD) -> list[int]:
 @pytest.mark.parametrize(
     ("path", "problem"),
     [
-        ("/home/u/.local/share/eaglewatch/agent/agent.sock", None),
+        ("/srv/eaglewatch/agent/agent.sock", None),
         (None, "did not name its socket"),
         ("", "did not name its socket"),
         (42, "did not name its socket"),
@@ -91,7 +92,7 @@ async def test_direct_channel_replaces_the_bridge_when_sshd_allows_it(
         await wait_for(_async(lambda: not _bridges(sshd)), 10, what="the bridge process exits")
         spec = {"host": "gpu1", "backend": "command", "command": [sys.executable, "-c", "print('hi')"]}
         await link.request("launch", run="r-direct", spec=spec)
-        await link.request("follow", run="r-direct", after_seq=0, log_offset=0, blocks=True)
+        await link.request("follow", run="r-direct", after_seq=0, log_offset=0)
 
         def saw_end() -> bool:
             return any(m.get("event", {}).get("state") == "completed" for m in streamed)
@@ -129,11 +130,13 @@ async def test_bridge_kept_when_sshd_forbids_streamlocal(
         assert host.link_route == ROUTE_BRIDGE
         assert host.link_route_reason and "refused a direct-streamlocal channel" in host.link_route_reason
         run_id = await ctl.create_run(
-            {
-                "host": "gpu1",
-                "backend": "command",
-                "command": [sys.executable, str(job_script), str(stop), "0.05"],
-            }
+            parse_spec(
+                {
+                    "host": "gpu1",
+                    "backend": "command",
+                    "command": [sys.executable, str(job_script), str(stop), "0.05"],
+                }
+            )
         )
 
         async def milestones(n: int) -> bool:
@@ -158,11 +161,13 @@ async def test_supervisor_reconnects_over_the_direct_channel(
         listed = {h.name: h for h in await ctl.list_hosts()}
         assert (listed["gpu1"].link_route, listed["gpu1"].link_route_reason) == (ROUTE_DIRECT, None)
         run_id = await ctl.create_run(
-            {
-                "host": "gpu1",
-                "backend": "command",
-                "command": [sys.executable, str(job_script), str(stop), "0.05"],
-            }
+            parse_spec(
+                {
+                    "host": "gpu1",
+                    "backend": "command",
+                    "command": [sys.executable, str(job_script), str(stop), "0.05"],
+                }
+            )
         )
         await wait_for(lambda: _milestones(ctl, run_id, 3), what="milestones")
         first = sup.link

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.spec import parse_spec
 from controller.models import HostCreate
 from controller.service import Controller
 from controller.settings import Settings
@@ -30,11 +31,13 @@ async def test_stall_alert_when_progress_stops(tmp_path: Path, reap: None, job_s
             "time.sleep(60)\n"
         )
         run_id = await ctl.create_run(
-            {
-                "host": "loc",
-                "backend": "command",
-                "command": [sys.executable, str(script), str(tmp_path / "marker")],
-            }
+            parse_spec(
+                {
+                    "host": "loc",
+                    "backend": "command",
+                    "command": [sys.executable, str(script), str(tmp_path / "marker")],
+                }
+            )
         )
 
         async def stalled() -> bool:

@@ -69,10 +69,11 @@ def run_job(
     timeout: float = 600,
     env: dict[str, str] | None = None,
     stop_when: Callable[[dict[str, Any]], bool] | None = None,
+    args: tuple[str, ...] = (),
 ) -> JobResult:
-    """Run `python -m agent.extract extract --spec SPEC`; SIGKILL its group once stop_when(event) holds."""
+    """Run `python -m agent.extract extract --spec SPEC [ARGS]`; SIGKILL its group once stop_when(event)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.extract", "extract", "--spec", str(spec)],
+        [sys.executable, "-m", "agent.extract", "extract", "--spec", str(spec), *args],
         cwd=ROOT,
         env=job_env(env),
         stdout=subprocess.PIPE,

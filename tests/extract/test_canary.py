@@ -80,7 +80,7 @@ def test_sink_compares_alone_with_batched_and_writes_nothing(
 
 
 def test_writer_process_carries_stats_and_canaries(tmp_path: Path) -> None:
-    """The writer process (the GPU default) gives the same layer_stats and canary results as threads."""
+    """Layer statistics and canary comparisons come back through the writer process."""
     from agent.extract.stats import file_stats, summary, token_stats
     from agent.extract.writer_proc import ProcessSink
 

@@ -1,15 +1,14 @@
-"""The capture path without an engine: step attribution, assembly by position, checks, faults, writer."""
+"""The capture path without an engine: step attribution, assembly by position, checks, faults, the writer."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from agent.extract.capture import CaptureSink, SinkConfig, Span, spans_for_step
+from agent.extract.capture import SinkConfig, Span, spans_for_step
 from agent.extract.checks import check_sample
 from agent.extract.writer import existing_valid, sample_path, write_sample
 from agent.extract.writer_proc import ProcessSink
@@ -30,18 +29,12 @@ def test_spans_must_cover_every_scheduled_token() -> None:
         spans_for_step(["a"], {"a": 3, "b": 2}, {"a": 0, "b": 0})
 
 
-@pytest.fixture(params=["thread", "process"])
-def make_sink(request: pytest.FixtureRequest) -> Any:
-    """Both sinks behave alike: writer threads here, or the writer process fed through shared memory."""
-    return CaptureSink if request.param == "thread" else ProcessSink
-
-
 def _states(t: int, seed: int) -> torch.Tensor:
     return torch.randn((t, L, H), generator=torch.Generator().manual_seed(seed))
 
 
-def test_chunked_and_interleaved_steps_assemble_by_position(tmp_path: Path, make_sink: Any) -> None:
-    sink = make_sink(SinkConfig(str(tmp_path), L, H))
+def test_chunked_and_interleaved_steps_assemble_by_position(tmp_path: Path) -> None:
+    sink = ProcessSink(SinkConfig(str(tmp_path), L, H))
     a, b, c = _states(10, 1), _states(4, 2), _states(3, 3)
     sink.register("ra", 0, list(range(10)))
     sink.register("rb", 1, list(range(100, 104)))
@@ -66,8 +59,8 @@ def test_chunked_and_interleaved_steps_assemble_by_position(tmp_path: Path, make
     ("fault", "code"),
     [("drop_layer", "layer_count_mismatch"), ("flatten", "hidden_dim_lost"), ("zero", "all_zero")],
 )
-def test_fault_alert_still_writes_the_file(tmp_path: Path, fault: str, code: str, make_sink: Any) -> None:
-    sink = make_sink(SinkConfig(str(tmp_path), L, H, fault=fault))
+def test_fault_alert_still_writes_the_file(tmp_path: Path, fault: str, code: str) -> None:
+    sink = ProcessSink(SinkConfig(str(tmp_path), L, H, fault=fault))
     sink.register("r", 5, [1, 2, 3, 4])
     sink.submit(_states(4, 9), [Span("r", 0, 0, 4)])
     (res,) = sink.drain()
@@ -77,8 +70,8 @@ def test_fault_alert_still_writes_the_file(tmp_path: Path, fault: str, code: str
     assert sample_path(tmp_path, 5).is_file()
 
 
-def test_fault_stop_does_not_write(tmp_path: Path, make_sink: Any) -> None:
-    sink = make_sink(SinkConfig(str(tmp_path), L, H, fault="drop_layer", stop_on_failure=True))
+def test_fault_stop_does_not_write(tmp_path: Path) -> None:
+    sink = ProcessSink(SinkConfig(str(tmp_path), L, H, fault="drop_layer", stop_on_failure=True))
     sink.register("r", 0, [1, 2])
     sink.submit(_states(2, 4), [Span("r", 0, 0, 2)])
     (res,) = sink.drain()

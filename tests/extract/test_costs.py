@@ -76,13 +76,15 @@ def test_percentile_by_nearest_rank() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"EAGLEWATCH_SWITCH_INTERVAL_MS": "x"}, "EAGLEWATCH_SWITCH_INTERVAL_MS='x': expected a number"),
-        ({"EAGLEWATCH_SWITCH_INTERVAL_MS": "0"}, "from 0.01 to 100"),
+        ({"EAGLEWATCH_WRITERS": "x"}, "EAGLEWATCH_WRITERS='x': expected a number"),
         ({"EAGLEWATCH_PINNED_BUFFERS": "1"}, "EAGLEWATCH_PINNED_BUFFERS='1': expected a number from 2 to 64"),
+        (
+            {"EAGLEWATCH_PINNED_BUFFERS": "nan"},
+            "EAGLEWATCH_PINNED_BUFFERS='nan': expected a number from 2 to 64",
+        ),
         ({"EAGLEWATCH_WRITERS": "2.5"}, "EAGLEWATCH_WRITERS='2.5': expected a whole number"),
         ({"EAGLEWATCH_WRITEBACK_MB": "-1"}, "EAGLEWATCH_WRITEBACK_MB='-1': expected a number from 0 to"),
         ({"EAGLEWATCH_WRITEBACK_MB": "0.5"}, "EAGLEWATCH_WRITEBACK_MB='0.5': expected a whole number"),
-        ({"EAGLEWATCH_RESULTS_OVERLAP": "yes"}, "EAGLEWATCH_RESULTS_OVERLAP='yes': expected 0 or 1"),
     ],
 )
 def test_malformed_tuning_names_the_variable(env: dict[str, str], message: str) -> None:
@@ -91,16 +93,9 @@ def test_malformed_tuning_names_the_variable(env: dict[str, str], message: str) 
 
 
 def test_tuning_defaults_and_values() -> None:
-    assert tuning.from_env({}) == tuning.Tuning()
-    got = tuning.from_env(
-        {"EAGLEWATCH_SWITCH_INTERVAL_MS": "0.5", "EAGLEWATCH_PINNED_BUFFERS": "10", "EAGLEWATCH_WRITERS": "8"}
-    )
-    assert (got.switch_interval_ms, got.pinned_buffers, got.writers) == (0.5, 10, 8)
-    assert tuning.Tuning().writeback_mb == 1024
+    assert tuning.from_env({}) == tuning.Tuning(pinned_buffers=6, writers=4, writeback_mb=1024, trace=None)
+    got = tuning.from_env({"EAGLEWATCH_PINNED_BUFFERS": "10", "EAGLEWATCH_WRITERS": " 8 "})
+    assert (got.pinned_buffers, got.writers) == (10, 8)
     assert tuning.from_env({"EAGLEWATCH_WRITEBACK_MB": "0"}).writeback_mb == 0
-    assert (
-        tuning.Tuning().results_overlap
-        and not tuning.from_env({"EAGLEWATCH_RESULTS_OVERLAP": "0"}).results_overlap
-    )
     assert "trace" not in got.fields()
     assert tuning.from_env({"EAGLEWATCH_COSTS_TRACE": "/t.json"}).trace == "/t.json"

@@ -44,11 +44,12 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         # bf16 asked for explicitly: the user's dtype wins over the job's CPU default (float32)
         vllm_args=["--max-num-batched-tokens", "32", "--max-num-seqs", "6", "--dtype", "bfloat16"],
     )
-    env = {
-        "EAGLEWATCH_WORKER_EXTENSION": "tests.extract.aux_ext.AuxCompareCapture",
-        "EAGLEWATCH_AUX_DIR": str(aux),
-    }
-    return {"job": run_job(spec, env=env), "samples": samples, "out": out, "aux": aux}
+    job = run_job(
+        spec,
+        env={"EAGLEWATCH_AUX_DIR": str(aux)},
+        args=("--worker-extension", "tests.extract.aux_ext.AuxCompareCapture"),
+    )
+    return {"job": job, "samples": samples, "out": out, "aux": aux}
 
 
 def test_job_completes_on_mla_layers(scenario: dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from agent.extract.known_bugs import (
-    ALLOW_ENV,
     BugTableError,
     KnownBug,
     Target,
@@ -30,6 +29,8 @@ AUX = frozenset({"aux_outputs"})
 FINAL_AUX = FINAL | AUX
 VLM = frozenset({"vlm_wrapper"})
 DSV3, KIMI25, LLAMA = ("DeepseekV3ForCausalLM",), ("KimiK25ForConditionalGeneration",), ("LlamaForCausalLM",)
+
+ALLOW_ENV = "EAGLEWATCH_ALLOW_KNOWN_BUGS"
 
 
 @pytest.mark.parametrize(
@@ -120,7 +121,7 @@ def test_gate_refuses_warns_and_allows() -> None:
         ),
         (
             {"id": "x", "severity": "refuse", "message": "m", "link": "l", "backends": ["sglang"]},
-            "unknown backends",
+            "backends: unknown backend 'sglang'; expected one of worker-extension, vllm-native",
         ),
         ({"id": "x", "severity": "refuse", "message": "m", "link": "l", "when": ["tuesday"]}, "unknown when"),
         ({"id": "x", "severity": "refuse", "message": "m", "link": "l", "arch": ["A"]}, "unknown field"),

@@ -30,13 +30,10 @@ def test_zero_layer_collapse_is_seen_while_running(tmp_path: Path) -> None:
         inject_fault="zero_layer",
         vllm_args=["--dtype", "float32"],  # see test_fault_injection: bf16 dies on this CPU
     )
-    # statistics/faults are the subject, not vLLM's layout; the CUDA default's writer process, with each
-    # drain's results taken in between batches (EAGLEWATCH_RESULTS_OVERLAP=0): the driver waits for all of it
-    env = {**IN_PROCESS_ENGINE, "EAGLEWATCH_WRITER": "process", "EAGLEWATCH_RESULTS_OVERLAP": "0"}
-    job = run_job(spec, env=env)
+    # statistics/faults are the subject, not vLLM's layout; each drain's results taken in between batches:
+    # the driver waits for all of it
+    job = run_job(spec, env=IN_PROCESS_ENGINE, args=("--results-between-batches",))
     assert job.rc == 0, job.output[-3000:]
-    conf = job.of("capture_configured")[0]
-    assert conf["writer"] == "process" and conf["tuning"]["results_overlap"] is False
     done = job.of("completed")[0]
     assert done["results_seconds"] > 0
     # all of it: each is rounded to 1 ms; with the take overlapped the driver would wait for almost none
@@ -92,14 +89,10 @@ def test_batch_dependent_states_fail_the_canary_and_stop(tmp_path: Path) -> None
         inject_fault="batch_skew",
         on_shape_failure="stop",
         vllm_args=["--dtype", "float32"],
-        env={
-            "EAGLEWATCH_WRITER": "process"
-        },  # the GPU default, pipelined: the canary must wait for the files
-    )
+    )  # writes pipelined with the next batch: under stop the canary must wait for the first batch's files
     job = run_job(spec, env=IN_PROCESS_ENGINE)  # statistics/faults are the subject, not vLLM's layout
     assert job.rc == 1, job.output[-3000:]
     (canary,) = job.of("canary_checked")
-    assert job.of("capture_configured")[0]["writer"] == "process"
     assert canary["when"] == "first batch" and canary["samples"] == 2 and canary["ok"] is False
     assert canary["max_rel_diff"] == pytest.approx(BATCH_SKEW - 1, rel=1e-3)
     assert "shape_check_failed" not in job.kinds()  # right shapes, wrong contents: only the canary sees it

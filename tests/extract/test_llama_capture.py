@@ -1,8 +1,8 @@
 """worker-extension backend on the real vLLM CPU engine, tiny Llama fp32: equals HF transformers; resume.
 
-One module-scoped scenario (engine starts are expensive): run 1 (writer threads) is SIGKILLed after its
-first batch, one of its files is then truncated, run 2 resumes through the writer process. Every
-assertion below reads that scenario's results.
+One module-scoped scenario (engine starts are expensive): run 1 is SIGKILLed after its first batch, one of
+its files is then truncated, run 2 resumes (with a costs trace). Every assertion below reads that
+scenario's results.
 """
 
 from __future__ import annotations
@@ -50,12 +50,9 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     truncated = sorted(after_kill)[0]
     with open(out / truncated, "r+b") as fh:  # an invalid file: must be rewritten
         fh.truncate(100)
-    # the resumed run writes through the writer process instead of writer threads, with a costs trace
+    # the resumed run with a costs trace and two writer threads
     trace = tmp / "costs-trace.json"
-    second = run_job(
-        spec,
-        env={"EAGLEWATCH_WRITER": "process", "EAGLEWATCH_COSTS_TRACE": str(trace), "EAGLEWATCH_WRITERS": "2"},
-    )
+    second = run_job(spec, env={"EAGLEWATCH_COSTS_TRACE": str(trace), "EAGLEWATCH_WRITERS": "2"})
     return {
         "model": model,
         "samples": samples,
@@ -86,19 +83,10 @@ def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> 
     conf = second.of("capture_configured")[0]
     assert conf["layers"] == LAYERS and conf["convention"] == "input" and conf["hidden_size"] == 128
     assert conf["dtype"] == "float32" and conf["backend"] == "worker-extension"
-    assert conf["writer"] == "process"
-    tune = {
-        "switch_interval_ms": None,
-        "pinned_buffers": 6,
-        "writers": 2,
-        "writeback_mb": 1024,
-        "results_overlap": True,
-        "trace": str(scenario["trace"]),
-    }
+    tune = {"pinned_buffers": 6, "writers": 2, "writeback_mb": 1024, "trace": str(scenario["trace"])}
     got = dict(conf["tuning"])
     assert got.pop("writer_start_s") > 0  # setup waited for the writer process to start
     assert got == tune
-    assert scenario["first"].of("capture_configured")[0]["writer"] == "thread"  # the CPU default
     assert conf["stats_kernel"] == "eager: cpu device"  # the fused kernel is compiled on CUDA only
     done = second.of("completed")[0]
     assert done["samples"] == len(LENGTHS) and done["tokens"] == sum(LENGTHS)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.extract.aux_capture import aux_plan, env_value, parse_env
+from agent import settings
+from agent.extract.aux_capture import aux_plan, env_value
 from agent.extract.runtime import (
-    ALLOW_UNTESTED_ENV,
     CaptureConflict,
     UnsupportedVersion,
     check_version,
@@ -18,6 +18,8 @@ from agent.extract.runtime import (
     parse_version,
     thread_binding,
 )
+
+ALLOW_UNTESTED_ENV = "EAGLEWATCH_ALLOW_UNTESTED_VLLM"
 
 
 @pytest.mark.parametrize(
@@ -231,7 +233,7 @@ def test_aux_plan(
 ) -> None:
     assert aux_plan(layers, convention, 8) == (want_aux, want_slots)
     assert env_value(layers, convention, 8) == ",".join(map(str, want_aux))
-    assert parse_env(env_value(layers, convention, 8)) == want_aux
+    assert settings.AUX_LAYERS.get({"EAGLEWATCH_AUX_LAYERS": env_value(layers, convention, 8)}) == want_aux
 
 
 def test_aux_plan_and_env_errors() -> None:
@@ -239,6 +241,9 @@ def test_aux_plan_and_env_errors() -> None:
         aux_plan([9], "input", 8)
     with pytest.raises(ValueError, match=r"layer id 8 out of range 0..7 \(convention output\)"):
         aux_plan([8], "output", 8)
-    assert parse_env(None) is None and parse_env(" ") is None
+    assert (
+        settings.AUX_LAYERS.get({}) is None
+        and settings.AUX_LAYERS.get({"EAGLEWATCH_AUX_LAYERS": " "}) is None
+    )
     with pytest.raises(ValueError, match="EAGLEWATCH_AUX_LAYERS='2,x': expected comma-separated"):
-        parse_env("2,x")
+        settings.AUX_LAYERS.get({"EAGLEWATCH_AUX_LAYERS": "2,x"})

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from agent.extract.capture import SinkConfig, Span
-from agent.extract.writer_proc import ProcessSink, choose_writer
+from agent.extract.writer_proc import ProcessSink
 
 L, H = 2, 16
 
@@ -19,15 +19,6 @@ L, H = 2, 16
 def _memfds() -> int:
     """This process's mappings of capture buffers (anonymous memfds: nothing is named on disk)."""
     return Path(f"/proc/{os.getpid()}/maps").read_text().count("memfd:eaglewatch-capture")
-
-
-def test_choose_writer() -> None:
-    assert choose_writer(None) == "thread"
-    assert choose_writer(None, cuda=True) == "process"  # pipelined with the next batch's steps on CUDA
-    assert choose_writer("thread", cuda=True) == "thread"  # the user's setting wins
-    assert choose_writer("process") == "process"
-    with pytest.raises(ValueError, match=r"EAGLEWATCH_WRITER='disk': expected one of process, thread"):
-        choose_writer("disk")
 
 
 def test_many_steps_through_two_buffers_keep_order_and_content(tmp_path: Path) -> None:
@@ -101,15 +92,8 @@ def test_a_writer_process_that_dies_at_start_fails_setup_with_a_reason(tmp_path:
     sink.close()
 
 
-@pytest.mark.parametrize("kind", ["thread", "process"])
-def test_drain_without_waiting_returns_what_is_done_and_loses_nothing(tmp_path: Path, kind: str) -> None:
-    from agent.extract.capture import CaptureSink
-
-    sink = (
-        CaptureSink(SinkConfig(str(tmp_path), L, H))
-        if kind == "thread"
-        else ProcessSink(SinkConfig(str(tmp_path), L, H))
-    )
+def test_drain_without_waiting_returns_what_is_done_and_loses_nothing(tmp_path: Path) -> None:
+    sink = ProcessSink(SinkConfig(str(tmp_path), L, H))
     got: list[int] = []
     for i in range(30):
         sink.register(f"r{i}", i, [1, 2, 3])

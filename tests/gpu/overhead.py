@@ -102,60 +102,44 @@ FULL = [
     ("worker-extension", "worker-extension", False, {}, False),
     ("vllm-native", "vllm-native", True, {}, False),
 ]
-#: CUDA graphs on: the capture reads vLLM's aux outputs (V1); writer threads twice, with the plain run
-#: measured again between them, and the writer process once
+#: CUDA graphs on: the capture reads vLLM's aux outputs (V1), twice
 GRAPHS = [
-    ("worker-extension-graphs", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
-    ("worker-extension-graphs-process", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
-    ("worker-extension-graphs-again", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
+    ("worker-extension-graphs", "worker-extension", True, {}, False),
+    ("worker-extension-graphs-again", "worker-extension", True, {}, False),
 ]
 #: the capture's tuning knobs (agent/extract/tuning.py) against the writer process as it ships, each with a
 #: per-step trace of its costs in the logs
 TUNE = [
-    ("tune-process", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
-    (
-        "tune-switch",
-        "worker-extension",
-        True,
-        {"EAGLEWATCH_WRITER": "process", "EAGLEWATCH_SWITCH_INTERVAL_MS": "0.5"},
-        False,
-    ),
+    ("tune-process", "worker-extension", True, {}, False),
     (
         "tune-wide",
         "worker-extension",
         True,
-        {"EAGLEWATCH_WRITER": "process", "EAGLEWATCH_PINNED_BUFFERS": "10", "EAGLEWATCH_WRITERS": "8"},
+        {"EAGLEWATCH_PINNED_BUFFERS": "10", "EAGLEWATCH_WRITERS": "8"},
         False,
     ),
 ]
-#: after the statistics are warmed at setup: the writer process (4 and 8 threads) against writer threads
+#: after the statistics are warmed at setup: the writer process with 4 and 8 threads
 WARM = [
-    ("warm-process", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
-    ("warm-thread", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
-    (
-        "warm-process-8",
-        "worker-extension",
-        True,
-        {"EAGLEWATCH_WRITER": "process", "EAGLEWATCH_WRITERS": "8"},
-        False,
-    ),
+    ("warm-process", "worker-extension", True, {}, False),
+    ("warm-process-8", "worker-extension", True, {"EAGLEWATCH_WRITERS": "8"}, False),
 ]
-#: the statistics warmed under inference mode: the writer process, writer threads, the writer process again
+#: the statistics warmed under inference mode, twice
 CONFIRM = [
-    ("confirm-process", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
-    ("confirm-thread", "worker-extension", True, {"EAGLEWATCH_WRITER": "thread"}, False),
-    ("confirm-process-again", "worker-extension", True, {"EAGLEWATCH_WRITER": "process"}, False),
+    ("confirm-process", "worker-extension", True, {}, False),
+    ("confirm-process-again", "worker-extension", True, {}, False),
 ]
 #: end to end as it ships (on CUDA: the writer process, each file's write-out started by a flusher thread as
 #: it is written, agent/extract/writeback.py, a drain's results taken in beside the next batch,
-#: agent/extract/results_lane.py) against results taken in between batches, twice each, alternating
+#: agent/extract/results_lane.py) against results taken in between batches (ARGS: the job's own options),
+#: twice each, alternating
 E2E = [
     ("e2e-default", "worker-extension", True, {}, False),
-    ("e2e-inline", "worker-extension", True, {"EAGLEWATCH_RESULTS_OVERLAP": "0"}, False),
+    ("e2e-inline", "worker-extension", True, {"ARGS": "--results-between-batches"}, False),
     ("e2e-default-again", "worker-extension", True, {}, False),
-    ("e2e-inline-again", "worker-extension", True, {"EAGLEWATCH_RESULTS_OVERLAP": "0"}, False),
+    ("e2e-inline-again", "worker-extension", True, {"ARGS": "--results-between-batches"}, False),
 ]
-#: session 7's end-to-end variants (write-out paced by the flusher thread, or left to the kernel)
+#: the end-to-end variants of rounds M–N (write-out paced by the flusher thread, or left to the kernel)
 E2E_KERNEL = [
     ("e2e-default", "worker-extension", True, {}, False),
     ("e2e-kernel", "worker-extension", True, {"EAGLEWATCH_WRITEBACK_MB": "0"}, False),
@@ -165,7 +149,6 @@ E2E_KERNEL = [
 V1_PLAIN_MODES = ("long", "tune", "warm", "confirm", "e2e", "e2ekernel")
 WRITER = [
     ("worker-extension", "worker-extension", False, {}, False),
-    ("worker-extension-threads", "worker-extension", False, {"EAGLEWATCH_WRITER": "thread"}, False),
     ("worker-extension-tmpfs", "worker-extension", False, {}, True),
 ]
 
@@ -223,11 +206,11 @@ def overhead(
     """Plain prefill against capture runs on the 8B shape, same prompts and batches, one after another.
 
     mode full: plain eager and graphs, worker-extension, vllm-native, then the agent stop run; quick: plain
-    eager and the worker extension; writer: plain eager and the worker extension with writer threads, with
-    the writer process (the default on CUDA) and with the writer process into /dev/shm (no disk); graphs:
+    eager and the worker extension; writer: plain eager and the worker extension writing to disk and into
+    /dev/shm (no disk); graphs:
     plain with CUDA graphs against the capture with CUDA graphs (aux path), plain measured again mid-way;
     runners: plain with graphs under the V1 runner, then the graphs capture (V1) against it; long: plain V1
-    with graphs and the graphs capture with the writer process, on twice the prompts.
+    with graphs and the graphs capture, on twice the prompts.
     """
     from tests.gpu.run_gpu import make_data, milestones, run_job
 
@@ -291,10 +274,10 @@ def overhead(
             "output_dir": str(out),
             "batch_size": BATCH,
             "vllm_args": ARGS + ([] if graphs else ["--enforce-eager"]),
-            "env": {k: v for k, v in extra.items() if k != "TRACE"} | trace,
+            "env": {k: v for k, v in extra.items() if k not in ("TRACE", "ARGS")} | trace,
         }
         with DirtyPeak() as dirty:
-            res = run_job(name, spec, {"CUDA_VISIBLE_DEVICES": "0"}, logs)
+            res = run_job(name, spec, {"CUDA_VISIBLE_DEVICES": "0"}, logs, extra.get("ARGS", "").split())
         prog = [e for e in res["events"] if e["kind"] == "progress"]
         done = next((e for e in res["events"] if e["kind"] == "completed"), {})
         conf = next((e for e in res["events"] if e["kind"] == "capture_configured"), {})

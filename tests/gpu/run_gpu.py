@@ -85,15 +85,17 @@ def make_data(path: Path, lengths: list[int], vocab: int, seed: int) -> list[lis
     return samples
 
 
-def run_job(name: str, spec: dict[str, Any], extra_env: dict[str, str], logs: Path) -> dict[str, Any]:
-    """`python -m agent extract --spec` as the agent would start it; events, rc and seconds."""
+def run_job(
+    name: str, spec: dict[str, Any], extra_env: dict[str, str], logs: Path, args: list[str] | None = None
+) -> dict[str, Any]:
+    """`python -m agent extract --spec [args]` as the agent would start it; events, rc and seconds."""
     spec_path = WORK / f"{name}.json"
     spec_path.write_text(json.dumps({"host": "h200", **spec}))
     log = logs / f"{name}.log"
     t0 = time.monotonic()
     with log.open("w") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agent", "extract", "--spec", str(spec_path)],
+            [sys.executable, "-m", "agent", "extract", "--spec", str(spec_path), *(args or [])],
             cwd=ROOT,
             env=env_for(extra_env),
             stdout=fh,

@@ -48,7 +48,7 @@ from typing import Any
 VLLM_VERSION = "0.26.0"
 
 # Runtime packages `from vllm import LLM`, the engine, the worker, the Llama/DeepSeek-V2 models and the
-# hidden-states connector import that the H200 image lacks (found by hand, /work/shared/domain/gpu-vllm.md),
+# hidden-states connector import that the H200 image lacks (found by importing them in a scratch venv),
 # pinned for vLLM 0.26.0 to the newest releases that satisfy vLLM's own Requires-Dist *and* each other's:
 # apache-tvm-ffi==0.1.10 is vLLM's exact pin, so xgrammar stays at 0.2.7 (0.2.8 and later require
 # apache-tvm-ffi>=0.1.11); llguidance stays on 1.7.x (vLLM: <1.8.0); openai 3.x needs httpx2, which needs
@@ -79,8 +79,7 @@ PINS: dict[str, str] = {
     "xgrammar": "0.2.7",
 }
 
-# "Python packages already there" on the H200 image ('cuda'): /work/.library/device/KINDS.md, read there
-# on 2026-11-17.
+# The packages already on the H200 image, as the machines' description listed them on 2026-11-17.
 IMAGE_PACKAGES: frozenset[str] = frozenset(
     """
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
@@ -107,7 +106,7 @@ torchmetrics torchvision tqdm transformers treescope triton typer typing-extensi
 urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 """.split()  # noqa: SIM905
 )
-# The image's versions that KINDS.md and gpu-vllm.md give; any other image package's version is unknown here.
+# The image's versions as that description and docs/gpu.md give them; any other one is unknown here.
 IMAGE_VERSIONS: dict[str, str] = {
     "accelerate": "1.15.0",
     "cupy-cuda13x": "14.2.0",
@@ -810,7 +809,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {name:<22}{({'vllm': args.vllm} | pins)[name]:<16}{mb(p.stat().st_size):<24}{how}")
     deps = {n: p for n, (p, _) in deps_found.items()}
 
-    print("\n== requirement check (python 3.12.3, linux x86_64; image packages from KINDS.md, 2026-11-17)")
+    print("\n== requirement check (python 3.12.3, linux x86_64; image packages as listed on 2026-11-17)")
     metas: dict[str, tuple[str, list[str]]] = {"vllm": (args.vllm, vllm_requires)}
     for name, p in deps.items():
         _, version, requires = wheel_metadata(p)
@@ -864,9 +863,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "deflate" in tars:
         candidates.append(("none", tars["deflate"][0]))
     if "stored" in tars:
-        # auto tries xz alone: zstd -19 --long=27 was measured too (2026-11-30: 125.0 MB in 265 s against
-        # xz -9's 122.4 MB in 369 s, both 2 parts of 60 MiB), but the machine may lack a zstd binary (its
-        # Python 3.12 has no zstd module) while Python's own lzma undoes xz there. --compress zstd builds it.
+        # auto tries xz alone: zstd packs no smaller here (docs/benchmarks.md), and the machine may lack a
+        # zstd binary (its Python 3.12 has no zstd module) while Python's own lzma undoes xz there.
+        # --compress zstd builds it.
         codec = "xz" if args.compress == "auto" else args.compress
         if codec == "zstd" and shutil.which("zstd") is None:
             raise SystemExit("--compress zstd: no zstd binary here")

@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-#: vLLM lines as the real format strings print them (shared/domain/vllm-log-lines.md), one per phase.
+#: vLLM lines as the real format strings print them (docs/vllm.md), one per phase.
 VLLM_LINES = [
     "INFO 02-21 22:48:01 [core.py:105] Initializing a V1 LLM engine (v0.19.1) with config: model='/m', tp=1",
     "(Worker_TP0 pid=4242) INFO 02-21 22:48:02 [default_loader.py:384] Loading weights took 2.35 seconds",

@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from agent import protocol
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -58,20 +60,14 @@ class AgentProc:
             self.proc.wait(10)
 
 
-def child_pids(pid: int) -> list[int]:
-    """The children of process ``pid``, from each of its threads' ``children`` list (a thread that ends
-    while they are read, such as a reaper thread, had none left)."""
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            out += map(int, (task / "children").read_text().split())
-    return out
-
-
 def start_agent(
-    state_dir: Path, socket_path: Path | None = None, timeout: float = 15.0, env: dict[str, str] | None = None
+    state_dir: Path,
+    socket_path: Path | None = None,
+    timeout: float = 15.0,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> AgentProc:
-    """Start ``python -m agent daemon`` and wait until its socket answers."""
+    """Start ``python -m agent daemon [args]`` and wait until its socket answers."""
     socket_path = socket_path or state_dir / "agent.sock"
     state_dir.mkdir(parents=True, exist_ok=True)
     err = open(state_dir / "daemon.stderr", "ab")  # noqa: SIM115 - handed to the child
@@ -85,6 +81,7 @@ def start_agent(
             str(state_dir),
             "--socket",
             str(socket_path),
+            *args,
         ],
         stdin=subprocess.DEVNULL,
         stdout=err,
@@ -198,8 +195,7 @@ class AgentClient:
         """Write bytes as they are (fuzzing)."""
         self.sock.sendall(data)
 
-    def _read(self, timeout: float | None = None) -> dict[str, Any]:
-        self.sock.settimeout(timeout if timeout is not None else self.timeout)
+    def _line(self) -> bytes:
         # complete lines split off once per read and a partial line kept in pieces: linear in what arrives
         # (re-splitting the whole buffer per message made a long backlog quadratic)
         while not self._lines:
@@ -212,7 +208,18 @@ class AgentClient:
             *done, rest = b"".join([*self._partial, chunk]).split(b"\n")
             self._lines.extend(done)
             self._partial = [rest] if rest else []
-        msg: dict[str, Any] = json.loads(self._lines.popleft())
+        return self._lines.popleft()
+
+    def _read(self, timeout: float | None = None) -> dict[str, Any]:
+        self.sock.settimeout(timeout if timeout is not None else self.timeout)
+        msg = protocol.decode_message(self._line())
+        size = protocol.payload_size(msg)
+        if size is not None:  # a log block's text: whole lines, ``size`` bytes with their newlines
+            parts: list[bytes] = []
+            while size > 0:
+                parts.append(self._line())
+                size -= len(parts[-1]) + 1
+            msg = protocol.attach_payload(msg, b"\n".join(parts) + b"\n")
         return msg
 
     def read_message(self, timeout: float | None = None) -> dict[str, Any]:
@@ -259,6 +266,21 @@ class AgentClient:
             seen.append(msg)
             if pred(msg):
                 return seen
+
+
+def log_lines(msg: dict[str, Any]) -> list[tuple[int, str]]:
+    """The ``(offset, text)`` lines of a streamed ``log_block`` message; none for any other message."""
+    if msg.get("type") != "log_block":
+        return []
+    texts = msg["text"].split("\n")
+    offsets = msg.get("offsets") or protocol.natural_offsets(msg["offset"], msg["text"], texts)[:-1]
+    return list(zip(offsets, texts, strict=True))
+
+
+def last_log_text(msg: dict[str, Any]) -> str | None:
+    """The text of the last line of a streamed ``log_block`` message; None for any other message."""
+    lines = log_lines(msg)
+    return lines[-1][1] if lines else None
 
 
 def state_event(state: str) -> Callable[[dict[str, Any]], bool]:

@@ -1,4 +1,4 @@
-"""Realistic vLLM logs written from the format strings of shared/domain/vllm-log-lines.md (tests, bench).
+"""Realistic vLLM logs written from vLLM's own format strings (docs/vllm.md; tests, bench).
 
 ``make_log(tp=8, failure="oom")`` returns the bytes a TP=8 vLLM run with the eaglewatch worker extension
 would write to its log: process prefixes (``(Worker_TP3 pid=…)``, old ``(VllmWorkerProcess pid=…)``),

@@ -67,11 +67,11 @@ def daemon_pid(home: Path) -> int | None:
 
 
 def start_demo(home: Path, *args: str, timeout: float = 600) -> Iterator[Demo]:
-    """Start `eaglewatch demo --home HOME --port 0 ARGS` (the README's command, as `python -m web`);
+    """Start `eaglewatch demo --home HOME --port 0 ARGS` (the README's command, as `python -m cli`);
     wait for its URL, token and first run."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "web", "demo", "--home", str(home), "--port", "0", *args],
+        [sys.executable, "-m", "cli", "demo", "--home", str(home), "--port", "0", *args],
         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=env, start_new_session=True,
     )  # fmt: skip

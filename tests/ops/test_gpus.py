@@ -153,7 +153,7 @@ def make_smi(tmp_path: Path, body: str) -> Path:
 
 def test_query_without_nvidia_smi_is_empty(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.delenv(gpus.ENV_NVIDIA_SMI, raising=False)
+    monkeypatch.delenv("EAGLEWATCH_NVIDIA_SMI", raising=False)
     assert gpus.find_nvidia_smi() is None
     assert gpus.query() == {"gpus": [], "processes": []}
     assert gpus.gpu_pids() is None
@@ -166,7 +166,7 @@ def test_query_replays_real_h200_output(monkeypatch: pytest.MonkeyPatch, tmp_pat
         f"  --query-compute-apps=*) cat '{FIXTURES / 'query-apps-busy.csv'}' ;;\n"
         "  *) exit 2 ;;\nesac\n"
     )
-    monkeypatch.setenv(gpus.ENV_NVIDIA_SMI, str(make_smi(tmp_path, body)))
+    monkeypatch.setenv("EAGLEWATCH_NVIDIA_SMI", str(make_smi(tmp_path, body)))
     result = gpus.query()
     assert set(result) == {"gpus", "processes"}
     assert result["gpus"][0]["name"] == "NVIDIA H200"
@@ -216,7 +216,7 @@ def alive(pid: int) -> bool:
 
 
 def test_query_with_unexecutable_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(gpus.ENV_NVIDIA_SMI, str(tmp_path / "missing"))
+    monkeypatch.setenv("EAGLEWATCH_NVIDIA_SMI", str(tmp_path / "missing"))
     assert gpus.query() == {"gpus": [], "processes": []}
 
 

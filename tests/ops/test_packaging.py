@@ -21,7 +21,7 @@ import pytest
 import agent
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("agent", "controller", "web")
+PACKAGES = ("agent", "controller", "web", "cli")
 DATA_DIRS = ("web/templates", "web/static", "agent/milestones/rules")
 
 pytestmark = pytest.mark.slow
@@ -106,7 +106,7 @@ def test_wheel_declares_both_console_scripts(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         [entry] = [n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt")]
         text = zf.read(entry).decode()
-    assert "eaglewatch = web.cli:main" in text
+    assert "eaglewatch = cli.app:main" in text
     assert "eaglewatch-agent = agent.cli:main" in text
 
 

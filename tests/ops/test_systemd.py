@@ -135,10 +135,10 @@ def test_agent_unit_uses_the_state_dir_that_connect_finds(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The controller runs `eaglewatch-agent connect` with the default state dir: it must find this daemon."""
-    from agent.paths import default_state_dir
+    from agent import settings
 
-    monkeypatch.delenv("EAGLEWATCH_AGENT_HOME", raising=False)
+    monkeypatch.delenv(settings.AGENT_HOME.name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     argv = unit_settings(AGENT_UNIT)["Service.ExecStart"][0].split()
     state = argv[argv.index("--state-dir") + 1].replace("%h", str(tmp_path))
-    assert Path(state) == default_state_dir()
+    assert Path(state) == settings.AGENT_HOME.get()

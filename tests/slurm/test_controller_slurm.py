@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from agent.spec import parse_spec
 from controller.models import HostCreate
 from controller.service import Controller
 from controller.settings import Settings
@@ -78,13 +79,21 @@ async def test_runs_on_a_slurm_host_complete_or_time_out(
         assert (host.scheduler, host.partition, host.sbatch_args) == ("slurm", "debug", ["--cpus-per-task=1"])
         sleeper = [sys.executable, "-c", "import time; print('sleeping', flush=True); time.sleep(600)"]
         timeout_id = await ctl.create_run(
-            {"host": "hpc", "name": "late", "backend": "command", "command": sleeper, "time_limit_minutes": 1}
+            parse_spec(
+                {
+                    "host": "hpc",
+                    "name": "late",
+                    "backend": "command",
+                    "command": sleeper,
+                    "time_limit_minutes": 1,
+                }
+            )
         )
         hello = [sys.executable, "-c", "import os; print('on', os.environ['SLURM_JOB_PARTITION'])"]
         cmd_id = await ctl.create_run(
-            {"host": "hpc", "name": "hello", "backend": "command", "command": hello}
+            parse_spec({"host": "hpc", "name": "hello", "backend": "command", "command": hello})
         )
-        ext_id = await ctl.create_run(_extraction(tmp_path))
+        ext_id = await ctl.create_run(parse_spec(_extraction(tmp_path)))
         # A host whose jobs may not start for ten minutes: its run waits in the queue, then is stopped.
         await ctl.add_host(
             HostCreate(
@@ -98,7 +107,7 @@ async def test_runs_on_a_slurm_host_complete_or_time_out(
             )
         )
         held_id = await ctl.create_run(
-            {"host": "later", "name": "held", "backend": "command", "command": hello}
+            parse_spec({"host": "later", "name": "held", "backend": "command", "command": hello})
         )
 
         async def queued() -> Any:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from agent.spec import parse_spec
 from controller.models import HostCreate, RunDetail
 from controller.service import Controller
 from controller.settings import Settings
@@ -80,9 +81,9 @@ async def _scenario(tmp: Path, settings: Settings) -> dict[str, Any]:
         await ctl.add_host(
             HostCreate(name="plain", ssh="eaglehost2", python=sys.executable, state_dir=str(tmp / "agent"))
         )
-        mixed = await ctl.create_run(_spec(tmp, model, data, "mixed", ["hpc", "plain"], 3))
-        cancel = await ctl.create_run(_spec(tmp, model, data, "cancel", ["held"], 2))
-        queued = await ctl.create_run(_spec(tmp, model, data, "queued", ["held"], 2))
+        mixed = await ctl.create_run(parse_spec(_spec(tmp, model, data, "mixed", ["hpc", "plain"], 3)))
+        cancel = await ctl.create_run(parse_spec(_spec(tmp, model, data, "cancel", ["held"], 2)))
+        queued = await ctl.create_run(parse_spec(_spec(tmp, model, data, "queued", ["held"], 2)))
         res.update(mixed=mixed, cancel=cancel, queued=queued)
 
         async def submitted(run_id: str) -> RunDetail | None:

@@ -65,7 +65,7 @@ async def test_bad_spec_is_422_naming_the_field_and_launches_nothing(
 async def test_unknown_host_is_a_bad_spec_naming_the_host_field(
     client: httpx.AsyncClient, ctl: Controller
 ) -> None:
-    """DESIGN.md: a bad spec is 422 naming the field; an unconfigured host is one."""
+    """A bad spec is 422 naming the field; an unconfigured host is one."""
     tok = await csrf_of(client)
     r = await client.post(
         "/api/runs",

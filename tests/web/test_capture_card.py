@@ -11,10 +11,10 @@ import pytest
 
 from controller import crud
 from controller.alerts import AlertPolicy
-from controller.capture_card import CaptureCard, capture_card, sharded_capture_card
 from controller.lifecycle import RunEvent
 from controller.service import Controller
 from controller.store import Tx
+from web.capture_card import CaptureCard, capture_card, sharded_capture_card
 from web.filters import duration, size
 
 SPEC = {

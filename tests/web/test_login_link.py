@@ -62,7 +62,7 @@ async def test_a_login_link_works_once_then_never(auth_ctl: Controller) -> None:
 async def test_the_login_page_says_why_it_asks(
     auth_ctl: Controller, bind: str, said: str, not_said: str
 ) -> None:
-    app = create_app(auth_ctl, bind=bind, require_auth=True, allowed_hosts=["127.0.0.1"])
+    app = create_app(auth_ctl, bind=bind, require_auth=True)
     async with _client(app) as c:
         page = (await c.get("/login")).text
     assert said in page and not_said not in page.split('id="login-reason">')[1].split("</p>")[0]

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from agent.backends import DEFAULT, Backend
 from controller.service import Controller
 from tests.helpers.broken_run import seed
 from tests.web.conftest import csrf_of, settings_for
@@ -38,6 +39,10 @@ async def test_pages_render(client: httpx.AsyncClient) -> None:
     assert 'data-host="h1"' in dash and "unknown" in dash
     new = (await client.get("/runs/new")).text
     assert "EAGLE-3 default" in new and "[2, N//2, N-3, N]" in new
+    # one option per backend of agent/backends.py, the spec's default selected
+    select = re.search(r'<select id="f-backend".*?</select>', new, re.S)
+    assert select and re.findall(r'<option value="([a-z-]+)"', select[0]) == [b.value for b in Backend]
+    assert f'<option value="{DEFAULT}" selected>' in select[0]
     r = await client.get("/runs/nope")
     assert r.status_code == 404 and "no run" in r.text and "<html" in r.text
 

@@ -118,16 +118,17 @@ def test_a_login_nodes_own_gpus_do_not_limit_tensor_parallel() -> None:
 
     import pytest
 
+    from agent.spec import parse_spec
     from controller.errors import SpecInvalid
-    from controller.runs import scheduler_args, validate_spec
+    from controller.runs import check_hosts, scheduler_args
 
-    spec = {"host": "hpc", "backend": "command", "command": ["true"], "tensor_parallel_size": 8}
+    spec = parse_spec({"host": "hpc", "backend": "command", "command": ["true"], "tensor_parallel_size": 8})
     login = {"name": "hpc", "gpus_json": json.dumps([{"index": 0}]), "scheduler": "slurm",
              "partition": "gpu", "account": None, "sbatch_args_json": '["--qos=x"]',
              "slurm_gpus": "gres"}  # fmt: skip
-    assert validate_spec(spec, {"hpc": login}).tensor_parallel_size == 8
+    check_hosts(spec, {"hpc": login})
     with pytest.raises(SpecInvalid, match="8 > 1 GPUs"):
-        validate_spec(spec, {"hpc": {**login, "scheduler": None}})
+        check_hosts(spec, {"hpc": {**login, "scheduler": None}})
     assert scheduler_args(login) == {"kind": "slurm", "partition": "gpu", "account": None,
                                      "sbatch_args": ["--qos=x"], "gpus": "gres"}  # fmt: skip
     assert scheduler_args({**login, "scheduler": None}) is None

@@ -71,7 +71,7 @@ def test_log_block_event_is_one_string_with_offsets_only_when_not_natural() -> N
     """With ``log_blocks`` a log event carries the block as stored: one text, no object per line."""
     evil = 'x\n\nevent: alert\ndata: {"pwned": 1}\nid: 999\n<script>alert(1)</script>\x1b[31m\u2028'
     odd = Block.make([0, 2, 3, 16, 35, 44], evil, 99)  # offsets no UTF-8 length explains
-    natural = Block.from_lines([(10, "ünï €"), (20, "🦅 ok"), (28, "")], 29)
+    natural = Block.make([10, 20, 28], "ünï €\n🦅 ok\n", 29)
     assert natural.offsets is None and odd.offsets is not None
     for block, offsets in ((odd, [0, 2, 3, 16, 35, 44]), (natural, None)):
         ev = BusEvent("log", "r1", block.to_data(), make_cursor(1, 1))

@@ -1,4 +1,4 @@
-"""Shared pieces of the ``eaglewatch`` command line: consoles, styles, the short-lived controller runner."""
+"""Shared pieces of the ``eaglewatch`` command: consoles, styles, the short-lived controller runner."""
 
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
-"""The controller's commands of ``eaglewatch`` (hosts, runs, alerts); web/cli.py adds serve and demo.
+"""The ``eaglewatch`` command: hosts, runs and alerts, ``serve`` (controller + web UI) and ``demo``.
 
-Each command runs a short-lived Controller on the shared SQLite database.  ``runs start``/``stop`` open a
-one-shot link to the host's agent (a running ``serve`` picks the new run up from the database and follows
-it too; journal seq dedupe keeps both safe).  ``runs logs -f`` supervises just that run's host while it
-prints.
+Each host, run and alert command runs a short-lived Controller on the shared SQLite database.  ``runs
+start``/``stop`` open a one-shot link to the host's agent (a running ``serve`` picks the new run up from the
+database and follows it too; journal seq dedupe keeps both safe).  ``runs logs -f`` supervises just that
+run's host while it prints.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -15,10 +16,11 @@ from rich.table import Table
 from rich.text import Text
 
 import agent
-from controller.cli_common import err, invalid, out, print_json, run_ctl
-from controller.cli_runs import runs_app
+from cli.common import err, invalid, out, print_json, run_ctl
+from cli.runs import runs_app
 from controller.errors import HostKeyRejected, SpecInvalid, Unreachable
 from controller.models import HostCreate
+from controller.settings import Settings
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Launch and watch hidden-state extraction runs."
@@ -42,7 +44,7 @@ def _main(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show version.")
     ] = False,
 ) -> None:
-    """eaglewatch controller."""
+    """Launch and watch hidden-state extraction runs."""
 
 
 # ----------------------------------------------------------------------------------------------- hosts
@@ -73,7 +75,7 @@ def hosts_add(
     """Add a host; shows its SSH key fingerprint and connects only if known_hosts trusts it."""
     from pydantic import ValidationError
 
-    from controller.runs import validation_errors
+    from controller.models import validation_errors
 
     try:
         spec = HostCreate.model_validate(
@@ -187,3 +189,43 @@ def alerts_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
             "yes" if a.delivered else "no",
         )
     out.print(table)
+
+
+# ----------------------------------------------------------------------------------------------- web UI
+
+
+@app.command("serve")
+def serve(
+    bind: Annotated[
+        str | None, typer.Option("--bind", help="address to listen on (default 127.0.0.1)")
+    ] = None,
+    port: Annotated[int | None, typer.Option("--port", help="port (default 8765)")] = None,
+) -> None:
+    """Run the controller and the web UI."""
+    from web.app import serve as serve_web  # imported when used: the other commands start faster
+
+    settings = Settings()
+    serve_web(settings, bind or settings.bind, settings.port if port is None else port)
+
+
+@app.command("demo")
+def demo(
+    bind: Annotated[str, typer.Option("--bind", help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="port (0: any free port)")] = 8765,
+    home: Annotated[Path | None, typer.Option("--home", help="demo state dir")] = None,
+    extract: Annotated[
+        bool, typer.Option("--extract/--no-extract", help="real vLLM extraction, or a quick command job")
+    ] = True,
+    broken: Annotated[
+        bool, typer.Option("--broken", help="also start a run whose capture drops a layer")
+    ] = False,
+) -> None:
+    """Run the embedded demo (local agent, tiny model, web UI)."""
+    from web.demo import run_demo  # imported when used: the other commands start faster
+
+    raise typer.Exit(run_demo(home=home, bind=bind, port=port, extract=extract, broken=broken) or 0)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

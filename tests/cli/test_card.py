@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli_runs import card_lines
-from tests.controller.test_cli import cli
+from cli.runs import card_lines
+from tests.cli.test_commands import cli
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 

@@ -126,29 +126,3 @@ class TerminalView:
         passed, self._passed = self._passed, 0
         checks = f", {passed} passed shape check{'' if passed == 1 else 's'}" if passed else ""
         return words("batch_captured", fields) + checks
-
-
-def card_lines(card: dict[str, Any]) -> list[str]:
-    """A dataset card in words: what was captured, how much, with what, and each layer's statistics."""
-    versions = card.get("versions") or {}
-    digest = str(card.get("model_config_sha256") or "?")[:16]
-    vllm = card.get("vllm_version") or versions.get("vllm")
-    lines = [
-        f"model       {card.get('model')}  (config.json sha256 {digest}…)",
-        f"layers      {card.get('layer_ids')} ({card.get('layer_convention')} convention), hidden "
-        f"{card.get('hidden_size')}, {card.get('dtype')}",
-        f"format      {card.get('format')} v{card.get('format_version')}, backend {card.get('backend')}",
-        f"samples     {card.get('samples_written')} of {card.get('samples_total')} written, "
-        f"{card.get('tokens_total')} tokens, {card.get('bytes_written')} bytes this attempt",
-        f"versions    vLLM {vllm}, torch {versions.get('torch')}, "
-        f"transformers {versions.get('transformers')}, Python {versions.get('python')}",
-    ]
-    stats = card.get("layer_stats") or {}
-    if stats:
-        lines.append("layer       rms         max_abs     zero_frac   non_finite")
-        for layer, s in sorted(stats.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
-            lines.append(
-                f"{layer:<11} {s.get('rms', 0):<11.4g} {s.get('max_abs', 0):<11.4g} "
-                f"{s.get('zero_fraction', 0):<11.4g} {s.get('non_finite', 0)}"
-            )
-    return lines

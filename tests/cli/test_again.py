@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.controller.test_cli import cli
+from tests.cli.test_commands import cli
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.terminal_view import TerminalView
-from tests.controller.test_cli import cli
+from tests.cli.test_commands import cli
+from web.terminal_view import TerminalView
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,8 @@ import typer
 from rich.table import Column, Table
 from rich.text import Text
 
-from controller.cli_common import (
+from agent.backends import Backend
+from cli.common import (
     MILESTONE_STYLE,
     STATE_STYLE,
     err,
@@ -25,8 +26,9 @@ from controller.cli_common import (
 )
 from controller.errors import SpecInvalid
 from controller.lifecycle import is_terminal
-from controller.terminal_view import TerminalView, card_lines
+from controller.models import parse_run_spec
 from controller.verdict import group_problems
+from web.terminal_view import TerminalView
 
 runs_app = typer.Typer(no_args_is_help=True, help="Extraction runs.")
 
@@ -58,7 +60,7 @@ def runs_start(
     name: Annotated[str | None, typer.Option("--name")] = None,
     backend: Annotated[
         str | None,
-        typer.Option("--backend", help="worker-extension | vllm-native | command | speculators | specforge"),
+        typer.Option("--backend", help=" | ".join(Backend)),
     ] = None,
     model: Annotated[str | None, typer.Option("--model")] = None,
     dataset: Annotated[str | None, typer.Option("--dataset")] = None,
@@ -153,10 +155,10 @@ def runs_start(
         spec["host"] = host[0] if len(host) == 1 else list(host)
     if command:
         spec["command"] = list(command)
-        spec.setdefault("backend", "command")
+        spec.setdefault("backend", Backend.COMMAND)
 
     async def go(ctl: Any) -> Any:
-        run_id = await ctl.create_run(spec)
+        run_id = await ctl.create_run(parse_run_spec(spec))
         return await ctl.get_run(run_id)
 
     run = run_ctl(go)
@@ -291,6 +293,32 @@ def runs_resume(
     if run.state == "failed":
         err.print(Text(f"run {run.id} failed: {run.failure_reason}", style="red"))
         raise typer.Exit(1)
+
+
+def card_lines(card: dict[str, Any]) -> list[str]:
+    """A dataset card in words: what was captured, how much, with what, and each layer's statistics."""
+    versions = card.get("versions") or {}
+    digest = str(card.get("model_config_sha256") or "?")[:16]
+    vllm = card.get("vllm_version") or versions.get("vllm")
+    lines = [
+        f"model       {card.get('model')}  (config.json sha256 {digest}…)",
+        f"layers      {card.get('layer_ids')} ({card.get('layer_convention')} convention), hidden "
+        f"{card.get('hidden_size')}, {card.get('dtype')}",
+        f"format      {card.get('format')} v{card.get('format_version')}, backend {card.get('backend')}",
+        f"samples     {card.get('samples_written')} of {card.get('samples_total')} written, "
+        f"{card.get('tokens_total')} tokens, {card.get('bytes_written')} bytes this attempt",
+        f"versions    vLLM {vllm}, torch {versions.get('torch')}, "
+        f"transformers {versions.get('transformers')}, Python {versions.get('python')}",
+    ]
+    stats = card.get("layer_stats") or {}
+    if stats:
+        lines.append("layer       rms         max_abs     zero_frac   non_finite")
+        for layer, s in sorted(stats.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
+            lines.append(
+                f"{layer:<11} {s.get('rms', 0):<11.4g} {s.get('max_abs', 0):<11.4g} "
+                f"{s.get('zero_fraction', 0):<11.4g} {s.get('non_finite', 0)}"
+            )
+    return lines
 
 
 @runs_app.command("card")

@@ -1,4 +1,4 @@
-"""The ``eaglewatch`` CLI as a real subprocess (``python -m web``) on a tmp EAGLEWATCH_HOME."""
+"""The ``eaglewatch`` CLI as a real subprocess (``python -m cli``) on a tmp EAGLEWATCH_HOME."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def cli(
         **(extra_env or {}),
     )
     return subprocess.run(
-        [sys.executable, "-m", "web", *args],
+        [sys.executable, "-m", "cli", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.controller.test_cli import cli
+from tests.cli.test_commands import cli
 from tests.helpers.sshd import SSHD
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(180)]

@@ -1,0 +1,1 @@
+"""The ``eaglewatch`` command line (typer + rich): hosts, runs, alerts, ``serve`` and ``demo``."""

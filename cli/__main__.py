@@ -1,0 +1,5 @@
+"""``python -m cli …`` is ``eaglewatch …``."""
+
+from cli.app import main
+
+main()
