@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
@@ -9,8 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: Run ids name a directory: letters, digits, '.', '_', '-', starting with a letter or digit.
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: Run ids name a directory: letters, digits, '.', '_', '-', starting with a letter or digit (\Z, not $:
+#: "x\n" is no run id).
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+
+
+class StateWriteError(OSError):
+    """A state file could not be written; the message names the full device or the file."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def default_socket(state_dir: Path) -> Path:
@@ -89,22 +99,41 @@ def runs_dir(state_dir: Path) -> Path:
 def run_paths(state_dir: Path, run: str) -> RunPaths:
     """The paths of run ``run``; raises ValueError for an id that is not a safe name."""
     if not valid_run_id(run):
-        raise ValueError(f"run id {run!r} must match {RUN_ID_RE.pattern}")
+        raise ValueError(
+            f"run id {run!r} must be 1-64 of letters, digits, '.', '_', '-', starting with a letter or digit"
+        )
     return RunPaths(run=run, dir=runs_dir(state_dir) / run)
 
 
+def write_problem(exc: OSError, path: Path) -> str:
+    """Why writing ``path`` failed, in words: a full device or quota names its directory."""
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on device in {path.parent}"
+    if exc.errno == errno.EDQUOT:
+        return f"disk quota exceeded in {path.parent}"
+    return f"cannot write {path}: {exc.strerror or exc}"
+
+
 def atomic_write_json(path: Path, obj: Any, fsync: bool = True) -> None:
-    """Write ``obj`` as JSON to ``path`` through a temporary file and a rename (readers never see half)."""
+    """Write ``obj`` as JSON to ``path`` through a temporary file and a rename (readers never see half);
+    StateWriteError says why it failed, and no temporary file is left behind."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     data = json.dumps(obj, separators=(",", ":")).encode("utf-8")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, data)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:  # a nearly full device may take part of it; the next write says why not all
+                view = view[os.write(fd, view) :]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise StateWriteError(exc.errno, write_problem(exc, path)) from exc
 
 
 def read_json(path: Path) -> Any:

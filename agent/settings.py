@@ -69,6 +69,15 @@ def _indices(text: str) -> tuple[int, ...] | None:
         raise ValueError("expected comma-separated layer indices") from None
 
 
+def _shard(text: str) -> tuple[int, int] | None:
+    index, sep, count = text.partition("/")
+    if not text:
+        return None
+    if not (sep and index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise ValueError("expected index/count with index below count")
+    return int(index), int(count)
+
+
 def _one_of(*choices: str) -> Callable[[str], str | None]:
     def parse(text: str) -> str | None:
         if text and text.lower() not in choices:
@@ -186,9 +195,9 @@ RUN_ID = Setting(
 SHARD = Setting(
     "EAGLEWATCH_SHARD",
     "str",
-    _optional,
+    _shard,
     "",
-    "`index/count` of the Slurm array task running a command job",
+    "`index/count` of the Slurm array task running the job: an extraction captures that shard",
     by_agent=True,
 )
 AUX_LAYERS = Setting(

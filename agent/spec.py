@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from agent import limits
+from agent import limits, settings
 from agent.backends import DEFAULT, OWN, PIPELINES, Backend
 from agent.milestones.rulefile import RuleError, validate_rules
 from agent.runs.outdir import output_dir_error
@@ -32,8 +32,11 @@ ShapeFailurePolicy = Literal["alert", "stop"]
 #: Deliberate faults for the demo and the tests: make the capture go wrong the way real runs do.
 Fault = Literal["drop_layer", "flatten", "zero", "zero_layer", "batch_skew"]
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Checked with fullmatch: a trailing newline is part of the value, not the end of the line.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Variables the agent sets for its own job processes: a spec's env cannot forge them.
+_AGENT_ENV = frozenset(s.name for s in settings.REGISTRY if s.by_agent)
 
 # Bounds come from agent/limits.py (any valid spec fits in one protocol line). Numbers are StrictInt: JSON
 # "8" or true is not a tensor-parallel size; the web form converts its own text (web/forms.py).
@@ -109,7 +112,7 @@ def _pass_through(v: list[str], field: str) -> list[str]:
 class SpeculatorsOptions(BaseModel):
     """Backend ``speculators``: a vLLM server started for extraction, then speculators' offline client."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid")
 
     scripts_dir: _Path | None = Field(
         default=None,
@@ -157,7 +160,7 @@ class SpeculatorsOptions(BaseModel):
 class SpecForgeOptions(BaseModel):
     """Backend ``specforge``: ``torchrun … scripts/prepare_hidden_states.py`` from a SpecForge checkout."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid")
 
     scripts_dir: _Path = Field(description="the SpecForge checkout's scripts/ (prepare_hidden_states.py)")
     python: _Path | None = Field(
@@ -184,9 +187,13 @@ class SpecForgeOptions(BaseModel):
 
 
 class RunSpecBase(BaseModel):
-    """Fields a user sets to describe an extraction run (or any watched command)."""
+    """Fields a user sets to describe an extraction run (or any watched command).
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    No value is trimmed: argv items and env values pass to the job as written, and names (run, hosts, env
+    variables) are checked whole, so stray whitespace is refused with the field named, never dropped.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(default="run", description="a short label: letters, digits, '.', '_', '-'")
     host: _HostName | list[_HostName] = Field(
@@ -263,6 +270,12 @@ class RunSpecBase(BaseModel):
             repeated = sorted({h for h in v if v.count(h) > 1})
             if repeated:
                 raise ValueError(f"host {repeated[0]!r} is listed twice")
+        for host in [v] if isinstance(v, str) else v:
+            if not _NAME_RE.fullmatch(host):
+                raise ValueError(
+                    f"host {host!r} is not a host name (letters, digits, '.', '_', '-', starting with a "
+                    "letter or digit)"
+                )
         return v
 
     time_limit_minutes: StrictInt | None = Field(
@@ -285,9 +298,9 @@ class RunSpecBase(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
+        if not _NAME_RE.fullmatch(v):
             raise ValueError(
-                "name must be 1-64 of letters, digits, '.', '_', '-' and start with a letter/digit"
+                f"name must be 1-64 of letters, digits, '.', '_', '-' and start with a letter/digit: {v!r}"
             )
         return v
 
@@ -325,8 +338,13 @@ class RunSpecBase(BaseModel):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
-            if not _ENV_RE.match(key):
-                raise ValueError(f"environment variable name {key!r} is not valid")
+            if not _ENV_RE.fullmatch(key):
+                raise ValueError(
+                    f"environment variable name {key!r} is not valid (letters, digits, '_', not starting "
+                    "with a digit)"
+                )
+            if key in _AGENT_ENV:
+                raise ValueError(f"environment variable {key} is set by the agent, not by a spec")
             if "\x00" in value:
                 raise ValueError(f"environment variable {key!r} contains a NUL byte")
         return v

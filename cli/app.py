@@ -212,7 +212,10 @@ def serve(
 def demo(
     bind: Annotated[str, typer.Option("--bind", help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="port (0: any free port)")] = 8765,
-    home: Annotated[Path | None, typer.Option("--home", help="demo state dir")] = None,
+    home: Annotated[
+        Path | None,
+        typer.Option("--home", help="demo state dir (default ~/.local/share/eaglewatch-demo)"),
+    ] = None,
     extract: Annotated[
         bool, typer.Option("--extract/--no-extract", help="real vLLM extraction, or a quick command job")
     ] = True,
@@ -221,7 +224,7 @@ def demo(
     ] = False,
 ) -> None:
     """Run the embedded demo (local agent, tiny model, web UI)."""
-    from web.demo import run_demo  # imported when used: the other commands start faster
+    from cli.demo import run_demo  # imported when used: the other commands start faster
 
     raise typer.Exit(run_demo(home=home, bind=bind, port=port, extract=extract, broken=broken) or 0)
 

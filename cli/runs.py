@@ -24,11 +24,11 @@ from cli.common import (
     run_state_text,
     shard_lines,
 )
+from cli.terminal import TerminalView
 from controller.errors import SpecInvalid
 from controller.lifecycle import is_terminal
 from controller.models import parse_run_spec
 from controller.verdict import group_problems
-from web.terminal_view import TerminalView
 
 runs_app = typer.Typer(no_args_is_help=True, help="Extraction runs.")
 

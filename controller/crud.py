@@ -19,6 +19,7 @@ from sqlalchemy import insert
 from sqlalchemy.dialects import sqlite
 from sqlmodel import SQLModel
 
+from agent.runs.outdir import overlap
 from controller import alerts, ingest, queries, shard_store
 from controller.alerts import AlertDraft, AlertPolicy
 from controller.bus import BusEvent, make_cursor
@@ -134,13 +135,39 @@ def insert_run(
     shard_index: int | None = None,
 ) -> None:
     """A new run, ``pending`` (``resumed_from``: the run whose output directory it carries on; ``shards``:
-    a sharded run; ``shard_of``/``shard_index``: one shard's job)."""
+    a sharded run; ``shard_of``/``shard_index``: one shard's job).
+
+    A run is resumed once: Conflict naming the newer attempt when ``resumed_from`` already was (a shard's
+    jobs are held to that by controller/shardruns.py: an array job's tasks resume from one job)."""
+    if resumed_from is not None and shard_of is None and (newer := queries.resumed_by(tx.conn, resumed_from)):
+        raise Conflict(f"run {resumed_from} was already resumed as {newer[-1]}: resume {newer[-1]} instead")
     run = Run(
         id=run_id, name=name, host=host, backend=backend, model=model, spec_json=spec_json, created_at=tx.now,
         resumed_from=resumed_from, shards=shards, shard_of=shard_of, shard_index=shard_index,
     )  # fmt: skip
     _insert(tx, run)
     publish_run(tx=tx, run_id=run_id)
+
+
+def ensure_output_dir_free(*, tx: Tx, hosts: list[str], output_dir: str | None) -> None:
+    """Conflict when a job on one of ``hosts`` that has not ended writes into ``output_dir`` (or a directory
+    holding it or held by it); called in the transaction that inserts the run, so one of two wins."""
+    if not output_dir:
+        return
+    for job in queries.output_dir_holders(tx.conn, hosts):
+        if job["output_dir"] and overlap(output_dir, job["output_dir"]):
+            raise Conflict(
+                f"output_dir {output_dir!r} on host {job['host']} is being written by run "
+                f"{job['shard_of'] or job['id']} ({job['state']}): wait for it to end or choose another"
+                " output_dir"
+            )
+
+
+def discard_run(*, tx: Tx, run_id: str) -> None:
+    """Forget a run its agent refused before it started (the refusal is the caller's error): its row and
+    the feed events that showed it."""
+    tx.conn.execute("DELETE FROM events WHERE run_id=?", (run_id,))
+    tx.conn.execute("DELETE FROM runs WHERE id=?", (run_id,))
 
 
 def set_pid(*, tx: Tx, run_id: str, pid: int | None, scheduler_job: str | None = None) -> None:

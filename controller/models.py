@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic import Field as PField
 from sqlalchemy import Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
@@ -232,9 +239,11 @@ def parse_run_spec(data: object) -> RunSpec:
 class HostCreate(BaseModel):
     """Input for adding a host."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    # Values are taken as written (sbatch_args are argv items); only the ssh destination is trimmed, as
+    # whitespace can never be part of one.
+    model_config = ConfigDict(extra="forbid")
     name: str = PField(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    ssh: str = PField(
+    ssh: Annotated[str, StringConstraints(strip_whitespace=True)] = PField(
         min_length=1, max_length=512, description="ssh destination: alias, host, user@host[:port]"
     )
     python: str = PField(default="python3", min_length=1, max_length=1024)

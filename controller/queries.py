@@ -161,6 +161,24 @@ def nonterminal_runs(conn: sqlite3.Connection, host: str) -> list[dict[str, Any]
     return [dict(r) for r in rows]
 
 
+def resumed_by(conn: sqlite3.Connection, run_id: str) -> list[str]:
+    """The runs that resume ``run_id`` (one at most: a run is resumed once, crud.insert_run)."""
+    return [
+        r[0] for r in conn.execute("SELECT id FROM runs WHERE resumed_from=? ORDER BY created_at", (run_id,))
+    ]
+
+
+def output_dir_holders(conn: sqlite3.Connection, hosts: list[str]) -> list[dict[str, Any]]:
+    """The jobs on ``hosts`` that have not ended, with the output_dir of their spec (id, host, state,
+    shard_of, output_dir): each holds its directory until it ends."""
+    rows = conn.execute(
+        "SELECT id, host, state, shard_of, json_extract(spec_json, '$.output_dir') AS output_dir FROM runs"
+        f" WHERE host IN {_in(hosts)} AND state NOT IN {TERMINAL_SQL} AND shards IS NULL",
+        hosts,
+    ).fetchall()
+    return [dict(r) for r in rows]
+
+
 def recently_ended_runs(conn: sqlite3.Connection, host: str, since: float) -> list[dict[str, Any]]:
     """Finished runs of ``host`` that ended after ``since``."""
     rows = conn.execute(
@@ -237,14 +255,11 @@ def get_run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
             f"SELECT * FROM problems WHERE run_id IN {_in(ids)} ORDER BY {order}seq, idx", ids
         )
     ]
-    resumed_by = [
-        r[0] for r in conn.execute("SELECT id FROM runs WHERE resumed_from=? ORDER BY created_at", (run_id,))
-    ]
     return RunDetail(
         **base.model_dump(),
         spec=json.loads(row["spec_json"]),
         resumed_from=row["resumed_from"],
-        resumed_by=resumed_by,
+        resumed_by=resumed_by(conn, run_id),
         milestones=milestones,
         alerts=alerts,
         problems=problems,

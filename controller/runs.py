@@ -59,6 +59,14 @@ def check_hosts(spec: RunSpec, hosts: dict[str, dict[str, Any] | None]) -> None:
         raise SpecInvalid(errors)
 
 
+def output_dir_refusal(exc: AgentError | Unreachable) -> str | None:
+    """The agent's reason for refusing a launch's output_dir, None for any other failure."""
+    if not isinstance(exc, AgentError) or exc.agent_code != "bad_args":
+        return None
+    message = exc.message.removeprefix(f"agent: {exc.agent_code}: ")
+    return message.removeprefix("spec.") if message.startswith("spec.output_dir ") else None
+
+
 def scheduler_args(host: dict[str, Any]) -> dict[str, Any] | None:
     """The launch's ``scheduler`` object for a Slurm host (agent/sched/options.py), None for a plain one."""
     if host.get("scheduler") != "slurm":
@@ -107,6 +115,7 @@ class RunOps:
         document = spec.model_dump(mode="json")
 
         def insert(tx: Tx) -> None:
+            crud.ensure_output_dir_free(tx=tx, hosts=spec.hosts, output_dir=spec.output_dir)
             crud.insert_run(
                 tx=tx, run_id=run_id, name=spec.name, host=spec.hosts[0], backend=spec.backend,
                 model=spec.model, spec_json=json.dumps(document), resumed_from=resumed_from,
@@ -114,16 +123,23 @@ class RunOps:
             crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCH, policy=self.policy)
 
         await self.store.write(insert)
-        await self.launch(run_id, spec.hosts[0], document)
+        await self.launch(run_id, spec.hosts[0], document, discard_refused=True)
         return run_id
 
     async def launch(
-        self, run_id: str, host: str, document: dict[str, Any], array: tuple[int, list[int]] | None = None
+        self,
+        run_id: str,
+        host: str,
+        document: dict[str, Any],
+        array: tuple[int, list[int]] | None = None,
+        discard_refused: bool = False,
     ) -> None:
         """Ask ``host``'s agent to launch a written (starting) run with its spec as stored (``document``); a
         refusal fails it with the reason.
 
-        ``array`` (shards, task ids): on a Slurm host, one array job running those shards of the run."""
+        ``array`` (shards, task ids): on a Slurm host, one array job running those shards of the run.
+        ``discard_refused``: an output_dir the agent refuses (in use, or holding another capture) is the
+        caller's spec error: the run is forgotten and SpecInvalid names output_dir."""
         try:
             row = await self.store.read(queries.host_row, host)
         except NotFound:
@@ -135,6 +151,10 @@ class RunOps:
             async with self.supervisors.link_for(host) as link:
                 result = await link.request("launch", run=run_id, spec=document, timeout=120, **extra)
         except (AgentError, Unreachable) as exc:
+            refusal = output_dir_refusal(exc)
+            if discard_refused and refusal is not None:
+                await self.store.write(lambda tx: crud.discard_run(tx=tx, run_id=run_id))
+                raise SpecInvalid([{"field": "output_dir", "message": refusal}]) from None
             reason = f"launch failed: {exc.message}"
             await self.store.write(
                 lambda tx: crud.transition(

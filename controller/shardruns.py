@@ -134,6 +134,7 @@ class ShardOps:
         array_jobs = [(f"{run_id}-array{k}", host, tasks) for k, (host, tasks) in enumerate(arrays.items())]
 
         def insert(tx: Tx) -> None:
+            crud.ensure_output_dir_free(tx=tx, hosts=parsed.hosts, output_dir=parsed.output_dir)
             crud.insert_run(
                 tx=tx, run_id=run_id, name=parsed.name, host=",".join(parsed.hosts), backend=parsed.backend,
                 model=parsed.model, spec_json=json.dumps(document), resumed_from=resumed_from,
@@ -222,6 +223,13 @@ class ShardOps:
             now = tx.conn.execute("SELECT state FROM runs WHERE id=?", (run_id,)).fetchone()[0]
             if is_terminal(now):  # its other shards ended since it was read: it cannot take new jobs now
                 raise Conflict(f"run {run_id} has just ended ({now}): resume it again to start a new run")
+            current = {s.index: s.job_id for s in shard_store.shards(tx.conn, run_id)}
+            for job in jobs:  # a shard is resumed once: a resume that raced this one has replaced its job
+                if current.get(job.index) != previous[job.index]:
+                    raise Conflict(
+                        f"shard {job.index} of run {run_id} was already resumed as job "
+                        f"{current.get(job.index)}: resume it again once that one has ended"
+                    )
             for job_id, job in launch:
                 self._insert_job(tx, run_id, job_id, job, run["shards"], previous[job.index])
                 shard_store.replace_job(tx.conn, run_id, job.index, job_id)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query
 from fastapi.sse import ServerSentEvent
@@ -228,10 +228,6 @@ async def run_events(
     run: Annotated[RunDetail, Depends(_existing_run)],
     last_event_id: Annotated[str | None, Header(max_length=64)] = None,
     after: Annotated[str | None, Query(max_length=64, pattern=r"^(\d{1,20}-\d{1,20}|now)$")] = None,
-    log: Annotated[
-        Literal["lines", "blocks"],
-        Query(description="log events as {lines: [{offset, text}]} or as one block {offset, text, offsets?}"),
-    ] = "lines",
 ) -> Any:
     """Milestones, state changes, checks, alerts and log lines of one run (and its host's GPUs)."""
     cursor = _valid_cursor(last_event_id) or after
@@ -245,9 +241,7 @@ async def run_events(
     from_now = cursor == "now"
     cursor = None if from_now else cursor
     return sse.response(
-        sse.event_stream(
-            ctl, run_id, cursor, host=run.host, from_now=from_now, run_state=state, log_blocks=log == "blocks"
-        )
+        sse.event_stream(ctl, run_id, cursor, host=run.host, from_now=from_now, run_state=state)
     )
 
 

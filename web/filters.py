@@ -32,7 +32,9 @@ FIELD_LABELS = {
 #: Bookkeeping fields of the rule engine, not worth a reader's attention.
 _HIDDEN_FIELDS = frozenset({"rule", "processes"})
 SECRET_MASK = "•••••• (hidden)"
-_SECRET_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
+#: Parts of an environment name that mark its value secret; PASS covers PASSWORD, PASSWD and PASSPHRASE, and
+#: hiding a harmless value by mistake costs less than showing a secret.
+_SECRET_RE = re.compile(r"PASS|PEM|KEY|TOKEN|SECRET|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
 
 
 def clock(ts: float | None) -> str:
@@ -115,7 +117,8 @@ def problem_words(code: str) -> str:
 
 
 def is_secret_name(name: str) -> bool:
-    """True for environment names whose values are never shown or saved (``*TOKEN*``, ``*KEY*``…)."""
+    """True for environment names whose values are never shown or saved (``*PASS*``, ``*KEY*``…): the API's
+    run view, the run page and the run-again form all ask this."""
     return bool(_SECRET_RE.search(name))
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent.backends import PIPELINES, Backend
-from agent.spec import RunSpecBase, parse_spec
+from agent.spec import RunSpec, RunSpecBase, parse_spec
 from web.filters import is_secret_name
 
 #: Form fields in display order (text inputs unless noted in the template).
@@ -218,15 +218,17 @@ def errors_by_form_field(errors: list[dict[str, str]]) -> dict[str, str]:
     return out
 
 
-def check_form(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Parse and validate the form; (spec, {}) when valid, else (partial spec, every error by field)."""
+def check_form(form: Mapping[str, str]) -> tuple[RunSpec | None, dict[str, str]]:
+    """The form's validated spec and no errors, or None and every error by field."""
     spec, errors = form_to_spec(form)
     try:
-        parse_spec(spec)
+        parsed = parse_spec(spec)
     except ValidationError as exc:
         for name, message in errors_by_form_field(validation_errors(exc)).items():
             errors.setdefault(name, message)  # a field that did not even parse keeps its own message
-    return spec, errors
+        return None, errors
+    # a field the form could not convert was left out of the spec, which may still be valid without it
+    return (None, errors) if errors else (parsed, {})
 
 
 def field_help() -> dict[str, str]:

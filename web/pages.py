@@ -8,11 +8,9 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Form, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from pydantic import ValidationError
 
 from agent.backends import Backend
 from agent.limits import MAX_SHARDS
-from agent.spec import parse_spec
 from controller.errors import ControllerError, SpecInvalid
 from controller.lifecycle import RESUMABLE_STATES
 from controller.service import Controller
@@ -120,23 +118,20 @@ async def submit_run(request: Request, ctl: ControllerDep, store: TemplateStoreD
             return await _form_page(request, ctl, store, values, {"template_name": str(exc)}, status=422)
         return await _form_page(request, ctl, store, values, {}, template=name, saved=name)
     spec, errors = forms.check_form(values)
-    if not errors and form.get("action") == "forecast":
+    if spec is not None and form.get("action") == "forecast":
         try:
-            forecast = await ctl.forecast(parse_spec(spec))
-        except SpecInvalid as exc:
+            forecast = await ctl.forecast(spec)
+        except SpecInvalid as exc:  # what only the controller knows: its hosts and their GPUs
             errors = forms.errors_by_form_field(exc.errors)
         except ControllerError as exc:  # the host cannot be reached: say so, keep the form
             errors = {forms.GENERAL_ERROR_KEY: f"no forecast: {exc.message}"}
         else:
             return await _form_page(request, ctl, store, values, {}, forecast=forecast)
-        return await _form_page(request, ctl, store, values, errors, status=422)
-    if not errors:
+    elif spec is not None:
         try:
-            run_id = await ctl.create_run(parse_spec(spec))
+            run_id = await ctl.create_run(spec)
         except SpecInvalid as exc:
             errors = forms.errors_by_form_field(exc.errors)
-        except ValidationError as exc:  # parse_spec already passed in check_form; kept for safety
-            errors = forms.errors_by_form_field(forms.validation_errors(exc))
         else:
             return _redirect(f"/runs/{quote(run_id)}")
     return await _form_page(request, ctl, store, values, errors, status=422)

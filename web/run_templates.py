@@ -15,7 +15,7 @@ from pathlib import Path
 from web.forms import without_secret_values
 
 FILE_NAME = "run-templates.json"
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}")
 
 
 class TemplateError(ValueError):
@@ -57,7 +57,7 @@ class TemplateStore:
 
     def save(self, name: str, values: dict[str, str]) -> None:
         """Save (or replace) a template, without the values of secret-looking env names."""
-        if not _NAME_RE.match(name or ""):
+        if not _NAME_RE.fullmatch(name or ""):
             raise TemplateError("template name must be 1-64 letters, digits, spaces, '.', '_' or '-'")
         with self._lock:
             data = self._read()

@@ -25,7 +25,6 @@ from fastapi.sse import ServerSentEvent, format_sse_event
 from starlette.responses import StreamingResponse
 
 from controller.bus import BusEvent, Subscription
-from controller.logblocks import lines_data
 from controller.service import Controller
 
 TERMINAL_STATES = frozenset({"completed", "failed", "stopped", "lost"})
@@ -38,17 +37,14 @@ PING_S = 15.0
 PING = ServerSentEvent(comment="ping")
 
 
-def to_sse(event: BusEvent, log_blocks: bool = False) -> ServerSentEvent:
-    """The SSE form of one bus event: ``event:`` = kind, ``data:`` = JSON, ``id:`` = cursor; a ``log``
-    event's block is sent as its lines, ``{"lines": [{"offset", "text"}, ...]}``, or with ``log_blocks``
-    as the block itself, ``{"offset", "next_offset", "text", "offsets"?}`` (``text`` the lines joined by
-    ``\n``; ``offsets`` only where they are not the natural ones: agent/protocol.py ``natural_offsets``)."""
-    if event.kind != "log":
-        data = event.data
-    elif log_blocks:
+def to_sse(event: BusEvent) -> ServerSentEvent:
+    """The SSE form of one bus event: ``event:`` = kind, ``data:`` = JSON, ``id:`` = cursor; a ``log`` event
+    carries its stored block, ``{"offset", "next_offset", "text", "offsets"?}`` (``text`` the lines joined
+    by ``\n``; ``offsets`` only where they are not the natural ones: agent/protocol.py ``natural_offsets``),
+    one JSON string per block rather than an object per line, so a busy log stays cheap to send."""
+    data = event.data
+    if event.kind == "log":
         data = {k: v for k, v in event.data.items() if k != "offsets" or v is not None}
-    else:
-        data = {"lines": lines_data(event.data)}
     payload = {"run_id": event.run_id, "cursor": event.cursor, **data}
     return ServerSentEvent(data=payload, event=event.kind, id=event.cursor or None)
 
@@ -122,10 +118,8 @@ async def event_stream(
     kinds: frozenset[str] | None = None,
     from_now: bool = False,
     run_state: Callable[[], Awaitable[str | None]] | None = None,
-    log_blocks: bool = False,
 ) -> AsyncIterator[ServerSentEvent]:
-    """Backlog since ``cursor`` then live events; ends after the backlog when the run already finished
-    (``log_blocks``: log events as blocks, ``to_sse``)."""
+    """Backlog since ``cursor`` then live events; ends after the backlog when the run already finished."""
     last = cursor or ""
     yield ServerSentEvent(retry=RETRY_MS, comment="eaglewatch")
     while True:
@@ -136,7 +130,7 @@ async def event_stream(
                 fresh = [ev for ev in backlog if ev.cursor > last]
                 for ev in fresh:
                     if wanted(ev, run_id, host, kinds):
-                        yield to_sse(ev, log_blocks)
+                        yield to_sse(ev)
                     last = max(last, ev.cursor)
                 if not fresh:  # a short page is not the end: a page of big log blocks is cut by size
                     break
@@ -157,7 +151,7 @@ async def event_stream(
                     if ev.cursor <= last:
                         continue
                     last = ev.cursor
-                yield to_sse(ev, log_blocks)
+                yield to_sse(ev)
             if not sub.lagged:
                 return  # the bus closed: the controller is shutting down
         finally:

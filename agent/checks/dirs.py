@@ -15,12 +15,12 @@ from agent.checks.shapes import Problem
 CAPTURE = re.compile(
     r"^(?:(?P<hs>hs)_(?P<hs_i>\d+)\.safetensors(?:\.zst)?"
     r"|(?P<data>data)_(?P<data_i>\d+)\.(?P<ext>pt|ckpt|ckpt\.gz)"
-    r"|[^/]+\.safetensors(?:\.zst)?)$"
+    r"|[^/]+\.safetensors(?:\.zst)?)\Z"
 )
 SAMPLE_LENGTHS = "sample_lengths.json"  # speculators: {"<idx>": tokens} beside data_<idx>.pt
 MERGED_MANIFEST = "manifest.json"
 #: What one shard of a sharded extraction writes beside its files (agent/extract/shards.py merges them).
-SHARD_MANIFEST = re.compile(r"^manifest\.shard-(?P<index>\d+)-of-(?P<count>\d+)\.json$")
+SHARD_MANIFEST = re.compile(r"^manifest\.shard-(?P<index>\d+)-of-(?P<count>\d+)\.json\Z")
 _MAX_LENGTHS_BYTES = 64 << 20
 
 

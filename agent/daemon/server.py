@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import __version__, protocol, settings
-from agent.backends import Backend
+from agent.backends import OWN, Backend
 from agent.daemon.connection import Connection, OpError
 from agent.jobs import control as jobs
 from agent.jobs.procfs import boot_id
@@ -32,7 +32,8 @@ from agent.paths import (
 from agent.protocol import ErrorCode
 from agent.runs.jobspec import JobSpec, SpecError
 from agent.runs.journal import Journal
-from agent.runs.outdir import launch_output_dir_error
+from agent.runs.outdir import holds_capture, launch_output_dir_error
+from agent.runs.output_info import spec_capture
 from agent.runs.watcher import RunWatcher
 from agent.sched import jobs as sched_jobs
 from agent.sched import slurm
@@ -69,6 +70,8 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._lock_fd = -1
         self._bg: set[asyncio.Task[Any]] = set()
+        #: (run, output_dir, shard claim) of launches between their output dir check and their adoption
+        self._launching: list[tuple[str, str, sched_jobs.Claim]] = []
         self.slurm = SlurmPoller(self._on_slurm_look)
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -245,7 +248,11 @@ class Daemon:
 
     async def launch(self, run: Any, spec: Any, scheduler: Any = None) -> dict[str, Any]:
         """Write the run record, start the job detached (or submit it to Slurm), journal ``launched`` +
-        state ``running``."""
+        state ``running``.
+
+        The output dir is taken atomically: the runs holding theirs are read, and this launch's claim is
+        added, in one step of the event loop, and the claim is held until the run is adopted (or refused),
+        so of two launches into one directory the second always sees the first."""
         if not isinstance(run, str) or not valid_run_id(run):
             raise OpError(
                 ErrorCode.BAD_ARGS, f"run id {str(run)[:80]!r} must match ^[A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}$"
@@ -262,24 +269,40 @@ class Daemon:
                 raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
             if opts.shards and view.shard is not None:
                 raise OpError(ErrorCode.BAD_ARGS, "spec.shard and scheduler.shards exclude each other")
-        if view.output_dir is not None:
-            # Only active runs claim their directory: a later run may resume into an ended run's output.
-            # Other shards of the same sharded run share it (a shard's job, or an array job's tasks still
-            # going): their jobs write disjoint files and manifests.
-            mine = sched_jobs.shard_claim(view.shard, opts)
-            active = [
-                (r, w.spec.output_dir or "")
-                for r, w in self.runs.items()
-                if w.summary.terminal is None
-                and not sched_jobs.disjoint_shards(
-                    view.output_dir, mine, w.spec.output_dir, sched_jobs.live_claim(w.spec.shard, w.paths)
-                )
-            ]
-            err = await asyncio.to_thread(
-                launch_output_dir_error, view.output_dir, str(self.state_dir), active
-            )
-            if err is not None:
-                raise OpError(ErrorCode.BAD_ARGS, f"spec.{err}")
+        if view.output_dir is None:
+            return await self._launch(run, spec, view, opts)
+        mine = sched_jobs.shard_claim(view.shard, opts)
+        # Only active runs claim their directory: a later run may resume into an ended run's output.
+        # Other shards of the same sharded run share it (a shard's job, or an array job's tasks still
+        # going): their jobs write disjoint files and manifests.
+        holders = [
+            (r, w.spec.output_dir or "", sched_jobs.live_claim(w.spec.shard, w.paths))
+            for r, w in self.runs.items()
+            if w.summary.terminal is None
+        ] + self._launching
+        others = [
+            (r, d) for r, d, c in holders if not sched_jobs.disjoint_shards(view.output_dir, mine, d, c)
+        ]
+        claim = (run, view.output_dir, mine)
+        self._launching.append(claim)
+        try:
+            await self._check_output_dir(view, spec, others)
+            return await self._launch(run, spec, view, opts)
+        finally:
+            self._launching.remove(claim)
+
+    async def _check_output_dir(self, view: JobSpec, spec: Any, others: list[tuple[str, str]]) -> None:
+        """launch_output_dir_error as an OpError; a directory holding capture files is compared with the
+        capture the spec asks for (resolved by the job's own code in a child: no pydantic in the daemon)."""
+        out = view.output_dir or ""
+        wanted = None
+        if view.backend in OWN and await asyncio.to_thread(holds_capture, out):
+            wanted = await spec_capture(spec, self.state_dir)
+        err = await asyncio.to_thread(launch_output_dir_error, out, str(self.state_dir), others, wanted)
+        if err is not None:
+            raise OpError(ErrorCode.BAD_ARGS, f"spec.{err}")
+
+    async def _launch(self, run: str, spec: Any, view: JobSpec, opts: SlurmOptions | None) -> dict[str, Any]:
         argv, env = launch_argv(run, view, self.state_dir)
         try:
             load_rules(extra=view.rules)

@@ -21,6 +21,12 @@ def run_extract(argv: list[str]) -> int:
         action="store_true",
         help='print {"bytes", "free_bytes", "fits", "estimated"} as one JSON object and start nothing',
     )
+    p.add_argument(
+        "--capture",
+        action="store_true",
+        help="print the capture the spec asks for (layers, convention, model, config sha256, dtype, backend) "
+        "as one JSON object and start nothing",
+    )
     p.add_argument("--worker-extension", help="vLLM worker extension class (tests: a subclass of ours)")
     p.add_argument(
         "--results-between-batches",
@@ -34,6 +40,8 @@ def run_extract(argv: list[str]) -> int:
 
     if args.forecast:
         return _print_forecast(args.spec)
+    if args.capture:
+        return _print_capture(args.spec)
 
     try:
         spec = load_spec(args.spec)
@@ -82,6 +90,21 @@ def _print_forecast(path: str) -> int:
     return 0
 
 
+def _print_capture(path: str) -> int:
+    """`extract --spec S --capture`: one JSON object on stdout, exit 0; 2 with a message when the spec's
+    capture cannot be told (a bad spec, an unreadable model, a backend that captures nothing of ours)."""
+    from agent.extract.preflight import SpecError, load_spec
+    from agent.extract.writer import wanted_capture
+
+    try:
+        capture = wanted_capture(load_spec(path))
+    except SpecError as e:
+        print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(json.dumps(capture.to_dict()), flush=True)
+    return 0
+
+
 def _run(
     plan: object,
     samples: list[Any],
@@ -89,27 +112,38 @@ def _run(
     extension: str | None = None,
     overlap_results: bool = True,
 ) -> int:
+    from agent import settings
     from agent.extract import engine, engine_setup, signals
     from agent.extract.forecast import engine_dtype, forecast_lengths, refuse_overrun
-    from agent.extract.preflight import Plan
+    from agent.extract.preflight import Plan, SpecError
     from agent.extract.stats import RunStats
     from agent.extract.writer import (
         MANIFEST,
         Manifest,
+        OutputDirTaken,
         card_spec,
         config_sha256,
         existing_valid,
-        previous_dtype,
+        safetensors_dtype,
+        take_output_dir,
         versions,
+        wanted_capture,
     )
 
     assert isinstance(plan, Plan)
     spec = plan.spec
     out = spec.output_dir or "."
+    try:  # the daemon refuses another capture's directory at launch: this is the last guard
+        wanted = wanted_capture(spec)
+        take_output_dir(out, settings.RUN_ID.get() or "", wanted, (s.idx for s in samples))
+    except (OutputDirTaken, SpecError) as e:
+        print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
+        signals.emit("failed", reason=str(e))
+        return 2
     engine.apply_env(spec.env)
     t0 = time.monotonic()
     name = spec.shard.manifest_name() if spec.shard is not None else MANIFEST
-    dtype_hint = previous_dtype(out, name)
+    dtype_hint = safetensors_dtype(wanted.dtype)
     shard = None
     if spec.shard is not None and window is not None:
         shard = {"index": spec.shard.index, "count": spec.shard.count, "start": window[0], "end": window[1]}

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agent import settings
 from agent.backends import Backend
 from agent.extract import known_bugs, runtime
 from agent.spec import RunSpec, eagle3_default_layers, parse_spec
@@ -53,6 +54,12 @@ def load_spec(path: str) -> RunSpec:
         raise SpecError(f"spec file {p} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise SpecError(f"spec file {p} must hold a JSON object")
+    try:
+        task = settings.SHARD.get()  # a Slurm array task's shard (agent/sched/task.py)
+    except settings.SettingError as e:
+        raise SpecError(str(e)) from None
+    if task is not None and data.get("shard") is None:
+        data = {**data, "shard": {"index": task[0], "count": task[1]}}
     try:
         return parse_spec(data)
     except ValidationError as e:

@@ -1,4 +1,5 @@
-"""Capture files `hs_{idx}.safetensors` (written atomically), resume validation and `manifest.json`.
+"""Capture files `hs_{idx}.safetensors` (written atomically), taking the output dir, resume validation and
+`manifest.json`.
 
 A shard of a sharded run writes `manifest.shard-{i}-of-{N}.json` instead (agent/extract/shards.py merges
 them into `manifest.json`).
@@ -9,18 +10,24 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import struct
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from agent.backends import OWN
+from agent.runs.outdir import Capture, capture_error, write_owner
 
 if TYPE_CHECKING:
     import torch
 
     from agent.extract.writeback import Writeback
+    from agent.spec import RunSpec
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -32,6 +39,11 @@ def sample_path(out_dir: str | Path, idx: int) -> Path:
 
 
 _ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int64": "I64", "int32": "I32"}
+
+
+def safetensors_dtype(name: str) -> str | None:
+    """The safetensors code of a torch dtype name ("bfloat16" -> "BF16"); None for a name without one."""
+    return _ST_DTYPES.get(name)
 
 
 def write_safetensors(
@@ -85,9 +97,57 @@ def write_sample(
     final = sample_path(out_dir, idx)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tensors = {"token_ids": token_ids.to(torch.int64), "hidden_states": hidden}
-    size = write_safetensors(tmp, tensors, writeback)
-    os.replace(tmp, final)
+    try:
+        size = write_safetensors(tmp, tensors, writeback)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not also leave a partial file behind
+        raise
     return final, size
+
+
+#: A sample's temp file while it is written (write_sample): `.hs_{idx}.safetensors.{pid}.{thread}.tmp`.
+SAMPLE_TMP = re.compile(r"^\.hs_(\d+)\.safetensors\.\d+\.\d+\.tmp$")
+
+
+class OutputDirTaken(Exception):
+    """The output dir holds another capture's files; the message names what differs."""
+
+
+def wanted_capture(spec: RunSpec) -> Capture:
+    """The capture a spec asks for, resolved as the job resolves it: default layer ids, the engine's dtype.
+
+    Raises preflight.SpecError when the model's config.json cannot tell (or the spec captures nothing).
+    """
+    from agent.extract.forecast import engine_dtype
+    from agent.extract.preflight import SpecError, resolve_layers, text_config
+
+    if spec.backend not in OWN or spec.model is None:
+        raise SpecError(f"backend '{spec.backend}' writes no capture of eaglewatch's own")
+    cfg = text_config(Path(spec.model))
+    return Capture(
+        layers=tuple(resolve_layers(spec.layers, spec.layer_convention, cfg["num_hidden_layers"])),
+        layer_convention=spec.layer_convention,
+        model=os.path.normpath(spec.model),
+        model_config_sha256=config_sha256(spec.model),
+        dtype=engine_dtype(spec.vllm_args, cfg),
+        backend=str(spec.backend),
+    )
+
+
+def take_output_dir(out: str, run: str, wanted: Capture, indices: Iterable[int]) -> None:
+    """Make ``out`` this run's before it writes a capture file: OutputDirTaken when it holds another
+    capture's files; else remove the temp files a killed writer left for the samples ``indices`` (this job's
+    own: a sibling shard's are left alone) and write the ownership record."""
+    err = capture_error(out, wanted)
+    if err is not None:
+        raise OutputDirTaken(err)
+    mine = {str(i) for i in indices}
+    for name in os.listdir(out):
+        m = SAMPLE_TMP.match(name)
+        if m is not None and m[1] in mine:
+            Path(out, name).unlink(missing_ok=True)
+    write_owner(out, run, wanted)
 
 
 def existing_valid(
@@ -95,7 +155,8 @@ def existing_valid(
 ) -> bool:
     """True if hs_{idx} exists, has the expected shapes/dtype and its token_ids equal the prompt (for resume).
 
-    dtype None accepts any float dtype (no earlier manifest says which one the engine used).
+    dtype: the safetensors code ("BF16"); None accepts any float dtype (an engine dtype without a code here).
+    The directory's capture (layer ids, model, ...) was checked before: take_output_dir.
     """
     from safetensors import safe_open
 
@@ -199,15 +260,6 @@ def config_sha256(model_dir: str | Path) -> str:
         return hashlib.sha256((Path(model_dir) / "config.json").read_bytes()).hexdigest()
     except OSError:
         return ""
-
-
-def previous_dtype(out_dir: str | Path, name: str = MANIFEST) -> str | None:
-    """The safetensors dtype recorded by an earlier run's manifest `name` (None when there is none)."""
-    try:
-        doc = json.loads((Path(out_dir) / name).read_text())
-    except (OSError, ValueError):
-        return None
-    return {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}.get(str(doc.get("dtype")))
 
 
 def versions() -> dict[str, str]:

@@ -4,6 +4,9 @@ The daemon runs this in a new session; it forks once so the real supervisor is n
 job and its supervisor survive the daemon, the SSH link and the controller), starts the job in its own
 session and process group, writes ``job.json`` (pid, start time, boot id), relays that record to the daemon
 on stdout and then waits for the job, writing ``exit.json`` (code or signal) atomically when it ends.
+
+The room for ``exit.json`` is taken before the job starts: a job that fills the agent's disk still has its
+end recorded, with the reason (``state_error``: "no space left on device in DIR") the run's state names.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.jobs import procfs
-from agent.paths import RunPaths, atomic_write_json, read_json
+from agent.paths import RunPaths, atomic_write_json, read_json, write_problem
+
+#: exit.json's reserved room: far more than a record takes (its state_error is cut to fit).
+_RESERVE_BYTES = 4096
 
 
 def _ignore(_signum: int, _frame: object) -> None:
@@ -72,8 +78,52 @@ def _start_job(paths: RunPaths) -> tuple[subprocess.Popen[bytes] | None, dict[st
         "supervisor_pid": os.getpid(),
         "started_at": time.time(),
     }
-    atomic_write_json(paths.job, record)
+    try:
+        atomic_write_json(paths.job, record)
+    except OSError as exc:  # a job nobody could find again must not run on
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return None, {"error": f"cannot record the job: {exc}"}
     return proc, record
+
+
+def _reserve_path(paths: RunPaths) -> Path:
+    return paths.dir / ".exit.json.reserve"
+
+
+def _reserve(paths: RunPaths) -> int:
+    """Take exit.json's room now, while the device has some: an open file of spaces (JSON may end in them)."""
+    path = _reserve_path(paths)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        left = memoryview(b" " * _RESERVE_BYTES)
+        while left:
+            left = left[os.write(fd, left) :]
+        os.fsync(fd)
+    except OSError:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    return fd
+
+
+def _record_exit(paths: RunPaths, rec: dict[str, Any], reserve: int | None) -> None:
+    """Write exit.json; when that fails (a full device), into the reserved room, with the reason."""
+    try:
+        atomic_write_json(paths.exit, rec)
+    except OSError as exc:
+        if reserve is None:
+            return  # nothing reserved: the daemon has the start failure from the relayed record
+        data = json.dumps({**rec, "state_error": str(exc)[:1024]}).encode()
+        os.pwrite(reserve, data.ljust(_RESERVE_BYTES), 0)  # overwrites room already taken: no new blocks
+        os.fsync(reserve)
+        os.replace(_reserve_path(paths), paths.exit)
+    else:
+        if reserve is not None:
+            os.unlink(_reserve_path(paths))
+    finally:
+        if reserve is not None:
+            os.close(reserve)
 
 
 def main(argv: list[str]) -> int:
@@ -103,25 +153,22 @@ def main(argv: list[str]) -> int:
     os.close(err)
     for sig in (signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, _ignore)
+    reserve: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
     try:
+        reserve = _reserve(paths)
         proc, record = _start_job(paths)
+    except OSError as exc:
+        record = {"error": write_problem(exc, paths.exit) if reserve is None else f"supervisor failed: {exc}"}
     except Exception as exc:  # anything at all: the daemon must get an answer
-        proc, record = None, {"error": f"supervisor failed: {exc!r}"}
+        record = {"error": f"supervisor failed: {exc!r}"}
     if proc is None:
-        atomic_write_json(
-            paths.exit,
-            {
-                "code": 127,
-                "signal": None,
-                "signal_name": None,
-                "ended_at": time.time(),
-                "error": record["error"],
-            },
-        )
+        failed = {"code": 127, "signal": None, "signal_name": None, "ended_at": time.time()}
+        _record_exit(paths, {**failed, "error": record["error"]}, reserve)
     os.write(wfd, (json.dumps(record) + "\n").encode())
     os.close(wfd)
     if proc is not None:
-        atomic_write_json(paths.exit, exit_record(proc.wait()))
+        _record_exit(paths, exit_record(proc.wait()), reserve)
     os._exit(0)
 
 

@@ -123,7 +123,7 @@ class RuleSet:
 
 _KEYS = {"name", "kind", "contains", "words", "regex", "fields", "set", "per_rank", "class", "severity"}
 _KEYS |= {"once", "marker", "enabled"}
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 
 
 def _default_severity(kind: str) -> str:
@@ -151,7 +151,7 @@ def validate_rule(raw: Any, source: str, index: int, user: bool = False) -> Rule
         if not isinstance(raw[key], str) or not raw[key]:
             raise err(key, "must be a non-empty string")
     name, kind = raw["name"], raw["kind"]
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise err("name", f"{name!r} must be 1-80 of letters, digits, '_', '.', ':', '-'")
     if kind not in KINDS:
         raise err("kind", f"unknown milestone kind {kind!r} (known: {', '.join(sorted(KINDS))})")

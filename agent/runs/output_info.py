@@ -1,5 +1,6 @@
-"""Ops about a run's data: `forecast` (the job's `--forecast` in a child process: torch stays out of the
-daemon) and `manifest` (the dataset card a job keeps in its output directory)."""
+"""Ops about a run's data: `forecast` and the capture a spec asks for (the job's `--forecast` and `--capture`
+in a child process: torch and pydantic stay out of the daemon) and `manifest` (the dataset card a job keeps
+in its output directory)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agent.runs.outdir import Capture
+
 #: A forecast reads the dataset (tokenising a sample of rows at most): minutes only for a slow disk.
 TIMEOUT_S = 300
+#: The capture a spec asks for reads only the model's config.json.
+CAPTURE_TIMEOUT_S = 60
 
 
 class ForecastError(Exception):
     """The forecast could not be made; the message is the job's own (a bad spec, an unreadable dataset)."""
 
 
-async def forecast(spec: dict[str, Any], state_dir: Path) -> dict[str, Any]:
-    """The job's forecast of a spec: {"bytes", "free_bytes", "fits", "estimated", ...}, or ForecastError."""
+async def _ask_job(spec: dict[str, Any], state_dir: Path, flag: str, timeout_s: float) -> dict[str, Any]:
+    """The JSON object the job prints for ``extract --spec SPEC flag``; ForecastError with its message."""
     pkg_root = str(Path(__file__).resolve().parents[2])
     raw_env = spec.get("env")
     env_spec: dict[str, Any] = raw_env if isinstance(raw_env, dict) else {}
@@ -31,22 +36,22 @@ async def forecast(spec: dict[str, Any], state_dir: Path) -> dict[str, Any]:
         "PYTHONPATH": pkg_root + (os.pathsep + inherited if inherited else ""),
     }
     # the spec file lives in the daemon's private state dir (it may hold secret env values)
-    fd, name = tempfile.mkstemp(prefix="forecast-", suffix=".json", dir=state_dir)
+    fd, name = tempfile.mkstemp(prefix=f"{flag.lstrip('-')}-", suffix=".json", dir=state_dir)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(spec, fh)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agent", "extract", "--spec", name, "--forecast",
+            sys.executable, "-m", "agent", "extract", "--spec", name, flag,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env=env,
         )  # fmt: skip
         try:
-            async with asyncio.timeout(TIMEOUT_S):
+            async with asyncio.timeout(timeout_s):
                 out, err = await proc.communicate()
         except TimeoutError:
             proc.kill()
             await proc.wait()
-            raise ForecastError(f"the forecast took longer than {TIMEOUT_S} s") from None
+            raise ForecastError(f"the job's {flag} took longer than {timeout_s} s") from None
     finally:
         os.unlink(name)
     if proc.returncode == 0:
@@ -59,6 +64,20 @@ async def forecast(spec: dict[str, Any], state_dir: Path) -> dict[str, Any]:
     lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
     message = lines[-1] if lines else f"exit status {proc.returncode}"
     raise ForecastError(message.removeprefix("eaglewatch extract: error: ")[:1000])
+
+
+async def forecast(spec: dict[str, Any], state_dir: Path) -> dict[str, Any]:
+    """The job's forecast of a spec: {"bytes", "free_bytes", "fits", "estimated", ...}, or ForecastError."""
+    return await _ask_job(spec, state_dir, "--forecast", TIMEOUT_S)
+
+
+async def spec_capture(spec: dict[str, Any], state_dir: Path) -> Capture | None:
+    """The capture a spec asks for, resolved by the job's own code (default layer ids, the engine's dtype);
+    None when the job cannot tell (an unreadable model: the job then refuses the spec itself)."""
+    try:
+        return Capture.from_doc(await _ask_job(spec, state_dir, "--capture", CAPTURE_TIMEOUT_S))
+    except ForecastError:
+        return None
 
 
 MANIFEST_MAX_BYTES = 16 << 20

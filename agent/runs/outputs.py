@@ -55,7 +55,7 @@ def complete_files(
 
 
 #: SpecForge groups its files in folders of 2000: rows_0-2000/data_0.ckpt … (scripts/prepare_hidden_states.py)
-GROUP_DIR = re.compile(r"^rows_\d+-\d+$")
+GROUP_DIR = re.compile(r"^rows_\d+-\d+\Z")
 
 
 def _listing(out: str) -> list[str]:

@@ -100,7 +100,18 @@ class RunSummary:
 def final_state(
     exit_rec: dict[str, Any] | None, stop_rec: dict[str, Any] | None, summary: RunSummary, backend: str
 ) -> tuple[str, str]:
-    """(state, reason) of an ended job; ``exit_rec`` None means its exit status is unknown (lost)."""
+    """(state, reason) of an ended job; ``exit_rec`` None means its exit status is unknown (lost).
+
+    A state file the supervisor could not write (``state_error``: the agent's disk is full) leads the reason:
+    the run's record may have gaps, and a full disk is likely why the job ended as it did."""
+    state, reason = _outcome(exit_rec, stop_rec, summary, backend)
+    problem = (exit_rec or {}).get("state_error")
+    return state, f"{problem}; {reason}" if problem else reason
+
+
+def _outcome(
+    exit_rec: dict[str, Any] | None, stop_rec: dict[str, Any] | None, summary: RunSummary, backend: str
+) -> tuple[str, str]:
     if stop_rec is not None:
         ended = (exit_rec or {}).get("ended_at")
         requested = stop_rec.get("requested_at")

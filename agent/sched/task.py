@@ -1,16 +1,16 @@
 """One Slurm task: ``python -m agent.sched.task RUN_DIR`` runs the job recorded in launch.json (the batch
-script's only command). For an array job it gives the task its shard (index = SLURM_ARRAY_TASK_ID) through
-its own spec file, so each task captures its slice of the run."""
+script's only command). For an array job it tells the task its shard in ``EAGLEWATCH_SHARD``
+(index = SLURM_ARRAY_TASK_ID): the argv runs exactly as recorded, and an extraction job reads its shard
+from there (agent/extract/preflight.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 from agent import settings
-from agent.paths import atomic_write_json, read_json
+from agent.paths import read_json
 
 
 def main(argv: list[str]) -> int:
@@ -30,14 +30,7 @@ def main(argv: list[str]) -> int:
     shards = launch.get("shards")
     task = os.environ.get("SLURM_ARRAY_TASK_ID")
     if isinstance(shards, int) and task is not None and task.isdigit():
-        env[settings.SHARD.name] = f"{task}/{shards}"
-        if "--spec" in args:  # an extraction: this task's spec says which shard it is
-            i = args.index("--spec") + 1
-            spec = json.loads(Path(args[i]).read_text())
-            spec["shard"] = {"index": int(task), "count": shards}
-            mine = run_dir / f"spec.task-{task}.json"
-            atomic_write_json(mine, spec)
-            args[i] = str(mine)
+        env[settings.SHARD.name] = f"{int(task)}/{shards}"
     try:
         os.execvpe(args[0], args, env)
     except OSError as exc:

@@ -189,7 +189,7 @@ def test_log_merge_tags_lines_and_redoes_an_interrupted_append_exactly_once(tmp_
     assert shard_of("[shard 12] text") == (12, "text") and shard_of("plain") == (None, "plain")
 
 
-def test_an_array_task_runs_its_shard_of_the_spec(tmp_path: Path) -> None:
+def test_an_array_task_is_told_its_shard(tmp_path: Path) -> None:
     """The batch script's program (python -m agent.sched.task) as a real subprocess, as Slurm starts it."""
     import json
     import os
@@ -198,19 +198,15 @@ def test_an_array_task_runs_its_shard_of_the_spec(tmp_path: Path) -> None:
 
     run_dir = tmp_path / "r1"
     run_dir.mkdir()
-    (run_dir / "spec.json").write_text(json.dumps({"backend": "worker-extension", "max_samples": 10}))
-    show = (
-        "import json, os, sys; print(json.load(open(sys.argv[2]))['shard'], os.environ['EAGLEWATCH_SHARD'])"
-    )
-    argv = [sys.executable, "-c", show, "--spec", str(run_dir / "spec.json")]
+    show = "import os, sys; print(sys.argv[1:], os.environ['X'], os.environ['EAGLEWATCH_SHARD'])"
+    argv = [sys.executable, "-c", show, "--spec", "s.json"]
     (run_dir / "launch.json").write_text(json.dumps({"argv": argv, "env": {"X": "1"}, "shards": 3}))
     env = {**os.environ, "SLURM_ARRAY_TASK_ID": "2"}
     out = subprocess.run(
         [sys.executable, "-m", "agent.sched.task", str(run_dir)], env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "{'index': 2, 'count': 3} 2/3"
-    assert json.loads((run_dir / "spec.task-2.json").read_text())["max_samples"] == 10
+    assert out.stdout.strip() == "['--spec', 's.json'] 1 2/3"
     (run_dir / "launch.json").write_text(json.dumps({"argv": ["/nonexistent/prog"]}))
     bad = subprocess.run(
         [sys.executable, "-m", "agent.sched.task", str(run_dir)], capture_output=True, text=True

@@ -174,8 +174,7 @@ def main() -> int:
         wire = hops.run("2 agent stream", lambda: stream_hop(buf, events))
         messages = hops.run("3 controller link", lambda: link_hop(wire))
         published = hops.run("4 controller store", lambda: store_hop(tmp / "ew.db", messages))
-        # log_blocks: the form the run page asks for (/events?log=blocks): one JSON string per block
-        sse = hops.run("5 web sse", lambda: [sse_encode(to_sse(ev, log_blocks=True)) for ev in published])
+        sse = hops.run("5 web sse", lambda: [sse_encode(to_sse(ev)) for ev in published])
     total = sum(hops.secs.values())
     print(
         f"{n:,} lines ({len(data) / 1e6:.1f} MB), {len(events):,} journal events, {len(wire):,} protocol"

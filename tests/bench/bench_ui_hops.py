@@ -117,10 +117,10 @@ def install_hooks() -> None:
             stamps[i].setdefault("bus", time.time() * 1000)
         publish(self, event)
 
-    def traced_to_sse(event: BusEvent, log_blocks: bool = False) -> Any:
+    def traced_to_sse(event: BusEvent) -> Any:
         if i := progress_index(event):
             stamps[i].setdefault("sse", time.time() * 1000)
-        return to_sse(event, log_blocks)
+        return to_sse(event)
 
     HostSupervisor.on_stream = traced_on_stream  # type: ignore[method-assign]
     crud.apply_event_batch = traced_apply

@@ -3,8 +3,8 @@
 One module-scoped scenario (engine starts are expensive): two host entries (two SSH aliases to this
 machine, one agent) carry a 2-shard run; shard 1's engine is killed early, which fails only shard 1 while
 shard 0 goes on; ``resume --shard 1`` completes it and the last shard merges manifest.json.  Then a
-1-shard run of the same spec (for the file-by-file comparison) and a 2-shard run stopped at once.
-Every assertion below reads that scenario's results.
+2-shard run stopped at once. The files are compared with the session's one-job capture of the same spec
+(tests/conftest.py ``sharded_whole``). Every assertion below reads that scenario's results.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import signal
 import sys
 from collections.abc import Iterator
@@ -28,12 +27,10 @@ from controller.settings import Settings
 from tests.cli.test_commands import cli
 from tests.controller.conftest import wait_for
 from tests.extract.jobrun import IN_PROCESS_ENGINE
+from tests.extract.jobrun import SHARD_LENGTHS as LENGTHS
 from tests.helpers.sshd import SSHD, kill_tree_matching
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
-
-LENGTHS = [5, 37, 12, 30, 1, 23, 9]  # shard 0 of 2: samples 0-2, shard 1: samples 3-6
-LAYERS = [2, 4, 5, 8]
 #: the engine core in the job's process (jobrun.IN_PROCESS_ENGINE): this test's subject is not vLLM's layout
 CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -43,11 +40,10 @@ CPU_ENV = {
 }
 
 
-def _spec(tmp: Path, model: Path, data: Path, out: str, **more: Any) -> dict[str, Any]:
+def _spec(tmp: Path, common: dict[str, Any], out: str, **more: Any) -> dict[str, Any]:
     return {
-        "name": "tiny", "backend": "worker-extension", "model": str(model), "dataset": str(data),
-        "layers": LAYERS, "batch_size": 2, "output_dir": str(tmp / out), "env": CPU_ENV,
-        "vllm_args": ["--dtype", "float32", "--max-num-seqs", "2"], **more,
+        "name": "tiny", "backend": "worker-extension", **common, "output_dir": str(tmp / out), "env": CPU_ENV,
+        **more,
     }  # fmt: skip
 
 
@@ -56,24 +52,14 @@ async def _ended(ctl: Controller, run_id: str) -> RunDetail | None:
     return run if run.state in ("completed", "failed", "stopped", "lost") else None
 
 
-async def _scenario(tmp: Path, settings: Settings) -> dict[str, Any]:
-    from agent.extract.tinymodel import build
-
-    model = build(tmp / "model", "llama", seed=5)
-    rng = random.Random(11)
-    data = tmp / "data.jsonl"
-    data.write_text(
-        "".join(json.dumps({"token_ids": [rng.randrange(4, 500) for _ in range(n)]}) + "\n" for n in LENGTHS)
-    )
+async def _scenario(tmp: Path, settings: Settings, common: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, Any] = {"tmp": tmp}
     async with Controller(settings) as ctl:
         for name, alias in (("h1", "eaglehost"), ("h2", "eaglehost2")):
             await ctl.add_host(
                 HostCreate(name=name, ssh=alias, python=sys.executable, state_dir=str(tmp / "agent"))
             )
-        run_id = await ctl.create_run(
-            parse_spec(_spec(tmp, model, data, "sharded", host=["h1", "h2"], shards=2))
-        )
+        run_id = await ctl.create_run(parse_spec(_spec(tmp, common, "sharded", host=["h1", "h2"], shards=2)))
         res["id"] = run_id
         job1 = f"{run_id}-s1"
 
@@ -98,11 +84,7 @@ async def _scenario(tmp: Path, settings: Settings) -> dict[str, Any]:
         res["db_milestones"] = await ctl.store.read(
             lambda c: [tuple(r) for r in c.execute("SELECT run_id, seq, kind FROM milestones")]
         )
-        one = await ctl.create_run(parse_spec(_spec(tmp, model, data, "whole", host="h1")))
-        res["one"] = await wait_for(lambda: _ended(ctl, one), timeout=300, what="the 1-shard run to end")
-        stopped = await ctl.create_run(
-            parse_spec(_spec(tmp, model, data, "stopped", host=["h1", "h2"], shards=2))
-        )
+        stopped = await ctl.create_run(parse_spec(_spec(tmp, common, "stopped", host=["h1", "h2"], shards=2)))
         await wait_for(lambda: _launched(ctl, stopped), timeout=60, what="both shards running")
         await ctl.stop_run(stopped)
         res["stopped"] = await wait_for(
@@ -118,7 +100,9 @@ async def _launched(ctl: Controller, run_id: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def scenario(
+    sharded_whole: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("sharded-runs")
     sshd = SSHD.start(tmp / "sshd")
     # a second host entry: another alias of the same server, as two names for one machine would be
@@ -131,7 +115,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         keepalive_interval=2,
     )  # fmt: skip
     try:
-        yield asyncio.run(_scenario(tmp, settings))
+        res = asyncio.run(_scenario(tmp, settings, sharded_whole["common"]))
+        yield {**res, "whole": sharded_whole["out"]}
     finally:
         kill_tree_matching(str(tmp) + "/")
         sshd.stop()
@@ -188,9 +173,7 @@ def test_the_merged_manifest_and_files_equal_the_one_shard_run(scenario: dict[st
     card = scenario["card"]
     assert [(s["start"], s["end"], s["samples_written"]) for s in card["shards"]] == [(0, 3, 3), (3, 7, 4)]
     assert card["samples_written"] == len(LENGTHS) and card["tokens_total"] == sum(LENGTHS)
-    assert scenario["one"].state == "completed"
-    tmp = Path(scenario["tmp"])
-    whole, sharded = tmp / "whole", tmp / "sharded"
+    whole, sharded = scenario["whole"], Path(scenario["tmp"]) / "sharded"
     names = sorted(p.name for p in whole.glob("hs_*.safetensors"))
     assert names == sorted(p.name for p in sharded.glob("hs_*.safetensors")) and len(names) == len(LENGTHS)
     for name in names:

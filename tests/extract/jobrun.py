@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -43,11 +44,32 @@ def parse_events(text: str) -> list[dict[str, Any]]:
     return out
 
 
-#: vLLM's engine core in the job's own process: an engine start costs ~25 s instead of ~50 s here (one Python
-#: process importing torch and vLLM, not three). For tests whose subject is not vLLM's process layout
-#: (sharding, Slurm, the controller's view of a run); the capture tests keep vLLM's default layout, which
-#: is what users run.
+#: vLLM's engine core in the job's own process: one Python process imports torch and vLLM instead of three,
+#: the cheapest engine start. For every run whose subject is not vLLM's process layout; the layout users
+#: run stays covered by the resumed Llama capture (tests/extract/conftest.py), TP=2 and the speculators
+#: server.
 IN_PROCESS_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+#: The tiny models' EAGLE-3 layers in the "input" convention: [2, N//2, N-3, N] for N = 8.
+LAYERS = [2, 4, 5, 8]
+#: The Llama capture's prompt lengths (tests/extract/conftest.py), up to 64 tokens.
+LLAMA_LENGTHS = [5, 37, 12, 64, 1, 50, 23, 9, 41, 17]
+#: Chunked prefill forced: 64-token prompts cross steps of at most 24 tokens, mixed with other prompts.
+CHUNKED = ["--max-num-batched-tokens", "24", "--max-num-seqs", "4"]
+#: A bare spec's environment: an empty value unsets, so the job picks its own CPU defaults (KV-cache size,
+#: thread binding) where jobrun would set a KV-cache size.
+BARE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "", "VLLM_CPU_OMP_THREADS_BIND": ""}
+#: The sharding tests' prompt lengths: shard 0 of 2 takes samples 0-2, shard 1 samples 3-6.
+SHARD_LENGTHS = [5, 37, 12, 30, 1, 23, 9]
+
+
+def token_dataset(path: Path, lengths: list[int], seed: int) -> list[list[int]]:
+    """Write a JSONL dataset of random token ids, one sample per length; return the samples."""
+    rng = random.Random(seed)
+    samples = [[rng.randrange(4, 500) for _ in range(n)] for n in lengths]
+    path.write_text("".join(json.dumps({"token_ids": s}) + "\n" for s in samples))
+    return samples
 
 
 def write_spec(path: Path, **fields: Any) -> Path:

@@ -9,14 +9,12 @@ compiled graph. Output-convention ids are used on purpose, so the id → aux ind
 
 from __future__ import annotations
 
-import json
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.extract.jobrun import JobResult, run_job, write_spec
+from tests.extract.jobrun import IN_PROCESS_ENGINE, JobResult, run_job, token_dataset, write_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -25,19 +23,14 @@ LAYERS = [1, 3, 4, 7]  # output convention: the inputs of layers 2, 4, 5 and the
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from agent.extract.tinymodel import build
-
+def compiled(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("aux")
-    model = build(tmp / "model", "llama", seed=3)
-    rng = random.Random(7)
-    samples = [[rng.randrange(4, 500) for _ in range(n)] for n in LENGTHS]
     data = tmp / "data.jsonl"
-    data.write_text("".join(json.dumps({"token_ids": s}) + "\n" for s in samples))
+    samples = token_dataset(data, LENGTHS, seed=7)
     out = tmp / "out"
     spec = write_spec(
         tmp / "spec.json",
-        model=str(model),
+        model=str(tiny_llama),
         dataset=str(data),
         output_dir=str(out),
         layers=LAYERS,
@@ -46,8 +39,9 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         # chunked prefill: prompts cross steps, so attribution through the aux path is tested too
         vllm_args=["--dtype", "float32", "--max-num-batched-tokens", "24", "--max-num-seqs", "4"],
     )
-    job = run_job(spec, env={"EAGLEWATCH_CAPTURE": "aux"})
-    return {"model": model, "samples": samples, "out": out, "job": job}
+    # the compiled model and its aux outputs are the subject, not vLLM's process layout
+    job = run_job(spec, env={"EAGLEWATCH_CAPTURE": "aux", **IN_PROCESS_ENGINE})
+    return {"model": tiny_llama, "samples": samples, "out": out, "job": job}
 
 
 def test_the_job_ran_compiled_through_aux_outputs(compiled: dict[str, Any]) -> None:

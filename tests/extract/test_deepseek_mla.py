@@ -7,19 +7,16 @@ request into a second directory. bf16: the CPU fused-MoE kernel refuses fp32 wei
 
 from __future__ import annotations
 
-import json
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.extract.jobrun import run_job, write_spec
+from tests.extract.jobrun import IN_PROCESS_ENGINE, LAYERS, run_job, token_dataset, write_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 LENGTHS = [5, 37, 1, 64, 23, 9]
-LAYERS = [2, 4, 5, 8]  # tiny DeepSeek-V3 N = 8; id 8 = final pre-norm output (dropped by vLLM 0.19.1)
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +25,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     tmp = tmp_path_factory.mktemp("ds3")
     model = build(tmp / "model", "deepseek_v3", seed=5)
-    rng = random.Random(11)
-    samples = [[rng.randrange(4, 500) for _ in range(n)] for n in LENGTHS]
     data = tmp / "data.jsonl"
-    data.write_text("".join(json.dumps({"token_ids": s}) + "\n" for s in samples))
+    samples = token_dataset(data, LENGTHS, seed=11)
     out, aux = tmp / "out", tmp / "aux"
     aux.mkdir()
     spec = write_spec(
@@ -46,7 +41,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     job = run_job(
         spec,
-        env={"EAGLEWATCH_AUX_DIR": str(aux)},
+        env={"EAGLEWATCH_AUX_DIR": str(aux), **IN_PROCESS_ENGINE},  # MLA is the subject, not vLLM's layout
         args=("--worker-extension", "tests.extract.aux_ext.AuxCompareCapture"),
     )
     return {"job": job, "samples": samples, "out": out, "aux": aux}

@@ -12,15 +12,12 @@ from tests.extract.jobrun import IN_PROCESS_ENGINE, run_job, write_spec
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def test_drop_layer_with_stop_policy_fails_the_job(tmp_path: Path) -> None:
-    from agent.extract.tinymodel import build
-
-    model = build(tmp_path / "model", "llama", seed=1)
+def test_drop_layer_with_stop_policy_fails_the_job(tiny_llama: Path, tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"text": f"w{i} w{i + 1} w{i + 2} w7"}) + "\n" for i in range(3)))
     spec = write_spec(
         tmp_path / "spec.json",
-        model=str(model),
+        model=str(tiny_llama),
         dataset=str(data),
         output_dir=str(tmp_path / "out"),
         batch_size=2,

@@ -14,16 +14,13 @@ from tests.extract.jobrun import IN_PROCESS_ENGINE, run_job, write_spec
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def test_zero_layer_collapse_is_seen_while_running(tmp_path: Path) -> None:
-    from agent.extract.tinymodel import build
-
-    model = build(tmp_path / "model", "llama", seed=1)
+def test_zero_layer_collapse_is_seen_while_running(tiny_llama: Path, tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"text": f"w{i} w{i + 1} w{i + 2} w7"}) + "\n" for i in range(7)))
     out = tmp_path / "out"
     spec = write_spec(
         tmp_path / "spec.json",
-        model=str(model),
+        model=str(tiny_llama),
         dataset=str(data),
         output_dir=str(out),
         batch_size=2,
@@ -74,15 +71,12 @@ def test_zero_layer_collapse_is_seen_while_running(tmp_path: Path) -> None:
     assert all(c["max_rel_diff"] < 1e-4 and c["tolerance"] == 1e-3 for c in canaries)
 
 
-def test_batch_dependent_states_fail_the_canary_and_stop(tmp_path: Path) -> None:
-    from agent.extract.tinymodel import build
-
-    model = build(tmp_path / "model", "llama", seed=1)
+def test_batch_dependent_states_fail_the_canary_and_stop(tiny_llama: Path, tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"text": f"w{i} w{i + 1} w{i + 2} w7"}) + "\n" for i in range(6)))
     spec = write_spec(
         tmp_path / "spec.json",
-        model=str(model),
+        model=str(tiny_llama),
         dataset=str(data),
         output_dir=str(tmp_path / "out"),
         batch_size=3,

@@ -1,69 +1,26 @@
 """worker-extension backend on the real vLLM CPU engine, tiny Llama fp32: equals HF transformers; resume.
 
-One module-scoped scenario (engine starts are expensive): run 1 is SIGKILLed after its first batch, one of
-its files is then truncated, run 2 resumes (with a costs trace). Every assertion below reads that
-scenario's results.
+Every assertion below reads the session's kill-and-resume scenario (tests/extract/conftest.py
+``llama_run``): run 1 is SIGKILLed after its first batch, one of its files is then truncated, run 2
+resumes (with a costs trace) in vLLM's default process layout, whose log also feeds the agent's milestone
+rules.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.extract.jobrun import JobResult, run_job, write_spec
+from tests.extract.jobrun import LAYERS, ROOT, JobResult
+from tests.extract.jobrun import LLAMA_LENGTHS as LENGTHS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
-
-LENGTHS = [5, 37, 12, 64, 1, 50, 23, 9, 41, 17]
-LAYERS = [2, 4, 5, 8]  # tiny Llama N = 8: EAGLE-3 [2, N//2, N-3, N]
-
-
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from agent.extract.tinymodel import build
-
-    tmp = tmp_path_factory.mktemp("llama")
-    model = build(tmp / "model", "llama", seed=3)
-    rng = random.Random(7)
-    samples = [[rng.randrange(4, 500) for _ in range(n)] for n in LENGTHS]
-    data = tmp / "data.jsonl"
-    data.write_text("".join(json.dumps({"token_ids": s}) + "\n" for s in samples))
-    out = tmp / "out"
-    spec = write_spec(
-        tmp / "spec.json",
-        model=str(model),
-        dataset=str(data),
-        output_dir=str(out),
-        layers=LAYERS,
-        batch_size=4,
-        # chunked prefill forced: 64-token prompts cross steps of at most 24 tokens, mixed with others
-        vllm_args=["--dtype", "float32", "--max-num-batched-tokens", "24", "--max-num-seqs", "4"],
-    )
-    first = run_job(spec, stop_when=lambda e: e["kind"] == "batch_captured")
-    after_kill = sorted(p.name for p in out.glob("hs_*.safetensors"))
-    stats = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("hs_*.safetensors")}
-    truncated = sorted(after_kill)[0]
-    with open(out / truncated, "r+b") as fh:  # an invalid file: must be rewritten
-        fh.truncate(100)
-    # the resumed run with a costs trace and two writer threads
-    trace = tmp / "costs-trace.json"
-    second = run_job(spec, env={"EAGLEWATCH_COSTS_TRACE": str(trace), "EAGLEWATCH_WRITERS": "2"})
-    return {
-        "model": model,
-        "samples": samples,
-        "out": out,
-        "first": first,
-        "second": second,
-        "after_kill": after_kill,
-        "stats": stats,
-        "truncated": truncated,
-        "trace": trace,
-    }
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -72,8 +29,8 @@ def _load(path: Path) -> dict[str, Any]:
     return load_file(str(path))
 
 
-def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> None:
-    second: JobResult = scenario["second"]
+def test_second_run_completes_with_milestone_lines(llama_run: dict[str, Any]) -> None:
+    second: JobResult = llama_run["second"]
     assert second.rc == 0, second.output[-3000:]
     kinds = second.kinds()
     # the disk forecast comes before any engine starts
@@ -83,7 +40,7 @@ def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> 
     conf = second.of("capture_configured")[0]
     assert conf["layers"] == LAYERS and conf["convention"] == "input" and conf["hidden_size"] == 128
     assert conf["dtype"] == "float32" and conf["backend"] == "worker-extension"
-    tune = {"pinned_buffers": 6, "writers": 2, "writeback_mb": 1024, "trace": str(scenario["trace"])}
+    tune = {"pinned_buffers": 6, "writers": 2, "writeback_mb": 1024, "trace": str(llama_run["trace"])}
     got = dict(conf["tuning"])
     assert got.pop("writer_start_s") > 0  # setup waited for the writer process to start
     assert got == tune
@@ -100,39 +57,39 @@ def test_second_run_completes_with_milestone_lines(scenario: dict[str, Any]) -> 
     assert done["results_seconds"] > 0 and done["drain_seconds"] >= 0
     # with the writer process the results were taken in beside the next batch: the driver's share is a part
     assert 0 <= done["results_wait_seconds"] <= done["results_seconds"] + 0.005
-    rows = json.loads(scenario["trace"].read_text())  # one row per captured step, written at each drain
+    rows = json.loads(llama_run["trace"].read_text())  # one row per captured step, written at each drain
     assert len(rows) == costs["steps"] and all(0 < r["tokens"] <= 24 for r in rows)
     last = second.of("progress")[-1]
     assert last["samples_done"] == last["samples_total"] == len(LENGTHS)
     assert "shape_check_failed" not in kinds
 
 
-def test_resume_writes_only_missing_or_invalid(scenario: dict[str, Any]) -> None:
-    first: JobResult = scenario["first"]
+def test_resume_writes_only_missing_or_invalid(llama_run: dict[str, Any]) -> None:
+    first: JobResult = llama_run["first"]
     assert first.rc != 0 and "completed" not in first.kinds()  # really killed mid-run
-    after_kill = scenario["after_kill"]
+    after_kill = llama_run["after_kill"]
     assert 0 < len(after_kill) < len(LENGTHS)
-    rewritten = {e["file"] for e in scenario["second"].of("shape_check_passed")}
+    rewritten = {e["file"] for e in llama_run["second"].of("shape_check_passed")}
     all_files = {f"hs_{i}.safetensors" for i in range(len(LENGTHS))}
-    assert rewritten == (all_files - set(after_kill)) | {scenario["truncated"]}
-    out: Path = scenario["out"]
-    for name, (ino, mtime) in scenario["stats"].items():
-        if name != scenario["truncated"]:
+    assert rewritten == (all_files - set(after_kill)) | {llama_run["truncated"]}
+    out: Path = llama_run["out"]
+    for name, (ino, mtime) in llama_run["stats"].items():
+        if name != llama_run["truncated"]:
             st = (out / name).stat()
             assert (st.st_ino, st.st_mtime_ns) == (ino, mtime), f"{name} was rewritten"
     assert sorted(p.name for p in out.glob("hs_*.safetensors")) == sorted(all_files)
     assert not list(out.glob(".*tmp"))
 
 
-def test_captured_states_equal_hf_reference(scenario: dict[str, Any]) -> None:
+def test_captured_states_equal_hf_reference(llama_run: dict[str, Any]) -> None:
     import torch
 
     from tests.extract.reference import hf_states, max_rel_err
 
-    samples = scenario["samples"]
-    refs = hf_states(scenario["model"], samples, LAYERS)
+    samples = llama_run["samples"]
+    refs = hf_states(llama_run["model"], samples, LAYERS)
     for i, (ids, ref) in enumerate(zip(samples, refs, strict=True)):
-        got = _load(scenario["out"] / f"hs_{i}.safetensors")
+        got = _load(llama_run["out"] / f"hs_{i}.safetensors")
         assert got["token_ids"].tolist() == ids
         assert got["hidden_states"].dtype == torch.float32
         assert tuple(got["hidden_states"].shape) == (len(ids), len(LAYERS), 128)
@@ -141,8 +98,8 @@ def test_captured_states_equal_hf_reference(scenario: dict[str, Any]) -> None:
             assert err < 1e-4, f"sample {i} (T={len(ids)}) layer id {k}: rel err {err:.2e}"
 
 
-def test_manifest(scenario: dict[str, Any]) -> None:
-    doc = json.loads((scenario["out"] / "manifest.json").read_text())
+def test_manifest(llama_run: dict[str, Any]) -> None:
+    doc = json.loads((llama_run["out"] / "manifest.json").read_text())
     assert doc["format_version"] == 1
     assert doc["layer_ids"] == LAYERS and doc["layer_convention"] == "input"
     assert doc["hidden_size"] == 128 and doc["dtype"] == "float32"
@@ -151,6 +108,23 @@ def test_manifest(scenario: dict[str, Any]) -> None:
     assert doc["versions"]["vllm"] and doc["versions"]["torch"]
     from agent.checks.checker import Expectation, check_path
 
-    report = check_path(scenario["out"], Expectation(layers=len(LAYERS), hidden_size=128))
+    report = check_path(llama_run["out"], Expectation(layers=len(LAYERS), hidden_size=128))
     assert report.ok and report.files == len(LENGTHS), report.to_dict()
     assert doc["command"][-2:] == ["--spec", str(Path(doc["command"][-1]))] and os.path.isabs(doc["model"])
+
+
+def test_the_engine_log_gives_the_start_up_milestones(llama_run: dict[str, Any]) -> None:
+    """vLLM's own CPU engine lines in the job's log (default process layout) feed the agent's rules."""
+    res = subprocess.run(
+        [sys.executable, "-m", "agent", "milestones", str(llama_run["log"]), "--json"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(x) for x in res.stdout.splitlines()]
+    rules = {r["fields"].get("rule"): r for r in rows}
+    assert rules["architecture"]["fields"]["architecture"] == "LlamaForCausalLM"
+    assert rules["kv_cache_size"]["fields"]["device"] == "CPU"
+    assert rules["kv_cache_size"]["fields"]["tokens"] > 0
+    assert rules["weights_time"]["kind"] == "weights_loaded"
+    assert rules["engine_ready"]["fields"]["seconds"] > 0
+    assert "error" not in {r["kind"] for r in rows}

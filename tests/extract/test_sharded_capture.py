@@ -1,54 +1,35 @@
 """Sharded capture on the real vLLM CPU engine, tiny Llama fp32: two shards equal one run, file by file.
 
-One module-scoped scenario (engine starts are expensive): the whole run into one directory; shard 1 of 2
-into another, killed after its first batch; shard 0 into that same directory; shard 1 resumed, which
-merges manifest.json as the last shard to finish; and shard 0 of 8 of the same seven samples, whose
-slice is empty. Every assertion below reads that scenario's results.
+One module-scoped scenario (engine starts are expensive): shard 1 of 2 into one directory, killed after
+its first batch; shard 0 into that same directory; shard 1 resumed, which merges manifest.json as the last
+shard to finish; and shard 0 of 8 of the same seven samples, whose slice is empty. The whole run they are
+compared with is the session's (tests/conftest.py ``sharded_whole``). Every assertion below reads these.
 """
 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.extract.jobrun import IN_PROCESS_ENGINE, JobResult, run_job, write_spec
+from tests.extract.jobrun import IN_PROCESS_ENGINE, LAYERS, JobResult, run_job, write_spec
+from tests.extract.jobrun import SHARD_LENGTHS as LENGTHS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
 
-LENGTHS = [5, 37, 12, 30, 1, 23, 9]  # shard 0 of 2: samples 0-2, shard 1: samples 3-6
-LAYERS = [2, 4, 5, 8]
-
 
 @pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from agent.extract.tinymodel import build
-
+def scenario(sharded_whole: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("shards")
-    model = build(tmp / "model", "llama", seed=5)
-    rng = random.Random(11)
-    data = tmp / "data.jsonl"
-    data.write_text(
-        "".join(json.dumps({"token_ids": [rng.randrange(4, 500) for _ in range(n)]}) + "\n" for n in LENGTHS)
-    )
-    common = {
-        "model": str(model),
-        "dataset": str(data),
-        "layers": LAYERS,
-        "batch_size": 2,
-        "vllm_args": ["--dtype", "float32", "--max-num-seqs", "2"],
-    }
 
     def spec(name: str, out: Path, **more: Any) -> Path:
-        return write_spec(tmp / f"{name}.json", output_dir=str(out), **common, **more)
+        return write_spec(tmp / f"{name}.json", output_dir=str(out), **sharded_whole["common"], **more)
 
-    whole, sharded = tmp / "whole", tmp / "sharded"
-    res: dict[str, Any] = {"whole": whole, "sharded": sharded}
+    sharded = tmp / "sharded"
+    res: dict[str, Any] = {"whole": sharded_whole["out"], "one": sharded_whole["job"], "sharded": sharded}
     env = IN_PROCESS_ENGINE  # the shards' slicing and merge are the subject here, not vLLM's process layout
-    res["one"] = run_job(spec("one", whole), env=env)
     s1 = spec("s1", sharded, shard={"index": 1, "count": 2})
     res["killed"] = run_job(s1, stop_when=lambda e: e["kind"] == "batch_captured", env=env)
     res["after_kill"] = sorted(p.name for p in sharded.glob("hs_*.safetensors"))

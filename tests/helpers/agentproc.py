@@ -128,11 +128,13 @@ def _hello_pid(socket_path: Path) -> int | None:
 def cleanup_runs(state_dir: Path) -> None:
     """Kill every job (and leftover worker) of every run under ``state_dir``, then their supervisors."""
     from agent.jobs import control as jobs
+    from agent.jobs.procfs import is_running
     from agent.paths import read_json, run_paths
 
     runs = state_dir / "runs"
     if not runs.is_dir():
         return
+    killed: list[int] = []
     for d in runs.iterdir():
         try:
             paths = run_paths(state_dir, d.name)
@@ -146,9 +148,13 @@ def cleanup_runs(state_dir: Path) -> None:
             for pid in jobs.run_processes(d.name, job, {os.getpid()}):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(job["pid"], signal.SIGKILL)
-    time.sleep(0.1)
+                killed.append(job["pid"])
+    deadline = time.monotonic() + 10
+    while any(map(is_running, killed)) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 @pytest.fixture

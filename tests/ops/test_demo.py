@@ -23,8 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.demo import daemons_of
+from tests.extract.jobrun import IN_PROCESS_ENGINE
 from tests.helpers.agentproc import cleanup_runs
-from web.demo import daemons_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,14 +67,15 @@ def daemon_pid(home: Path) -> int | None:
     return None
 
 
-def start_demo(home: Path, *args: str, timeout: float = 600) -> Iterator[Demo]:
+def start_demo(
+    home: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> Iterator[Demo]:
     """Start `eaglewatch demo --home HOME --port 0 ARGS` (the README's command, as `python -m cli`);
     wait for its URL, token and first run."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli", "demo", "--home", str(home), "--port", "0", *args],
         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=env, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True,
     )  # fmt: skip
     demo = Demo(proc, home)
     reader = threading.Thread(target=_reader, args=(demo,), daemon=True)
@@ -123,7 +125,7 @@ def wait_run(demo: Demo, run: str, pred: Any, timeout: float) -> dict[str, Any]:
             detail = http.get(f"/api/runs/{run}").json()
             if pred(detail):
                 return detail
-            time.sleep(0.5)
+            time.sleep(0.2)
     raise AssertionError(f"run {run} never got there: {detail}\n--- demo output:\n{demo.output()}")
 
 
@@ -171,50 +173,42 @@ def test_demo_starts_another_run_from_the_api_and_stops_everything(command_demo:
 @pytest.mark.vllm
 @pytest.mark.timeout(900)
 def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path) -> None:
-    """The real thing: tiny model, vLLM on CPU, shape checks pass; a run dropping a layer raises an alert."""
-    for demo in start_demo(tmp_path / "demo", timeout=600):
+    """The real thing: tiny model, vLLM on CPU, shape checks pass; the page's saved "broken" template, as
+    the New-run form turns it into a spec, drops a layer: its shape checks fail and raise an alert."""
+    from web.forms import check_form
+    from web.run_templates import TemplateStore
+
+    # the demo's runs, not vLLM's process layout, are the subject (tests/extract/jobrun.IN_PROCESS_ENGINE)
+    for demo in start_demo(tmp_path / "demo", timeout=600, env=IN_PROCESS_ENGINE):
         detail = wait_run(demo, demo.first_run, lambda d: d.get("state") in ("completed", "failed"), 600)
         assert detail["state"] == "completed", detail
         assert {"capture_configured", "shape_check_passed", "completed"} <= set(kinds(detail))
         assert "shape_check_failed" not in kinds(detail)
-        with demo.client() as http:
-            spec = http.get(f"/api/runs/{demo.first_run}").json()["spec"]
-            broken = {**spec, "name": "broken", "inject_fault": "drop_layer",
-                      "output_dir": str(tmp_path / "demo" / "outputs" / "broken")}  # fmt: skip
-            created = http.post("/api/runs", json=broken, headers={"Origin": demo.url.rstrip("/")})
-            assert created.status_code == 201, created.text
-            run = created.json()["id"]
-        detail = wait_run(demo, run, lambda d: "shape_check_failed" in kinds(d) and d.get("alerts"), 600)
-        failed = [m["fields"] for m in detail["milestones"] if m["kind"] == "shape_check_failed"]
-        assert any(f.get("code") == "layer_count_mismatch" for f in failed), failed  # the dropped layer
-        assert "shape_check_failed" in {a["rule"] for a in detail["alerts"]}, detail["alerts"]
-        # The page's saved "broken" template, as the New-run form turns it into a spec.
-        from web.forms import check_form
-        from web.run_templates import TemplateStore
-
         form = TemplateStore(demo.home).get("demo broken - drops a layer") or {}
         spec, errors = check_form({**form, "output_dir": str(tmp_path / "demo" / "outputs" / "tpl")})
-        assert errors == {}
+        assert errors == {} and spec is not None
+        origin = {"Origin": demo.url.rstrip("/")}
         with demo.client() as http:
-            origin = {"Origin": demo.url.rstrip("/")}
-            stop = http.post(f"/api/runs/{run}/stop", headers=origin)
-            assert stop.status_code == 200, stop.text
-            created = http.post("/api/runs", json=spec, headers=origin)
+            created = http.post("/api/runs", json=spec.model_dump(mode="json"), headers=origin)
             assert created.status_code == 201, created.text
-            tpl_run = created.json()["id"]
+            run = created.json()["id"]
 
-        # The form's inject_fault makes the capture drop a layer: the shape checks fail and alert.
         def alerted(d: dict[str, Any]) -> bool:
             return bool(d.get("alerts")) and "shape_check_failed" in kinds(d)
 
-        detail = wait_run(demo, tpl_run, alerted, 600)
+        detail = wait_run(demo, run, alerted, 600)
+        failed = [m["fields"] for m in detail["milestones"] if m["kind"] == "shape_check_failed"]
+        assert any(f.get("code") == "layer_count_mismatch" for f in failed), failed  # the dropped layer
+        assert "shape_check_failed" in {a["rule"] for a in detail["alerts"]}, detail["alerts"]
         assert "layer" in str(detail["alerts"]).lower()
+        with demo.client() as http:
+            stop = http.post(f"/api/runs/{run}/stop", headers=origin)
+            assert stop.status_code == 200, stop.text
 
 
 def test_demo_templates_fill_the_new_run_form(tmp_path: Path) -> None:
     """The saved templates turn back into valid specs through the New-run form's own conversion."""
-    from agent.spec import parse_spec
-    from web import demo as demo_mod
+    from cli import demo as demo_mod
     from web.forms import check_form
     from web.run_templates import TemplateStore
 
@@ -222,20 +216,17 @@ def test_demo_templates_fill_the_new_run_form(tmp_path: Path) -> None:
     demo_mod.save_templates(tmp_path, paths, extract=True)
     store = TemplateStore(tmp_path)
     assert store.names() == ["demo broken - drops a layer", "demo tiny llama"]
-    spec, errors = check_form(store.get("demo tiny llama") or {})
-    assert errors == {}
-    good = parse_spec(spec)
+    good, errors = check_form(store.get("demo tiny llama") or {})
+    assert errors == {} and good is not None
     assert good.backend == "worker-extension" and good.model == str(paths.model)
     assert good.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
-    broken, errors = check_form(store.get("demo broken - drops a layer") or {})
-    assert errors == {}
-    bad = parse_spec(broken)
-    assert bad.inject_fault == "drop_layer"
+    bad, errors = check_form(store.get("demo broken - drops a layer") or {})
+    assert errors == {} and bad is not None and bad.inject_fault == "drop_layer"
 
 
 def test_demo_dataset_uses_the_tiny_vocabulary(tmp_path: Path) -> None:
     from agent.extract.tinymodel import SPECIALS, VOCAB_WORDS
-    from web.demo import write_dataset
+    from cli.demo import write_dataset
 
     path = tmp_path / "d.jsonl"
     write_dataset(path, samples=24)

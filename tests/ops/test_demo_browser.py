@@ -12,27 +12,19 @@ from typing import Any
 import pytest
 
 from tests.ops.test_demo import Demo, start_demo
-
-CHROMIUM_ARGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-SHOTS = Path(__file__).resolve().parents[2] / "test-output"
+from tests.web.conftest import browser, screenshot  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
 @pytest.fixture
-def page() -> Iterator[Any]:
-    """A Chromium page (Debian's /usr/bin/chromium through Playwright)."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            yield browser.new_page()
-        finally:
-            browser.close()
+def page(browser: Any) -> Iterator[Any]:  # noqa: F811
+    """A Chromium page in a context of its own."""
+    page = browser.new_page()
+    try:
+        yield page
+    finally:
+        page.context.close()
 
 
 @pytest.fixture
@@ -56,9 +48,8 @@ def test_login_and_start_a_run_from_a_template(demo: Demo, page: Any) -> None:
     assert run != demo.first_run
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "completed" not in page.inner_text("body"):
-        time.sleep(1)
+        time.sleep(0.2)
         page.reload()
-    SHOTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(SHOTS / "demo-second-run.png"), full_page=True)
+    screenshot(page, "demo-second-run")
     body = page.inner_text("body")
     assert "completed" in body and "progress" in body

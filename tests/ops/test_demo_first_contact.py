@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.ops.test_demo import Demo, start_demo, wait_run
-from tests.ops.test_demo_browser import page  # noqa: F401 (the fixture)
+from tests.ops.test_demo_browser import browser, page  # noqa: F401 (the fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -50,8 +50,14 @@ def test_printed_link_logs_in_once_and_the_terminal_speaks_words(demo: Demo, pag
         other.close()
 
     wait_run(demo, demo.first_run, lambda d: d.get("state") == "completed", 60)
-    time.sleep(1.0)
-    echoed = [ln for ln in demo.output().splitlines() if ln.strip().startswith(f"run {demo.first_run}:")]
+
+    def echoed_lines() -> list[str]:
+        return [ln for ln in demo.output().splitlines() if ln.strip().startswith(f"run {demo.first_run}:")]
+
+    deadline = time.monotonic() + 30  # the terminal echo follows the stored milestone
+    while not any("completed:" in ln for ln in echoed_lines()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    echoed = echoed_lines()
     text = "\n".join(echoed)
     assert '{"' not in text and "EAGLEWATCH" not in text, text
     assert "shape check passed" not in text  # folded into the batch lines

@@ -34,8 +34,3 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         subprocess.run([str(REPO / ".ci/slurm-down"), str(cluster)], capture_output=True, timeout=60)
         os.environ.pop("SLURM_CONF", None)
         os.environ.pop("EAGLEWATCH_SLURM_POLL_S", None)
-
-
-from tests.controller.conftest import job_script, reap, ssh_settings, sshd  # noqa: E402
-
-__all__ = ["job_script", "reap", "slurm_cluster", "ssh_settings", "sshd"]

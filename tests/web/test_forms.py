@@ -16,12 +16,12 @@ def test_full_form_to_spec_and_back() -> None:
             "vllm_args": "--enforce-eager\n--max-model-len\n4096",
             "expect_hidden_size": "7168", "on_shape_failure": "stop"}  # fmt: skip
     spec, errors = forms.check_form(form)
-    assert errors == {}
-    assert spec["layers"] == [2, 30, 58, 61] and spec["tensor_parallel_size"] == 8
-    assert spec["env"] == {"CUDA_VISIBLE_DEVICES": "0,1", "HF_HOME": "/hf"}
-    assert spec["vllm_args"] == ["--enforce-eager", "--max-model-len", "4096"]
-    assert spec["expect"] == {"hidden_size": 7168}
-    back = forms.spec_to_form(spec)
+    assert errors == {} and spec is not None
+    assert spec.layers == [2, 30, 58, 61] and spec.tensor_parallel_size == 8
+    assert spec.env == {"CUDA_VISIBLE_DEVICES": "0,1", "HF_HOME": "/hf"}
+    assert spec.vllm_args == ["--enforce-eager", "--max-model-len", "4096"]
+    assert spec.expect is not None and spec.expect.hidden_size == 7168 and spec.expect.layers is None
+    back = forms.spec_to_form(spec.model_dump(mode="json"))  # a run's stored spec, as "again" reads it
     assert back["layers"] == "2, 30, 58, 61" and back["expect_hidden_size"] == "7168"
     assert forms.check_form(back)[0] == spec
 
@@ -52,17 +52,17 @@ def test_full_form_to_spec_and_back() -> None:
     ],
 )
 def test_errors_land_on_their_field(change: dict[str, str], field: str, words: str) -> None:
-    _, errors = forms.check_form({**BASE, **change})
-    assert field in errors, errors
+    spec, errors = forms.check_form({**BASE, **change})
+    assert spec is None and field in errors, errors
     assert words in errors[field]
 
 
 def test_fault_choice_reaches_the_spec_and_none_leaves_it_out() -> None:
     spec, errors = forms.check_form({**BASE, "inject_fault": "drop_layer"})
-    assert errors == {} and spec["inject_fault"] == "drop_layer"
-    assert forms.spec_to_form(spec)["inject_fault"] == "drop_layer"
+    assert errors == {} and spec is not None and spec.inject_fault == "drop_layer"
+    assert forms.spec_to_form(spec.model_dump(mode="json"))["inject_fault"] == "drop_layer"
     spec, errors = forms.check_form({**BASE, "inject_fault": ""})
-    assert errors == {} and "inject_fault" not in spec
+    assert errors == {} and spec is not None and spec.inject_fault is None
 
 
 def test_controller_errors_are_mapped_to_fields() -> None:
@@ -76,14 +76,22 @@ def test_controller_errors_are_mapped_to_fields() -> None:
 def test_form_text_becomes_strict_integers() -> None:
     """The model refuses "8" for tensor_parallel_size; the form converts its text before validating."""
     spec, errors = forms.check_form({**BASE, "tensor_parallel_size": " 8 ", "expect_layers": "+4"})
-    assert errors == {}
-    assert spec["tensor_parallel_size"] == 8 and spec["expect"] == {"layers": 4}
+    assert errors == {} and spec is not None
+    assert spec.tensor_parallel_size == 8 and spec.expect is not None and spec.expect.layers == 4
 
 
 def test_disk_fields_round_trip() -> None:
     spec, errors = forms.check_form({**BASE, "allow_disk_overrun": "true", "disk_low_gib": "50"})
-    assert errors == {} and spec["allow_disk_overrun"] is True and spec["disk_low_gib"] == 50
-    back = forms.spec_to_form(spec)
+    assert errors == {} and spec is not None and spec.allow_disk_overrun is True and spec.disk_low_gib == 50
+    back = forms.spec_to_form(spec.model_dump(mode="json"))
     assert (back["allow_disk_overrun"], back["disk_low_gib"]) == ("true", "50")
-    spec, errors = forms.check_form({**BASE, "allow_disk_overrun": "", "disk_low_gib": "-1"})
-    assert "allow_disk_overrun" not in spec and "disk_low_gib" in errors
+    spec, errors = forms.check_form({**BASE, "allow_disk_overrun": ""})
+    assert spec is not None and spec.allow_disk_overrun is False
+    spec, errors = forms.check_form({**BASE, "disk_low_gib": "-1"})
+    assert spec is None and "disk_low_gib" in errors
+
+
+def test_a_field_that_does_not_convert_fails_the_form_though_the_rest_is_valid() -> None:
+    """An unconvertible optional field is left out of the spec dict, which would validate without it."""
+    spec, errors = forms.check_form({**BASE, "seq_len": "lots"})
+    assert spec is None and list(errors) == ["seq_len"]

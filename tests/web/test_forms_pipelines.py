@@ -16,20 +16,18 @@ def test_speculators_options_round_trip() -> None:
             "pipeline_args": "--validate-outputs\n--world-size\n2\n--rank\n1", "server_port": "8123",
             "nproc_per_node": "4"}  # fmt: skip
     spec, errors = forms.check_form(form)
-    assert errors == {}
-    assert spec["speculators"] == {
-        "scripts_dir": "/opt/speculators/scripts",
-        "client_args": ["--validate-outputs", "--world-size", "2", "--rank", "1"],
-        "port": 8123,
-    }  # nproc_per_node is SpecForge's: not sent for speculators
-    back = forms.spec_to_form(spec)
+    assert errors == {} and spec is not None and spec.speculators is not None
+    assert spec.speculators.scripts_dir == "/opt/speculators/scripts"
+    assert spec.speculators.client_args == ["--validate-outputs", "--world-size", "2", "--rank", "1"]
+    assert spec.speculators.port == 8123 and spec.specforge is None  # nproc_per_node is SpecForge's
+    back = forms.spec_to_form(spec.model_dump(mode="json"))
     assert back["server_port"] == "8123" and back["pipeline_args"].splitlines()[0] == "--validate-outputs"
     assert forms.check_form({**back, "backend": "speculators"})[0] == spec
 
 
 def test_specforge_needs_its_scripts_dir_and_errors_land_on_the_field() -> None:
     spec, errors = forms.check_form({**BASE, "backend": "specforge"})
-    assert "pipeline_scripts_dir" in errors and "Field required" in errors["pipeline_scripts_dir"]
+    assert spec is None and "Field required" in errors.get("pipeline_scripts_dir", "")
     _, errors = forms.check_form({**BASE, "backend": "specforge", "pipeline_scripts_dir": "rel/scripts"})
     assert "absolute path" in errors["pipeline_scripts_dir"]
     _, errors = forms.check_form(
@@ -46,12 +44,13 @@ def test_specforge_needs_its_scripts_dir_and_errors_land_on_the_field() -> None:
     spec, errors = forms.check_form(
         {**BASE, "backend": "specforge", "pipeline_scripts_dir": "/sf/scripts", "nproc_per_node": "8"}
     )
-    assert errors == {} and spec["specforge"] == {"scripts_dir": "/sf/scripts", "nproc_per_node": 8}
+    assert errors == {} and spec is not None and spec.specforge is not None
+    assert (spec.specforge.scripts_dir, spec.specforge.nproc_per_node) == ("/sf/scripts", 8)
 
 
 def test_pipeline_fields_are_ignored_for_other_backends() -> None:
     spec, errors = forms.check_form({**BASE, "backend": "vllm-native", "pipeline_scripts_dir": "/x"})
-    assert errors == {} and "speculators" not in spec and "specforge" not in spec
+    assert errors == {} and spec is not None and spec.speculators is None and spec.specforge is None
 
 
 async def test_new_run_page_offers_the_backends_and_shows_their_errors(

@@ -73,8 +73,8 @@ def test_the_run_form_carries_a_time_limit() -> None:
 
     base = {"name": "r", "host": "hpc", "backend": "command", "command": "true"}
     spec, errors = forms.check_form({**base, "time_limit_minutes": "30"})
-    assert errors == {} and spec["time_limit_minutes"] == 30
-    assert forms.spec_to_form(spec)["time_limit_minutes"] == "30"
+    assert errors == {} and spec is not None and spec.time_limit_minutes == 30
+    assert forms.spec_to_form(spec.model_dump(mode="json"))["time_limit_minutes"] == "30"
     _, errors = forms.check_form({**base, "time_limit_minutes": "0"})
     assert "greater than or equal to 1" in errors["time_limit_minutes"]
 

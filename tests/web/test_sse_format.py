@@ -37,19 +37,6 @@ def test_milestone_event_wire_format() -> None:
     assert data["kind"] == "weights_loaded" and data["run_id"] == "r1" and data["fields"] == {"gib": 12.5}
 
 
-def test_log_text_with_newlines_and_fake_fields_stays_one_event() -> None:
-    """A log block (its lines joined by newlines) goes out as one event, its lines with their offsets."""
-    evil = 'x\n\nevent: alert\ndata: {"pwned": 1}\nid: 999\n<script>alert(1)</script>\x1b[31m\u2028'
-    block = Block.make([0, 2, 3, 16, 35, 44], evil, 99)
-    ev = BusEvent("log", "r1", block.to_data(), make_cursor(1, 1))
-    events = parse(sse.encode(sse.to_sse(ev)))
-    assert len(events) == 1
-    assert events[0]["event"] == "log" and events[0]["id"] == make_cursor(1, 1)
-    lines = json.loads(events[0]["data"])["lines"]
-    assert [ln["offset"] for ln in lines] == [0, 2, 3, 16, 35, 44]
-    assert "\n".join(ln["text"] for ln in lines) == evil
-
-
 def test_host_events_have_no_id_and_filtering() -> None:
     host_ev = BusEvent("host", None, {"name": "h1", "gpus": []}, "")
     assert sse.to_sse(host_ev).id is None
@@ -67,24 +54,18 @@ def test_end_event() -> None:
     assert parsed["event"] == "end" and json.loads(parsed["data"]) == {"state": "completed"}
 
 
-def test_log_block_event_is_one_string_with_offsets_only_when_not_natural() -> None:
-    """With ``log_blocks`` a log event carries the block as stored: one text, no object per line."""
+def test_log_event_is_its_block_one_string_with_offsets_only_when_not_natural() -> None:
+    """A log event carries the block as stored, one text whatever its lines hold; a hostile payload (blank
+    lines, fake fields, markup) stays inside that one event."""
     evil = 'x\n\nevent: alert\ndata: {"pwned": 1}\nid: 999\n<script>alert(1)</script>\x1b[31m\u2028'
     odd = Block.make([0, 2, 3, 16, 35, 44], evil, 99)  # offsets no UTF-8 length explains
     natural = Block.make([10, 20, 28], "ünï €\n🦅 ok\n", 29)
     assert natural.offsets is None and odd.offsets is not None
     for block, offsets in ((odd, [0, 2, 3, 16, 35, 44]), (natural, None)):
         ev = BusEvent("log", "r1", block.to_data(), make_cursor(1, 1))
-        events = parse(sse.encode(sse.to_sse(ev, log_blocks=True)))
-        assert len(events) == 1 and events[0]["event"] == "log"
+        events = parse(sse.encode(sse.to_sse(ev)))
+        assert len(events) == 1 and events[0]["event"] == "log" and events[0]["id"] == make_cursor(1, 1)
         data = json.loads(events[0]["data"])
         assert "lines" not in data and data["text"] == block.text
         assert data["offset"] == block.offset and data["next_offset"] == block.next_offset
         assert data.get("offsets") == offsets
-    # without it, the per-line form the API has always sent
-    plain = json.loads(parse(sse.encode(sse.to_sse(ev)))[0]["data"])
-    assert plain["lines"] == [
-        {"offset": 10, "text": "ünï €"},
-        {"offset": 20, "text": "🦅 ok"},
-        {"offset": 28, "text": ""},
-    ]

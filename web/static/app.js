@@ -61,8 +61,8 @@
     }
   }
 
-  // ---- a log block from the events stream (?log=blocks): its lines, each with its offset.  Offsets not sent
-  // are the natural ones: each line takes its UTF-8 length plus a newline (agent/protocol.py natural_offsets).
+  // ---- a log block from the events stream: its lines, each with its offset.  Offsets not sent are the
+  // natural ones: each line takes its UTF-8 length plus a newline (agent/protocol.py natural_offsets).
   function utf8Length(s) {
     let n = s.length;
     for (let i = 0; i < s.length; i++) {
@@ -645,9 +645,9 @@
         onRun(run);
       }).catch(function () {});
     }
-    connect(base + "/events?after=now&log=blocks", {
+    connect(base + "/events?after=now", {
       open: catchUp, milestone: addMilestone, run: onRun, check: onCheck, alert: onAlert, host: onHost,
-      log: function (d) { log.add(d.lines || blockLines(d)); },
+      log: function (d) { log.add(blockLines(d)); },
     });
   }
 

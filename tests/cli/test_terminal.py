@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.terminal import TerminalView
 from tests.cli.test_commands import cli
-from web.terminal_view import TerminalView
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,7 +16,6 @@ demo's runs and its agent daemon.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -33,6 +32,7 @@ from typing import Any
 
 from agent.backends import Backend
 from agent.spec import parse_spec
+from cli.terminal import TerminalView, parse_marker
 from controller.errors import NotFound
 from controller.models import HostCreate
 from controller.service import Controller
@@ -42,7 +42,6 @@ from web.app import create_app
 from web.forms import spec_to_form
 from web.run_templates import TemplateStore
 from web.sse import TERMINAL_STATES
-from web.terminal_view import TerminalView, parse_marker
 
 DEMO_HOST = "local"
 #: A fast stand-in job for --no-extract: milestone lines in the extraction job's own format and order (per
@@ -364,21 +363,3 @@ def run_demo(
         return asyncio.run(_demo(home, bind, port, extract, broken))
     except KeyboardInterrupt:
         return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m web.demo [--home DIR] [--port N] [--no-extract] [--broken]`."""
-    parser = argparse.ArgumentParser(prog="eaglewatch demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--home", type=Path, help="demo state (default ~/.local/share/eaglewatch-demo)")
-    parser.add_argument("--bind", default="127.0.0.1", help="address of the web UI (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8765, help="port of the web UI (0: any free port)")
-    parser.add_argument("--no-extract", action="store_true", help="a fast command job instead of vLLM")
-    parser.add_argument("--broken", action="store_true", help="also start a run that drops a layer")
-    args = parser.parse_args(argv)
-    return run_demo(
-        home=args.home, bind=args.bind, port=args.port, extract=not args.no_extract, broken=args.broken
-    )
-
-
-if __name__ == "__main__":
-    sys.exit(main())
