@@ -69,7 +69,8 @@ Requests (args → result):
 Journal events (one JSON object per line in ``runs/<R>/events.jsonl``; ``seq`` starts at 1, +1 each):
 - ``{"seq", "ts", "type": "state", "state", "exit"?, "reason"?}``
 - ``{"seq", "ts", "type": "milestone", "kind", "line", "rank", "fields", "text"}``
-- ``{"seq", "ts", "type": "check", "file", "ok", "format", "problems": [{"code", "file", "message"}]}``
+- ``{"seq", "ts", "type": "check", "file", "ok", "format", "problems": [{"code", "file", "message"}],
+  "shapes"?}`` (``shapes``: tensor name → shape read)
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ brings pydantic) validates them again on the host.
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
@@ -15,12 +16,15 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     StrictBool,
     StrictInt,
     StringConstraints,
+    ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from agent import limits, settings
 from agent.backends import DEFAULT, OWN, PIPELINES, Backend
@@ -47,16 +51,48 @@ _Arg = Annotated[str, StringConstraints(max_length=limits.MAX_ARG_CHARS)]
 _HostName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 
 
+def unknown_field_message(name: str, known: list[str]) -> str:
+    """What to say of a field no model has: the nearest known name when one is close."""
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"not a spec field: did you mean {close[0]}?" if close else "not a spec field"
+
+
+class _Fields(BaseModel):
+    """A spec model that refuses an unknown field, suggesting the nearest known one (``modle``: model)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _suggest(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            errors = exc.errors()
+            if not any(e["type"] == "extra_forbidden" for e in errors):
+                raise
+            known = list(cls.model_fields)
+            details: list[InitErrorDetails] = []
+            for e in errors:
+                detail: InitErrorDetails = {"type": e["type"], "loc": e["loc"], "input": e["input"]}
+                if e["type"] == "extra_forbidden":
+                    # a nested model's error already carries its own suggestion: keep its message
+                    text = unknown_field_message(str(e["loc"][0]), known) if len(e["loc"]) == 1 else e["msg"]
+                    detail["type"] = PydanticCustomError("extra_forbidden", text)
+                elif "ctx" in e:
+                    detail["ctx"] = e["ctx"]
+                details.append(detail)
+            raise ValidationError.from_exception_data(exc.title, details) from None
+
+
 def eagle3_default_layers(num_hidden_layers: int) -> list[int]:
     """EAGLE-3 default layer ids in the "input" convention: [2, N//2, N-3, N]."""
     n = num_hidden_layers
     return [2, n // 2, n - 3, n]
 
 
-class Expect(BaseModel):
+class Expect(_Fields):
     """What every captured file should look like; defaults come from the model's config.json."""
-
-    model_config = ConfigDict(extra="forbid")
 
     layers: StrictInt | None = Field(
         default=None, ge=1, le=limits.MAX_LAYERS, description="number of captured layers per token"
@@ -66,10 +102,8 @@ class Expect(BaseModel):
     )
 
 
-class Shard(BaseModel):
+class Shard(_Fields):
     """One job's part of a sharded run: samples [index*M//count, (index+1)*M//count) of the run's M."""
-
-    model_config = ConfigDict(extra="forbid")
 
     index: StrictInt = Field(ge=0, lt=limits.MAX_SHARDS, description="this job's shard, 0-based")
     count: StrictInt = Field(ge=1, le=limits.MAX_SHARDS, description="how many shards the run has")
@@ -109,10 +143,8 @@ def _pass_through(v: list[str], field: str) -> list[str]:
     return v
 
 
-class SpeculatorsOptions(BaseModel):
+class SpeculatorsOptions(_Fields):
     """Backend ``speculators``: a vLLM server started for extraction, then speculators' offline client."""
-
-    model_config = ConfigDict(extra="forbid")
 
     scripts_dir: _Path | None = Field(
         default=None,
@@ -157,10 +189,8 @@ class SpeculatorsOptions(BaseModel):
         return v
 
 
-class SpecForgeOptions(BaseModel):
+class SpecForgeOptions(_Fields):
     """Backend ``specforge``: ``torchrun … scripts/prepare_hidden_states.py`` from a SpecForge checkout."""
-
-    model_config = ConfigDict(extra="forbid")
 
     scripts_dir: _Path = Field(description="the SpecForge checkout's scripts/ (prepare_hidden_states.py)")
     python: _Path | None = Field(
@@ -186,14 +216,12 @@ class SpecForgeOptions(BaseModel):
         return _pass_through(v, "specforge.args")
 
 
-class RunSpecBase(BaseModel):
+class RunSpecBase(_Fields):
     """Fields a user sets to describe an extraction run (or any watched command).
 
     No value is trimmed: argv items and env values pass to the job as written, and names (run, hosts, env
     variables) are checked whole, so stray whitespace is refused with the field named, never dropped.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(default="run", description="a short label: letters, digits, '.', '_', '-'")
     host: _HostName | list[_HostName] = Field(
@@ -244,6 +272,10 @@ class RunSpecBase(BaseModel):
         ge=0,
         le=64,
         description="samples captured again alone after the first batch and at the end, to compare (0: off)",
+    )
+    resume: StrictBool = Field(
+        default=False,
+        description="carry on in an output_dir holding this capture: keep its files, write the rest",
     )
     inject_fault: Fault | None = Field(default=None, description="demo/testing: corrupt the capture")
     shard: Shard | None = Field(default=None, description="capture only this contiguous slice of the samples")

@@ -16,17 +16,21 @@ from rich.table import Table
 from rich.text import Text
 
 import agent
-from cli.common import err, invalid, out, print_json, run_ctl
+from cli.common import JSON_FLAG, err, invalid, out, print_json, run_ctl
 from cli.runs import runs_app
 from controller.errors import HostKeyRejected, SpecInvalid, Unreachable
 from controller.models import HostCreate
 from controller.settings import Settings
 
+# Plain help: typer's rich panels print "<bool>" beside every flag, as if it took a value.
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help="Launch and watch hidden-state extraction runs."
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    help="Launch and watch hidden-state extraction runs.",
 )
-hosts_app = typer.Typer(no_args_is_help=True, help="GPU hosts reached over SSH.")
-alerts_app = typer.Typer(no_args_is_help=True, help="Alerts.")
+hosts_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="GPU hosts reached over SSH.")
+alerts_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Alerts.")
 app.add_typer(hosts_app, name="hosts")
 app.add_typer(runs_app, name="runs")
 app.add_typer(alerts_app, name="alerts")
@@ -121,7 +125,7 @@ def hosts_add(
 
 
 @hosts_app.command("ls")
-def hosts_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def hosts_ls(as_json: Annotated[bool, JSON_FLAG] = False) -> None:
     """List hosts."""
     hosts = run_ctl(lambda ctl: ctl.list_hosts())
     if as_json:
@@ -171,7 +175,7 @@ def hosts_rm(name: str) -> None:
 
 
 @alerts_app.command("ls")
-def alerts_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def alerts_ls(as_json: Annotated[bool, JSON_FLAG] = False) -> None:
     """List alerts, newest first."""
     alerts = run_ctl(lambda ctl: ctl.list_alerts())
     if as_json:

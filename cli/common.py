@@ -16,6 +16,8 @@ from controller.errors import ControllerError, SpecInvalid
 from controller.settings import Settings
 
 T = TypeVar("T")
+#: ``--json``: the record as JSON for scripts, in place of words.
+JSON_FLAG = typer.Option("--json", help="print JSON for scripts instead of words")
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 STATE_STYLE = {

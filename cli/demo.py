@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -32,7 +34,7 @@ from typing import Any
 
 from agent.backends import Backend
 from agent.spec import parse_spec
-from cli.terminal import TerminalView, parse_marker
+from cli.terminal import TerminalView
 from controller.errors import NotFound
 from controller.models import HostCreate
 from controller.service import Controller
@@ -159,13 +161,45 @@ def broken_form(paths: DemoPaths) -> dict[str, str]:
 
 
 def save_templates(home: Path, paths: DemoPaths, extract: bool) -> None:
-    """Saved New-run templates: the good run and the broken one."""
+    """Saved New-run templates: the good run and the broken one (each load picks a new folder in outputs/)."""
     store = TemplateStore(home)
     if extract:
-        store.save("demo tiny llama", spec_to_form(extraction_spec(paths, "demo-2")))
-        store.save(BROKEN_TEMPLATE, broken_form(paths))
+        outputs = {"output_dir": str(paths.home / "outputs")}
+        store.save("demo tiny llama", {**spec_to_form(extraction_spec(paths, "demo-2")), **outputs})
+        store.save(BROKEN_TEMPLATE, {**broken_form(paths), **outputs})
     else:
         store.save("demo command job", spec_to_form(command_spec(paths, "demo-2")))
+
+
+#: Held (flock) by the demo serving a home, and holding its URL: a second demo on that home refuses.
+LOCK_FILE = "demo.lock"
+
+
+class DemoRunning(Exception):
+    """Another demo serves this home; the message says where."""
+
+
+def hold_home(home: Path) -> int:
+    """Lock ``home`` for this demo (an fd to keep open while it runs); DemoRunning names the demo that
+    holds it.  Two demos on one home would share its agent and each other's events."""
+    fd = os.open(home / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        url = os.read(fd, 4096).decode(errors="replace").strip()
+        os.close(fd)
+        where = f"at {url}" if url else "(still starting)"
+        raise DemoRunning(
+            f"another eaglewatch demo runs on {home} {where}: use it, stop it, or give this one --home DIR"
+        ) from None
+    os.ftruncate(fd, 0)
+    return fd
+
+
+def note_url(fd: int, url: str) -> None:
+    """Write the running demo's URL into its lock file (what a second demo on the home prints)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, url.encode() + b"\n", 0)
 
 
 def fresh_token(home: Path) -> str:
@@ -243,30 +277,46 @@ def _end_daemons(state_dir: Path, grace_s: float = 2.0, timeout_s: float = 15.0)
         time.sleep(0.1)
 
 
-def milestone_lines(view: TerminalView, data: dict[str, Any]) -> list[str]:
-    """What the terminal shows for one milestone: the job's markers in words (one line per batch), the
-    first line of a milestone read from vLLM's own log."""
-    kind, text = str(data.get("kind")), str(data.get("text") or "")
-    fields = data.get("fields") if isinstance(data.get("fields"), dict) else {}
-    if parse_marker(text) is not None:
-        return [line for line, _ in view.milestone(kind, dict(fields or {}))]
-    first = text.splitlines()[0][:100] if text else ""
-    return [line for line, _ in view.flush()] + [f"{kind.replace('_', ' ')}: {first}"]
+class Echo:
+    """What the demo's terminal prints of the bus, in words: one line per batch, each kind of problem once
+    (where it was first seen), alerts, and the verdict once a run has ended (again only if later checks
+    change it)."""
+
+    def __init__(self) -> None:
+        self._views: dict[str, TerminalView] = {}
+        self._problems: set[tuple[str, str]] = set()
+        self._verdicts: dict[str, str] = {}
+
+    def event(self, kind: str, run: str, data: dict[str, Any]) -> list[str]:
+        """The lines to print for one bus event (``kind``: milestone, run, alert…) of ``run``."""
+        said: list[str] = []
+        if kind == "milestone":
+            what, text = str(data.get("kind")), str(data.get("text") or "")
+            fields = dict(data["fields"]) if isinstance(data.get("fields"), dict) else {}
+            if what != "shape_check_failed":
+                said = [
+                    line for line, _ in self._views.setdefault(run, TerminalView()).stored(what, fields, text)
+                ]
+            elif (run, code := str(fields.get("code") or "problem")) not in self._problems:
+                self._problems.add((run, code))
+                said = [f"problem {code}: {fields.get('message') or text} (first in {fields.get('file')})"]
+        elif kind == "run" and data.get("state") in TERMINAL_STATES:
+            said = [line for line, _ in self._views.pop(run, TerminalView()).flush()]
+            verdict = str(data.get("verdict_text") or data.get("state"))
+            if self._verdicts.get(run) != verdict:
+                self._verdicts[run] = verdict
+                said.append(f"verdict: {verdict}")
+        elif kind == "alert":
+            said = [f"ALERT: {data.get('message', data)}"]
+        return [f"  run {run}: {line}" for line in said]
 
 
 async def _echo_milestones(ctl: Controller) -> None:
-    """Print each milestone and alert on the terminal as it arrives (the page shows the same)."""
-    views: dict[str, TerminalView] = {}
+    """Print the bus's events on the terminal as they arrive (Echo)."""
+    echo = Echo()
     async for event in ctl.bus.subscribe():
-        if event.kind == "milestone":
-            view = views.setdefault(str(event.run_id), TerminalView())
-            for line in milestone_lines(view, event.data):
-                print(f"  run {event.run_id}: {line}", flush=True)
-        elif event.kind == "run" and event.data.get("state") in TERMINAL_STATES:
-            for line, _ in views.pop(str(event.run_id), TerminalView()).flush():
-                print(f"  run {event.run_id}: {line}", flush=True)
-        elif event.kind == "alert":
-            print(f"  ALERT run {event.run_id}: {event.data.get('message', event.data)}", flush=True)
+        for line in echo.event(event.kind, str(event.run_id), event.data):
+            print(line, flush=True)
 
 
 async def _start_server(app: Any, bind: str, port: int) -> tuple[Any, asyncio.Task[None], int]:
@@ -299,9 +349,8 @@ async def _start_server(app: Any, bind: str, port: int) -> tuple[Any, asyncio.Ta
     return server, task, int(bound)
 
 
-async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool) -> int:
+async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool, lock: int) -> int:
     paths = DemoPaths(home)
-    ensure_home(home)
     token = fresh_token(home)
     settings = Settings(home=home, bind=bind, port=port)
     ctl = Controller(settings)
@@ -319,6 +368,7 @@ async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool) -
             await asyncio.to_thread(build_model, paths)
         save_templates(home, paths, extract)
         url = f"http://{bind}:{bound}/"
+        note_url(lock, url)
         link = f"{url}login/link?code={app.state.login_links.issue()}"
         minutes = round(app.state.login_links.ttl_s / 60)
         print(
@@ -326,7 +376,8 @@ async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool) -
             f"  open:  {link}\n"
             f"         (logs this browser in: the link works once, within {minutes} minutes)\n"
             f"  URL:   {url}\n"
-            f"  token: {token}   (to log in at the URL from another browser, or once the link is used)\n",
+            f"  token: {token}   (to log in at the URL from another browser, or once the link is used)\n"
+            f"  CLI:   export EAGLEWATCH_HOME={shlex.quote(str(home))}   (then: eaglewatch runs ls)\n",
             flush=True,
         )
         if extract:
@@ -359,7 +410,15 @@ def run_demo(
 ) -> int:
     """Run the embedded demo until Ctrl-C; returns the exit status."""
     home = (home or Settings().demo_home).expanduser().resolve()
+    ensure_home(home)
     try:
-        return asyncio.run(_demo(home, bind, port, extract, broken))
+        lock = hold_home(home)
+    except DemoRunning as exc:
+        print(f"eaglewatch demo: {exc}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        return asyncio.run(_demo(home, bind, port, extract, broken, lock))
     except KeyboardInterrupt:
         return 0
+    finally:
+        os.close(lock)

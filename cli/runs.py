@@ -14,6 +14,7 @@ from rich.text import Text
 
 from agent.backends import Backend
 from cli.common import (
+    JSON_FLAG,
     MILESTONE_STYLE,
     STATE_STYLE,
     err,
@@ -24,13 +25,14 @@ from cli.common import (
     run_state_text,
     shard_lines,
 )
-from cli.terminal import TerminalView
+from cli.terminal import TerminalView, exit_words, words
 from controller.errors import SpecInvalid
 from controller.lifecycle import is_terminal
 from controller.models import parse_run_spec
 from controller.verdict import group_problems
+from web.capture_card import capture_card, sharded_capture_card
 
-runs_app = typer.Typer(no_args_is_help=True, help="Extraction runs.")
+runs_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Extraction runs.")
 
 
 def _split_ints(text: str | None, what: str) -> list[int] | None:
@@ -56,27 +58,46 @@ def runs_start(
     ] = None,
     command: Annotated[list[str] | None, typer.Argument(help="after --: a command to run and watch")] = None,
     spec_file: Annotated[Path | None, typer.Option("--spec", help="run spec JSON (or TOML) file")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-    name: Annotated[str | None, typer.Option("--name")] = None,
+    as_json: Annotated[bool, JSON_FLAG] = False,
+    name: Annotated[
+        str | None, typer.Option("--name", help="a short label: letters, digits, '.', '_', '-'")
+    ] = None,
     backend: Annotated[
         str | None,
         typer.Option("--backend", help=" | ".join(Backend)),
     ] = None,
-    model: Annotated[str | None, typer.Option("--model")] = None,
-    dataset: Annotated[str | None, typer.Option("--dataset")] = None,
-    output_dir: Annotated[str | None, typer.Option("--output-dir")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="absolute path of the model directory on the host")
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="absolute path of the JSONL dataset on the host")
+    ] = None,
+    output_dir: Annotated[
+        str | None,
+        typer.Option("--output-dir", help="absolute path on the host for the capture files (a new one)"),
+    ] = None,
     layers: Annotated[str | None, typer.Option("--layers", help="comma-separated layer ids")] = None,
-    layer_convention: Annotated[str | None, typer.Option("--layer-convention")] = None,
-    tp: Annotated[int | None, typer.Option("--tensor-parallel-size", "--tp")] = None,
-    max_samples: Annotated[int | None, typer.Option("--max-samples")] = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size")] = None,
+    layer_convention: Annotated[
+        str | None, typer.Option("--layer-convention", help="input | output: what layer id N means")
+    ] = None,
+    tp: Annotated[int | None, typer.Option("--tensor-parallel-size", "--tp", help="GPUs per engine")] = None,
+    max_samples: Annotated[
+        int | None, typer.Option("--max-samples", help="capture at most this many samples")
+    ] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", help="tokens per sample at most")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="samples per engine batch")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE (repeatable)")] = None,
     vllm_arg: Annotated[
         list[str] | None, typer.Option("--vllm-arg", help="extra engine argument (repeatable)")
     ] = None,
-    expect_layers: Annotated[int | None, typer.Option("--expect-layers")] = None,
-    expect_hidden_size: Annotated[int | None, typer.Option("--expect-hidden-size")] = None,
+    expect_layers: Annotated[
+        int | None,
+        typer.Option("--expect-layers", help="layers each file must hold (default: from the spec)"),
+    ] = None,
+    expect_hidden_size: Annotated[
+        int | None,
+        typer.Option("--expect-hidden-size", help="hidden size each file must have (default: the model's)"),
+    ] = None,
     on_shape_failure: Annotated[str | None, typer.Option("--on-shape-failure", help="alert | stop")] = None,
     shards: Annotated[
         int | None, typer.Option("--shards", help="split the dataset into N shard jobs over the hosts' GPUs")
@@ -89,6 +110,7 @@ def runs_start(
     spec: dict[str, Any] = {}
     if again is not None:
         spec = dict(run_ctl(lambda ctl: ctl.get_run(again)).spec)
+        spec.pop("resume", None)  # a run started again is a new capture, never a resume
     elif not host:
         err.print(
             Text("error: --host is required (or --again RUN to reuse a run's spec and host)", style="red")
@@ -188,7 +210,7 @@ async def _refreshed(ctl: Any, hosts: set[str]) -> None:
 
 @runs_app.command("ls")
 def runs_ls(
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, JSON_FLAG] = False,
     no_refresh: Annotated[bool, NO_REFRESH] = False,
 ) -> None:
     """List runs, newest first (unfinished runs caught up from their hosts first)."""
@@ -222,13 +244,66 @@ def runs_ls(
     out.print(table)
 
 
+#: How many of the last milestones ``runs show`` prints in words.
+LAST_MILESTONES = 6
+
+
+def show_lines(run: Any) -> list[Text]:
+    """A run in words, most useful first: verdict, what it is, exit, progress, shapes, problems, alerts and
+    its last milestones (passing checks counted into batch lines; failed ones are the problems above)."""
+    lines = [Text.assemble((run.id, "bold"), "  ", run_state_text(run.state, run.verdict, run.verdict_text))]
+    lines.append(
+        Text(
+            f"  {run.name} on {run.host}, backend {run.backend}"
+            + (f", model {run.model}" if run.model else "")
+        )
+    )
+    if (ended := exit_words(run.exit)) is not None:
+        lines.append(Text(f"  exit: {ended}"))
+    if run.failure_reason:
+        lines.append(Text(f"  failure: {run.failure_reason}", style="red"))
+    if run.progress:
+        lines.append(Text("  " + words("progress", run.progress)))
+    card = (sharded_capture_card if run.shards else capture_card)(run.spec, run.milestones)
+    if card is not None and card.layers is not None:
+        shape = f", hidden_states {card.expected_shape}" if card.expected_shape else ""
+        lines.append(Text(f"  capture: layers {card.layers} ({card.convention} convention), hidden size "
+                          f"{card.hidden_size}, {card.dtype}{shape}"))  # fmt: skip
+    if card is not None and card.shape_differs and card.shapes:
+        lines.append(Text(f"  read: hidden_states {card.shapes['hidden_states']}", style="red"))
+    lines.extend(shard_lines(run.shards or []))
+    rows = [(p.code, p.file, p.message) for p in run.problems]
+    for g in group_problems(rows, run.spec.get("output_dir")):
+        files = "file" if g.count == 1 else "files"
+        lines.append(
+            Text(f"  problem {g.code} in {g.count} {files} ({g.files_text}): {g.message}", style="red")
+        )
+    for a in run.alerts:
+        lines.append(Text(f"  alert [{a.severity}] {a.rule}: {a.message}", style="yellow"))
+    view, said = TerminalView(), list[tuple[str, str | None]]()
+    for m in run.milestones:
+        if m.kind != "shape_check_failed":
+            shard = "" if m.shard is None else f"[{m.shard}] "
+            said.extend((shard + t, k) for t, k in view.stored(m.kind, m.fields, m.text))
+    said.extend(view.flush())
+    if said:
+        lines.append(Text(f"  last milestones ({len(run.milestones)} in all; --raw lists each as recorded):"))
+        lines.extend(
+            Text(f"    {t}", style=MILESTONE_STYLE.get(k or "", "")) for t, k in said[-LAST_MILESTONES:]
+        )
+    return lines
+
+
 @runs_app.command("show")
 def runs_show(
-    run_id: Annotated[str, typer.Argument(metavar="RUN")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="the run's id")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="the whole record as JSON (GET /api/runs/{id})")
+    ] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="each milestone as recorded, after the summary")] = False,
     no_refresh: Annotated[bool, NO_REFRESH] = False,
 ) -> None:
-    """Show a run, caught up from its host first (same shape as GET /api/runs/{id} with --json)."""
+    """Show a run in words: verdict, shapes, problems and its last milestones, caught up from its host."""
 
     async def go(ctl: Any) -> Any:
         run = await ctl.get_run(run_id)
@@ -241,37 +316,20 @@ def runs_show(
     if as_json:
         print_json(run.model_dump(mode="json"))
         return
-    out.print(Text.assemble((run.id, "bold"), "  ", run_state_text(run.state, run.verdict, run.verdict_text)))
-    for label, value in (
-        ("name", run.name),
-        ("host", run.host),
-        ("backend", run.backend),
-        ("model", run.model),
-        ("exit", run.exit),
-        ("failure", run.failure_reason),
-        ("progress", run.progress),
-    ):
-        if value is not None:
-            out.print(Text(f"  {label}: {value}"))
-    for line in shard_lines(run.shards or []):
+    for line in show_lines(run):
         out.print(line)
-    for m in run.milestones:
-        shard = "" if m.shard is None else f"[{m.shard}] "
-        out.print(
-            Text.assemble("  ", shard, (f"{m.kind:<22}", MILESTONE_STYLE.get(m.kind, "cyan")), m.text[:160])
-        )
-    rows = [(p.code, p.file, p.message) for p in run.problems]
-    for g in group_problems(rows, run.spec.get("output_dir")):
-        files = "file" if g.count == 1 else "files"
-        out.print(Text(f"  problem {g.code} in {g.count} {files} ({g.files_text}): {g.message}", style="red"))
-    for a in run.alerts:
-        out.print(Text(f"  alert [{a.severity}] {a.rule}: {a.message}", style="yellow"))
+    if raw:
+        for m in run.milestones:
+            shard = "" if m.shard is None else f"[{m.shard}] "
+            out.print(
+                Text.assemble("  ", shard, (f"{m.kind:<22}", MILESTONE_STYLE.get(m.kind, "cyan")), m.text)
+            )
 
 
 @runs_app.command("resume")
 def runs_resume(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, JSON_FLAG] = False,
     shard: Annotated[
         int | None,
         typer.Option("--shard", help="a sharded run: resume only this shard (default: all failed)"),
@@ -324,7 +382,7 @@ def card_lines(card: dict[str, Any]) -> list[str]:
 @runs_app.command("card")
 def runs_card(
     run_id: Annotated[str, typer.Argument(metavar="RUN")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, JSON_FLAG] = False,
 ) -> None:
     """Print a run's dataset card: its manifest.json on the host (totals, layer stats, versions, spec)."""
     card = run_ctl(lambda ctl: ctl.run_card(run_id))

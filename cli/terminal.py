@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from typing import Any
 
 MARKER = "EAGLEWATCH "
 _JOB_PROGRESS = re.compile(r"^\[eaglewatch\] \d+/\d+ samples, ")
+# vLLM's log prefix: "(EngineCore_DP0 pid=12) INFO 12-02 11:00:00 [core.py:75] "; the message follows it
+_VLLM_PREFIX = re.compile(
+    r"^(?:\([\w ]+pid=\d+\)\s*)?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:.]+ \[[^\]]*\]\s*"
+)
+#: A line read from another program's log is shown up to this many characters, cut at a word.
+LOG_LINE_CHARS = 140
 Shown = tuple[str, str | None]
 
 
@@ -81,6 +88,15 @@ def words(kind: str, f: dict[str, Any]) -> str:
     return f"{kind.replace('_', ' ')}: {shown}" if shown else kind.replace("_", " ")
 
 
+def exit_words(exit: dict[str, Any] | None) -> str | None:
+    """A job's exit status in words (``exit code 2``, ``killed by signal 9``); None when unknown."""
+    if not exit:
+        return None
+    if exit.get("signal") is not None:
+        return f"killed by signal {exit['signal']}"
+    return f"exit code {exit['code']}" if exit.get("code") is not None else None
+
+
 class TerminalView:
     """Turns a run's log lines or milestones into what a terminal shows (see the module docstring)."""
 
@@ -114,6 +130,15 @@ class TerminalView:
             batch, self._batch = self._batch, None
             return [(f"{self._batch_words(batch)}; {_progress(fields)}", "batch_captured")]
         return [*self.flush(), (words(kind, fields), kind)]
+
+    def stored(self, kind: str, fields: dict[str, Any], text: str) -> list[Shown]:
+        """What to print for a stored milestone: a marker's in words, one read from another program's log
+        (vLLM's) by its kind and the start of its line."""
+        if parse_marker(text) is not None:
+            return self.milestone(kind, fields)
+        first = _VLLM_PREFIX.sub("", text.splitlines()[0]) if text.strip() else ""
+        shown = textwrap.shorten(first, LOG_LINE_CHARS, placeholder=" …")
+        return [*self.flush(), (f"{kind.replace('_', ' ')}: {shown}", kind)]
 
     def flush(self) -> list[Shown]:
         """The batch line still waiting for its progress, if any."""

@@ -5,8 +5,10 @@ Rules: ``shape_check_failed`` (a failed check event or milestone), ``error`` mil
 whose statistics collapsed or exploded, from the same milestones), ``canary_mismatch`` (a ``canary_checked``
 milestone that is not ok), ``run_failed``,
 ``run_lost``, ``host_key_changed``, ``host_unreachable`` (longer than N minutes), ``stall`` (no progress
-for N× the recent progress interval).  Storing a draft (dedupe within the cooldown, outbox row when
-delivering) is crud.raise_alert; delivery is outbox.py.
+nor file check for N× the recent progress interval).  A run's alerts are kept apart per problem (a check's
+problem code, an error's class), so three different problems raise three alerts and a repeated one raises one.
+Storing a draft (dedupe within the cooldown, outbox row when delivering) is crud.raise_alert; delivery is
+outbox.py.
 """
 
 from __future__ import annotations
@@ -39,11 +41,15 @@ class AlertDraft:
     message: str
     run_id: str | None = None
     host: str | None = None
+    #: Which problem of its rule: a check's problem code (``non_finite``), an error's class (``oom``).
+    problem: str | None = None
 
     @property
     def dedupe_key(self) -> str:
-        """Cooldown key: per (run, rule), or per (host, rule) for host alerts."""
-        return f"run:{self.run_id}:{self.rule}" if self.run_id else f"host:{self.host}:{self.rule}"
+        """Cooldown key: per (run, rule, problem), or per (host, rule) for host alerts."""
+        if not self.run_id:
+            return f"host:{self.host}:{self.rule}"
+        return f"run:{self.run_id}:{self.rule}" + (f":{self.problem}" if self.problem else "")
 
 
 def rules_for_event(run: dict[str, Any], event: dict[str, Any]) -> list[AlertDraft]:
@@ -55,9 +61,8 @@ def rules_for_event(run: dict[str, Any], event: dict[str, Any]) -> list[AlertDra
         kind, fields = event.get("kind"), event.get("fields") or {}
         if kind == "shape_check_failed":
             what = fields.get("message") or fields.get("code") or event.get("text", "")
-            out.append(
-                AlertDraft("shape_check_failed", "critical", f"{name}: shape check failed: {what}", rid, host)
-            )
+            message = f"{name}: shape check failed: {what}"
+            out.append(AlertDraft("shape_check_failed", "critical", message, rid, host, _code(fields)))
         elif kind == "progress":
             out.extend(_progress_alerts(name, rid, host, fields))
         elif kind == "canary_checked" and fields.get("ok") is False:
@@ -73,22 +78,33 @@ def rules_for_event(run: dict[str, Any], event: dict[str, Any]) -> list[AlertDra
             # A wrapper ("Engine core initialization failed") names its root cause (agent rootcause.py).
             root = f"{str(fields['root_cause'])[:300]} — then: " if fields.get("root_cause") else ""
             text = str(event.get("text", ""))[:300]
-            out.append(AlertDraft("error", "error", f"{name}: error ({cls}): {root}{text}", rid, host))
+            message = f"{name}: error ({cls}): {root}{text}"
+            out.append(AlertDraft("error", "error", message, rid, host, str(cls)))
     elif etype == "check" and event.get("ok") is False:
-        probs = event.get("problems") or []
-        summary = "; ".join(f"{p.get('code')}: {p.get('message')}" for p in probs[:3]) or "problems found"
-        out.append(
-            AlertDraft(
-                "shape_check_failed",
-                "critical",
-                f"{name}: shape check failed on {event.get('file')}: {summary}",
-                rid,
-                host,
-            )
-        )
+        out.extend(_check_alerts(name, rid, host, event))
     elif etype == "state":
         out.extend(rules_for_state(run, str(event.get("state")), event.get("reason")))
     return out
+
+
+def _code(fields: dict[str, Any]) -> str | None:
+    code = fields.get("code")
+    return str(code) if code else None
+
+
+def _check_alerts(name: str, rid: str, host: str, event: dict[str, Any]) -> list[AlertDraft]:
+    """One shape_check_failed per distinct problem code of a failed check (its first three messages)."""
+    by_code: dict[str | None, list[str]] = {}
+    for p in event.get("problems") or []:
+        if isinstance(p, dict):
+            by_code.setdefault(_code(p), []).append(f"{p.get('code')}: {p.get('message')}")
+    head = f"{name}: shape check failed on {event.get('file')}"
+    if not by_code:
+        return [AlertDraft("shape_check_failed", "critical", f"{head}: problems found", rid, host)]
+    return [
+        AlertDraft("shape_check_failed", "critical", f"{head}: {'; '.join(said[:3])}", rid, host, code)
+        for code, said in by_code.items()
+    ]
 
 
 def _progress_alerts(name: str, rid: str, host: str, fields: dict[str, Any]) -> list[AlertDraft]:
@@ -142,10 +158,12 @@ def host_unreachable(host: str, since: float | None, now: float, minutes: float)
 
 
 def stall(run: dict[str, Any], now: float, factor: float, min_s: float) -> AlertDraft | None:
-    """Alert when a running run's progress is overdue by ``factor``× its recent interval."""
+    """Alert when a running run's progress is overdue by ``factor``× its recent interval; a capture file's
+    check counts as progress too (after the job's last line, its last files are still being checked)."""
     if run.get("state") != "running" or not run.get("last_progress_at") or not run.get("progress_interval_s"):
         return None
-    quiet = now - float(run["last_progress_at"])
+    last = max(float(run["last_progress_at"]), float(run.get("last_check_at") or 0.0))
+    quiet = now - last
     limit = max(factor * float(run["progress_interval_s"]), min_s)
     if quiet < limit:
         return None

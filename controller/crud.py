@@ -241,6 +241,8 @@ def apply_events(*, tx: Tx, run_id: str, events: list[dict[str, Any]], policy: A
                 cols.update(progress_interval_s=interval_s, last_milestone="progress")
             case ingest.SetLastMilestone(kind):
                 cols["last_milestone"] = kind
+            case ingest.SetCheckedAt(at):
+                cols["last_check_at"] = at
             case ingest.Transition():
                 _set_run(tx, run_id, cols)  # the transition reads the row: bring it up to date first
                 cols = {}
@@ -356,7 +358,8 @@ def host_down(*, tx: Tx, name: str, reason: str, policy: AlertPolicy) -> None:
 
 
 def raise_alert(*, tx: Tx, draft: AlertDraft, policy: AlertPolicy) -> int | None:
-    """Store ``draft`` unless the same key fired within the cooldown; returns the new alert id."""
+    """Store ``draft`` unless its key (run, rule and problem; or host and rule) fired within the cooldown;
+    returns the new alert id."""
     recent = tx.conn.execute(
         "SELECT 1 FROM alerts WHERE dedupe_key=? AND created_at > ? LIMIT 1",
         (draft.dedupe_key, tx.now - policy.cooldown_s),

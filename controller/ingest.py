@@ -78,6 +78,13 @@ class SetLastMilestone:
 
 
 @dataclass(frozen=True)
+class SetCheckedAt:
+    """When the run's agent last checked a capture file: the stall rule counts it as progress."""
+
+    at: float
+
+
+@dataclass(frozen=True)
 class Transition:
     """A lifecycle event for the run (planned again against the row when applied: see plan_transition)."""
 
@@ -94,7 +101,16 @@ class RaiseAlert:
     draft: AlertDraft
 
 
-Effect = Record | StoreMilestone | StoreProblem | SetProgress | SetLastMilestone | Transition | RaiseAlert
+Effect = (
+    Record
+    | StoreMilestone
+    | StoreProblem
+    | SetProgress
+    | SetLastMilestone
+    | SetCheckedAt
+    | Transition
+    | RaiseAlert
+)
 
 
 @dataclass(frozen=True)
@@ -155,6 +171,7 @@ def plan_events(run: dict[str, Any], events: list[dict[str, Any]], now: float) -
             changed = True
         elif etype == "check":
             effects.extend(_check(seq, at, ev))
+            effects.append(SetCheckedAt(at))
         else:
             effects.append(Record(seq, "journal", {"seq": seq, "journal": ev}, at))
         effects.extend(RaiseAlert(d) for d in alerts.rules_for_event(run, ev))

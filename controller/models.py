@@ -87,6 +87,8 @@ class Run(SQLModel, table=True):
     last_milestone: str | None = None
     last_progress_at: float | None = None
     progress_interval_s: float | None = None
+    #: When the agent last journaled a capture file's check (a run whose files are checked is not stalled).
+    last_check_at: float | None = None
     #: The run this one resumes (same spec and output directory), if any.
     resumed_from: str | None = None
     #: The Slurm job id of a run submitted on a Slurm host (set from the launch reply).

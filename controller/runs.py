@@ -59,12 +59,21 @@ def check_hosts(spec: RunSpec, hosts: dict[str, dict[str, Any] | None]) -> None:
         raise SpecInvalid(errors)
 
 
-def output_dir_refusal(exc: AgentError | Unreachable) -> str | None:
-    """The agent's reason for refusing a launch's output_dir, None for any other failure."""
+#: Spec fields naming host paths the agent checks before a launch (agent/daemon/launch_paths.py).
+PATH_FIELDS = ("model", "dataset", "output_dir", "specforge.scripts_dir", "speculators.scripts_dir")
+
+
+def path_refusal(exc: AgentError | Unreachable) -> dict[str, str] | None:
+    """The agent's refusal of a spec's host path as a field error, None for any other failure."""
     if not isinstance(exc, AgentError) or exc.agent_code != "bad_args":
         return None
-    message = exc.message.removeprefix(f"agent: {exc.agent_code}: ")
-    return message.removeprefix("spec.") if message.startswith("spec.output_dir ") else None
+    message = exc.message.removeprefix(f"agent: {exc.agent_code}: ").removeprefix("spec.")
+    for field in PATH_FIELDS:
+        if message.startswith(f"{field}: "):
+            return {"field": field, "message": message.removeprefix(f"{field}: ")}
+        if message.startswith(f"{field} "):
+            return {"field": field, "message": message}
+    return None
 
 
 def scheduler_args(host: dict[str, Any]) -> dict[str, Any] | None:
@@ -138,8 +147,9 @@ class RunOps:
         refusal fails it with the reason.
 
         ``array`` (shards, task ids): on a Slurm host, one array job running those shards of the run.
-        ``discard_refused``: an output_dir the agent refuses (in use, or holding another capture) is the
-        caller's spec error: the run is forgotten and SpecInvalid names output_dir."""
+        ``discard_refused``: a host path the agent refuses (no such model, dataset or scripts; an output_dir
+        not writable, in use or holding a capture) is the caller's spec error: the run is forgotten and
+        SpecInvalid names the field."""
         try:
             row = await self.store.read(queries.host_row, host)
         except NotFound:
@@ -151,10 +161,10 @@ class RunOps:
             async with self.supervisors.link_for(host) as link:
                 result = await link.request("launch", run=run_id, spec=document, timeout=120, **extra)
         except (AgentError, Unreachable) as exc:
-            refusal = output_dir_refusal(exc)
+            refusal = path_refusal(exc)
             if discard_refused and refusal is not None:
                 await self.store.write(lambda tx: crud.discard_run(tx=tx, run_id=run_id))
-                raise SpecInvalid([{"field": "output_dir", "message": refusal}]) from None
+                raise SpecInvalid([refusal]) from None
             reason = f"launch failed: {exc.message}"
             await self.store.write(
                 lambda tx: crud.transition(
@@ -191,7 +201,8 @@ class RunOps:
             raise Conflict(
                 f"run {run_id} runs a command, which may not skip finished work: start it again instead"
             )
-        return await self.create(parse_run_spec(json.loads(run["spec_json"])), resumed_from=run_id)
+        spec = {**json.loads(run["spec_json"]), "resume": True}
+        return await self.create(parse_run_spec(spec), resumed_from=run_id)
 
     async def forecast(self, spec: RunSpec) -> dict[str, Any]:
         """The host's forecast for a spec (bytes to write, free bytes, fits, estimated); launches nothing.
@@ -206,6 +217,8 @@ class RunOps:
                 document = spec.model_dump(mode="json")
                 return await link.request("forecast", spec=document, timeout=FORECAST_TIMEOUT_S)
         except AgentError as exc:
+            if (refusal := path_refusal(exc)) is not None:
+                raise SpecInvalid([refusal]) from None
             if exc.agent_code in ("failed", "bad_args"):
                 message = exc.message.removeprefix(f"agent: {exc.agent_code}: ")
                 raise SpecInvalid([{"field": "spec", "message": f"no forecast: {message}"}]) from None

@@ -105,6 +105,7 @@ ADDED_COLUMNS = (
     ("runs", "shard_of", "VARCHAR"),
     ("runs", "shard_index", "INTEGER"),
     ("runs", "scheduler_job", "VARCHAR"),
+    ("runs", "last_check_at", "FLOAT"),
     ("hosts", "scheduler", "VARCHAR"),
     ("hosts", "partition", "VARCHAR"),
     ("hosts", "account", "VARCHAR"),

@@ -125,6 +125,16 @@ async def get_host(ctl: ControllerDep, name: str) -> HostPublic:
     return result
 
 
+@post_router.delete(
+    "/hosts/{name}",
+    status_code=204,
+    responses={409: {"model": ErrorOut, "description": "it has active runs"}},
+)
+async def remove_host(ctl: ControllerDep, name: str) -> None:
+    """Forget a host; 409 while it has runs that have not ended."""
+    await ctl.remove_host(name)
+
+
 @post_router.post("/runs", response_model=Created, status_code=201, responses=_SPEC_ERRORS)
 async def create_run(ctl: ControllerDep, spec: Annotated[RunSpec, Body()]) -> Created:
     """Validate a run spec and launch it; 422 names each bad field."""

@@ -32,6 +32,15 @@ class CaptureCard:
     free_bytes: int | None = None  # free space of the output directory, latest reading
     fits: bool | None = None
     eta_s: float | None = None  # from the measured tokens/s; None once the run is over
+    # what the output checker read in the latest file checked, tensor name: "[T, 3, 128]"
+    shapes: dict[str, str] | None = None
+    expected_shape: str | None = None  # hidden_states as configured: [T, layers, hidden size]
+
+    @property
+    def shape_differs(self) -> bool:
+        """Whether the hidden states read differ from the configured ones."""
+        read = (self.shapes or {}).get("hidden_states")
+        return read is not None and self.expected_shape is not None and read != self.expected_shape
 
 
 def _int(value: Any) -> int | None:
@@ -40,6 +49,17 @@ def _int(value: Any) -> int | None:
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def shape_text(shape: list[Any]) -> str:
+    """A tensor shape with its token axis (the first) as T: ``[T, 3, 128]``."""
+    return "[" + ", ".join(["T", *(str(d) for d in shape[1:])]) + "]" if shape else "[]"
+
+
+def _shapes(raw: Any) -> dict[str, str] | None:
+    if not isinstance(raw, dict):
+        return None
+    return {str(k): shape_text(v) for k, v in raw.items() if isinstance(v, list)} or None
 
 
 def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -> CaptureCard | None:
@@ -53,11 +73,13 @@ def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -
     tokens = files = nbytes = None
     forecast_bytes = free = eta = None
     fit: bool | None = None
+    shapes: dict[str, str] | None = None
     batch_tokens, seen, final = 0, False, False
     for m in milestones:
         f = m.fields
         if m.kind == "engine_config":
-            vllm = _str(f.get("vllm")) or vllm
+            # the job's own engine_config says "vllm"; the rules reading vLLM's log lines say "version"
+            vllm = _str(f.get("vllm")) or _str(f.get("version")) or vllm
         elif m.kind == "capture_configured":
             seen = True
             raw = f.get("layers")
@@ -65,6 +87,8 @@ def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -
             convention = _str(f.get("convention")) or convention
             hidden = _int(f.get("hidden_size")) or hidden
             dtype = _str(f.get("dtype")) or dtype
+        elif m.kind in ("shape_check_passed", "shape_check_failed"):
+            shapes = _shapes(f.get("shapes")) or shapes
         elif m.kind == "batch_captured":
             batch_tokens += _int(f.get("tokens")) or 0
         elif m.kind == "forecast":
@@ -104,6 +128,8 @@ def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -
         free_bytes=free,
         fits=fit,
         eta_s=eta,
+        shapes=shapes,
+        expected_shape=shape_text([0, len(layers), hidden]) if layers and hidden else None,
     )
 
 
@@ -161,4 +187,6 @@ def sharded_capture_card(spec: Mapping[str, Any], milestones: Iterable[Milestone
         free_bytes=min(frees) if frees else None,
         fits=all(fits) if fits else None,
         eta_s=max(etas) if etas else None,
+        shapes=next((c.shapes for c in cards if c.shapes), None),
+        expected_shape=next((c.expected_shape for c in cards if c.expected_shape), None),
     )

@@ -214,7 +214,9 @@ def errors_by_form_field(errors: list[dict[str, str]]) -> dict[str, str]:
     for err in errors:
         loc = tuple(p for p in err.get("field", "").split(".") if p)
         for name in _field_of(loc, err["message"]):
-            out[name] = f"{out[name]}; {err['message']}" if name in out else err["message"]
+            # a message shown above the form names the spec field it is about (``modle: … model?``)
+            message = f"{err['field']}: {err['message']}" if name == _GENERAL and loc else err["message"]
+            out[name] = f"{out[name]}; {message}" if name in out else message
     return out
 
 

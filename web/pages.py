@@ -23,6 +23,7 @@ from web.logpage import read_log_page
 from web.middleware import client_of
 from web.run_templates import TemplateError, TemplateStore
 from web.sse import TERMINAL_STATES
+from web.timeline import FOLDED, passed_files, timeline_rows
 
 router = APIRouter(include_in_schema=False)
 post_router = APIRouter(include_in_schema=False, dependencies=CSRF_REQUIRED)
@@ -162,7 +163,11 @@ async def run_page(
             if m.kind in ("progress", "throughput")
         ]
     )
-    timeline = run.milestones if all_milestones else timeline_window(run.milestones)
+    unfolded = [m for m in run.milestones if m.kind not in FOLDED]
+    shown = unfolded if all_milestones else timeline_window(unfolded)
+    timeline = timeline_rows(
+        sorted(shown + [m for m in run.milestones if m.kind in FOLDED], key=lambda m: m.seq), run.state
+    )
     t0 = run.started_at or run.created_at
     out_dir = run.spec.get("output_dir")
     data = {
@@ -184,8 +189,10 @@ async def run_page(
     return render(
         request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
         data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE, timeline=timeline,
-        hidden_milestones=len(run.milestones) - len(timeline), problem_groups=problem_groups,
-        resumable=run.state in RESUMABLE_STATES and run.backend != Backend.COMMAND, card=card,
+        hidden_milestones=len(unfolded) - len(shown), problem_groups=problem_groups,
+        passed=passed_files(run.milestones), gpu_panel=bool(host and host.gpus),
+        resumable=run.state in RESUMABLE_STATES and run.backend != Backend.COMMAND and not run.resumed_by,
+        card=card,
         resumable_states=RESUMABLE_STATES,
         layer_chart=card is not None or bool(data["layer_rms"]),
     )  # fmt: skip

@@ -27,13 +27,13 @@ from typing import Any
 from agent.checks import tensorfiles, zstfiles
 from agent.checks.dirs import (
     CAPTURE,
+    directory_gaps,
     escapes,
     index_gaps,
     is_capture_file,
     is_locked,
     length_problem,
     read_sample_lengths,
-    shard_ranges,
     walk,
 )
 from agent.checks.formats import EAGLE, SAFETENSORS, SPECFORGE, SPECULATORS_PT, check_sample, classify
@@ -57,6 +57,7 @@ __all__ = [
     "expectation_from_model",
     "index_gaps",
     "is_capture_file",
+    "needs_tensor_libs",
 ]
 
 _NO_TORCH = "torch is not importable (needed for .pt/.ckpt files)"
@@ -74,9 +75,11 @@ class CheckReport:
     problems: list[Problem]
     unchecked: list[str]
     notes: list[str] = field(default_factory=list)
+    shapes: dict[str, list[int]] = field(default_factory=dict)  # tensor name: shape, of the last file read
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form: ok, files, format, problems [{code, file, message}], unchecked, notes."""
+        """JSON-serialisable form: ok, files, format, problems [{code, file, message}], unchecked, notes,
+        shapes {tensor name: shape read}."""
         return {
             "ok": self.ok,
             "files": self.files,
@@ -84,6 +87,7 @@ class CheckReport:
             "problems": [p.to_dict() for p in self.problems],
             "unchecked": list(self.unchecked),
             "notes": list(self.notes),
+            "shapes": dict(self.shapes),
         }
 
 
@@ -94,6 +98,7 @@ class _Result:
     unchecked: str | None = None  # the reason, when the file could not be checked
     tokens: int | None = None  # T, for the cross-check against sample_lengths.json
     notes: list[str] = field(default_factory=list)
+    shapes: dict[str, list[int]] = field(default_factory=dict)  # the header's, beside what was expected
 
 
 def find_hidden_size(config: dict[str, Any]) -> int | None:
@@ -173,6 +178,7 @@ def _check_safetensors(path: Path, expect: Expectation, deep: bool) -> _Result:
     except HeaderError as e:
         return _unreadable(file, SAFETENSORS, f"not a valid safetensors file: {e}")
     result = _Result(SAFETENSORS, _header_problems(file, header, expect))
+    result.shapes = {name: list(t.shape) for name, t in header.tensors.items()}
     if "token_ids" in header.tensors:
         result.tokens = _tokens(header.tensors["token_ids"].shape)
     if deep and _scannable(header):
@@ -191,6 +197,19 @@ def _check_safetensors(path: Path, expect: Expectation, deep: bool) -> _Result:
     return result
 
 
+def needs_tensor_libs(path: Path) -> bool:
+    """Whether a deep check of ``path`` may import numpy or torch: anything but a regular safetensors file
+    whose header leaves no values to scan (check_path then reads the header alone, stdlib only)."""
+    if not path.name.endswith(".safetensors"):
+        return True
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # check_path reports it without reading it
+            return False
+        return _scannable(read_header(path))
+    except (HeaderError, OSError):
+        return False
+
+
 def _check_zst(path: Path, expect: Expectation, deep: bool) -> _Result:
     file = str(path)
     if tensorfiles.optional_module("zstandard") is None:
@@ -200,6 +219,7 @@ def _check_zst(path: Path, expect: Expectation, deep: bool) -> _Result:
     except HeaderError as e:
         return _unreadable(file, SAFETENSORS, f"not a valid zstd-compressed safetensors file: {e}")
     result = _Result(SAFETENSORS, _header_problems(file, header, expect))
+    result.shapes = {name: list(t.shape) for name, t in header.tensors.items()}
     if "token_ids" in header.tensors:
         result.tokens = _tokens(header.tensors["token_ids"].shape)
     if stats is not None:
@@ -317,8 +337,7 @@ def check_path(path: str | Path, expect: Expectation = Expectation(), deep: bool
     notes: list[str] = [lengths_note] if lengths_note else []
     if is_dir:
         entries = walk(p)
-        ranges = shard_ranges(p)
-        gaps = index_gaps(str(p), [str(f) for f, _ in entries], listed=lengths.keys(), ranges=ranges)
+        gaps = directory_gaps(p, entries, lengths.keys())
     else:
         entries = [(p, is_locked(p))]
         gaps = []
@@ -327,6 +346,7 @@ def check_path(path: str | Path, expect: Expectation = Expectation(), deep: bool
     reasons: Counter[str] = Counter()
     formats: set[str] = set()
     checked = 0
+    shapes: dict[str, list[int]] = {}
     for file, locked in entries:
         try:
             r = _check_file(file, expect, deep, locked, p if is_dir else p.parent)
@@ -339,6 +359,7 @@ def check_path(path: str | Path, expect: Expectation = Expectation(), deep: bool
             reasons[r.unchecked] += 1
             continue
         checked += 1
+        shapes = r.shapes or shapes
         problems += r.problems
         if lengths:
             problems += length_problem(str(file), r.tokens, lengths)
@@ -348,4 +369,4 @@ def check_path(path: str | Path, expect: Expectation = Expectation(), deep: bool
     if not entries:
         notes.append(f"{p}: no capture files found")
     fmt = formats.pop() if len(formats) == 1 else ("mixed" if formats else None)
-    return CheckReport(not problems and checked > 0, checked, fmt, problems, unchecked, notes)
+    return CheckReport(not problems and checked > 0, checked, fmt, problems, unchecked, notes, shapes)

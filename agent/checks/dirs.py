@@ -216,3 +216,8 @@ def length_problem(file: str, tokens: int | None, lengths: dict[int, int]) -> li
         return []
     want = lengths[fam[1]]
     return [Problem("seq_len_mismatch", file, f"{tokens} tokens but {SAMPLE_LENGTHS} records {want}")]
+
+
+def directory_gaps(root: Path, entries: list[tuple[Path, bool]], listed: Collection[int]) -> list[Problem]:
+    """index_gap problems of a directory from its capture files' names alone (``walk`` gives ``entries``)."""
+    return index_gaps(str(root), [str(f) for f, _ in entries], listed=listed, ranges=shard_ranges(root))

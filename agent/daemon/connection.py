@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from agent import __version__, protocol
 from agent.backends import Backend
+from agent.daemon.launch_paths import path_error
 from agent.daemon.streams import stream_events, stream_log
 from agent.jobs import control as jobs
 from agent.logs.tail import read_from
@@ -308,6 +309,9 @@ class Connection:
         if view.backend == Backend.COMMAND:
             message = f"backend '{Backend.COMMAND}' writes nothing the agent knows of: no forecast"
             raise OpError(ErrorCode.BAD_ARGS, message)
+        unusable = await asyncio.to_thread(path_error, args["spec"], view.backend)
+        if unusable is not None:
+            raise OpError(ErrorCode.BAD_ARGS, f"spec.{unusable[0]}: {unusable[1]}")
         try:
             return await forecast(args["spec"], self.daemon.state_dir)
         except ForecastError as exc:

@@ -17,6 +17,7 @@ from typing import Any
 from agent import __version__, protocol, settings
 from agent.backends import OWN, Backend
 from agent.daemon.connection import Connection, OpError
+from agent.daemon.launch_paths import path_error
 from agent.jobs import control as jobs
 from agent.jobs.procfs import boot_id
 from agent.logs.tail import POLL_INTERVAL_S, Inotify
@@ -286,19 +287,30 @@ class Daemon:
         claim = (run, view.output_dir, mine)
         self._launching.append(claim)
         try:
-            await self._check_output_dir(view, spec, others)
+            await self._check_output_dir(view, spec, others, sharded=mine is not None)
             return await self._launch(run, spec, view, opts)
         finally:
             self._launching.remove(claim)
 
-    async def _check_output_dir(self, view: JobSpec, spec: Any, others: list[tuple[str, str]]) -> None:
-        """launch_output_dir_error as an OpError; a directory holding capture files is compared with the
-        capture the spec asks for (resolved by the job's own code in a child: no pydantic in the daemon)."""
+    async def _check_output_dir(
+        self, view: JobSpec, spec: Any, others: list[tuple[str, str]], sharded: bool
+    ) -> None:
+        """The spec's host paths (launch_paths.py), then launch_output_dir_error, as an OpError naming the
+        field.  A directory holding capture files is compared with the capture the spec asks for (resolved
+        by the job's own code in a child: no pydantic in the daemon); the same capture is carried on only
+        by a spec that says ``resume`` (or by one shard among others writing there)."""
+        unusable = await asyncio.to_thread(path_error, spec, view.backend)
+        if unusable is not None:
+            raise OpError(ErrorCode.BAD_ARGS, f"spec.{unusable[0]}: {unusable[1]}")
         out = view.output_dir or ""
-        wanted = None
-        if view.backend in OWN and await asyncio.to_thread(holds_capture, out):
-            wanted = await spec_capture(spec, self.state_dir)
+        captured = await asyncio.to_thread(holds_capture, out)
+        wanted = await spec_capture(spec, self.state_dir) if captured and view.backend in OWN else None
         err = await asyncio.to_thread(launch_output_dir_error, out, str(self.state_dir), others, wanted)
+        if err is None and captured and not (view.resume or sharded):
+            err = (
+                f"output_dir {out[:200]!r} already holds capture files: choose another output_dir, or resume "
+                "the run that wrote them (resume: true)"
+            )
         if err is not None:
             raise OpError(ErrorCode.BAD_ARGS, f"spec.{err}")
 

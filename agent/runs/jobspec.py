@@ -162,6 +162,8 @@ class JobSpec:
     shard: tuple[int, int] | None = None
     #: the scheduler's time limit for the job (Slurm --time); ignored for a job the agent starts itself
     time_limit_minutes: int | None = None
+    #: the run carries on in an output_dir that already holds its capture's files
+    resume: bool = False
 
     @classmethod
     def parse(cls, spec: Any) -> JobSpec:
@@ -220,6 +222,7 @@ class JobSpec:
             time_limit_minutes=get(
                 "time_limit_minutes", _positive("time_limit_minutes"), spec.get("time_limit_minutes")
             ),
+            resume=spec.get("resume") is True,
         )
 
     @property

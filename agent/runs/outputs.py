@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import re
-import sys
 from typing import Any
 
 
@@ -120,6 +117,9 @@ def check_events(name: str, report: dict[str, Any], line: int) -> list[dict[str,
     }
     if unchecked:
         ev["unchecked"] = report.get("unchecked")
+    shapes = report.get("shapes") or {}  # what the checker read, for the run page beside what was expected
+    if shapes:
+        ev["shapes"] = shapes
     events = [ev]
     base = {"type": "milestone", "line": line, "rank": None}
     for p in problems:
@@ -128,11 +128,14 @@ def check_events(name: str, report: dict[str, Any], line: int) -> list[dict[str,
             "code": p.get("code"),
             "message": p.get("message"),
             "source": "agent",
+            **({"shapes": shapes} if shapes else {}),
         }
         text = f"{p.get('code')}: {p.get('file', name)}: {p.get('message')}"
         events.append({**base, "kind": "shape_check_failed", "fields": fields, "text": text})
     if not problems and not unchecked:
         fields = {"file": name, "format": report.get("format"), "source": "agent"}
+        if shapes:
+            fields["shapes"] = shapes
         events.append({**base, "kind": "shape_check_passed", "fields": fields, "text": f"{name}: shapes ok"})
     return events
 
@@ -142,53 +145,14 @@ async def check_file(
     *,
     layers: int | None = None,
     hidden_size: int | None = None,
-    model: str | None = None,
-    layer_ids: list[int] | None = None,
     deep: bool = True,
 ) -> dict[str, Any]:
     """Run the output checker on a path in a child process (keeps torch/numpy out of the daemon)."""
-    arg = json.dumps(
-        {
-            "path": path,
-            "layers": layers,
-            "hidden_size": hidden_size,
-            "model": model,
-            "layer_ids": layer_ids,
-            "deep": deep,
-        }
-    )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "agent.checks.child",
-        arg,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        async with asyncio.timeout(300):
-            out, err = await proc.communicate()
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return _unchecked(path, "the check took longer than 300 s")
-    try:
-        report = json.loads(out)
-        if isinstance(report, dict):
-            return report
-    except ValueError:
-        pass
-    return _unchecked(path, f"checker failed: {err.decode('utf-8', 'replace')[-300:]}")
+    from agent.checks.child import CheckPool
 
-
-def _unchecked(path: str, message: str) -> dict[str, Any]:
-    """A report for a file the checker could not judge (not a problem of the file, not a pass either)."""
-    return {
-        "ok": False,
-        "files": 0,
-        "format": None,
-        "problems": [],
-        "unchecked": [os.path.basename(path)],
-        "error": message,
-    }
+    pool = CheckPool(1)
+    try:
+        arg = {"path": path, "layers": layers, "hidden_size": hidden_size, "deep": deep}
+        return (await pool.check([arg]))[0]
+    finally:
+        await pool.close()

@@ -119,6 +119,7 @@ class RunWatcher:
             self.outbox.add,
             lambda: self.ingest.line,
             self._shape_failed,
+            self._checks_advanced,
         )
         self.cursor = Cursor(
             self.paths.cursor,
@@ -128,6 +129,8 @@ class RunWatcher:
         )
         self._last_data = self._dirty_since = time.monotonic()
         self._flushed = True
+        self._checks_came = False  # results from the check children are queued: save the cursor
+        self._held: list[dict[str, Any]] = []  # the scheduler's task_ended events, once the job is over
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -189,10 +192,19 @@ class RunWatcher:
             self._stop_requested = True
             self.stopper(self.paths.run, reason)
 
+    def _checks_advanced(self) -> None:
+        self._checks_came = True
+        self.pulse.notify()
+
     def note(self, events: list[dict[str, Any]]) -> None:
         """Journal events from outside the log (the scheduler's word on the job) and look again soon."""
         if self.summary.terminal is not None:
             return
+        if self.paths.exit.exists():
+            # The job is over: its tasks' ends go out with the final state, after the merge and every
+            # check, so that no shard (nor the sharded run) looks ended while its files are being checked.
+            self._held += [e for e in events if e.get("kind") == "task_ended"]
+            events = [e for e in events if e.get("kind") != "task_ended"]
         self.outbox.add(events)
         self.outbox.commit()
         self.wake()
@@ -224,6 +236,7 @@ class RunWatcher:
                     timeout = OUTPUT_SCAN_S
                 await self.pulse.wait(timeout)
         finally:
+            await self.checks.close()
             with contextlib.suppress(OSError):
                 self.cursor.save(force=True)
 
@@ -258,6 +271,9 @@ class RunWatcher:
             self._last_scan = now
             if await self.checks.scan(final=False):
                 self.cursor.save(force=True)
+        if self._checks_came:  # followers see the results at once; the disk syncs them behind
+            self._checks_came = False
+            self.cursor.sync_behind()
         if self.paths.exit.exists():
             await self._finish()
             return True
@@ -336,9 +352,11 @@ class RunWatcher:
         self._flushed = True
         self.log_changed.notify()
         self._stop_requested = True  # the job has ended: nothing left to stop
-        if await self.checks.scan(final=True):
-            self.cursor.save(force=True)
+        await self.checks.scan(final=True)
+        await self.checks.drain()  # the verdict waits for every file's check
         await self.checks.check_index_gaps()
+        await self.checks.close()
+        self.outbox.add(self._held)
         self.outbox.commit(sync=False)
         if self.summary.terminal is None:
             if not self.paths.stop.exists():  # a stop reports its own leftovers

@@ -70,10 +70,13 @@ def _captured(
 
 
 def extraction(model: Path, out: Path, layers: list[int] | None, **extra: Any) -> dict[str, Any]:
-    # no dataset: a launched job fails at once in its preflight, before it touches output_dir
+    # a hidden size no model has: a launched job fails at once in its preflight, before it touches output_dir
+    dataset = out.parent / "data.jsonl"
+    dataset.touch()
     return {
         "name": "own", "host": "local", "backend": "worker-extension", "model": str(model),
-        "dataset": str(out.parent / "missing.jsonl"), "output_dir": str(out), "layers": layers, **extra,
+        "dataset": str(dataset), "output_dir": str(out), "layers": layers, "expect": {"hidden_size": 1},
+        **extra,
     }  # fmt: skip
 
 
@@ -120,8 +123,10 @@ async def test_a_new_run_with_other_layers_is_refused_naming_them(
     assert f"holds a capture of layers {LAYERS_A}; this spec asks for layers {LAYERS_B}" in message
     assert (await c.get("/api/runs")).json() == []  # refused before launch: no run, no job
     assert not list((agent_host.state_dir / "runs").iterdir())
-    # the default layer ids of this 8-layer model are [2, 4, 5, 8]: the same capture, so it may resume
-    r = await c.post("/api/runs", json=extraction(model, out, None))
+    # the default layer ids of this 8-layer model are [2, 4, 5, 8]: the same capture, resumed only when asked
+    message = refusal(await c.post("/api/runs", json=extraction(model, out, None)))
+    assert "already holds capture files" in message and "resume: true" in message
+    r = await c.post("/api/runs", json=extraction(model, out, None, resume=True))
     assert r.status_code == 201, r.text
 
 
@@ -163,7 +168,7 @@ async def test_files_an_older_version_left_are_reused_only_when_its_manifest_mat
     assert "holds capture files but nothing says what they capture" in message
     message = refusal(await c.post("/api/runs", json=extraction(model, legacy, LAYERS_B, name="legacy")))
     assert f"layers {LAYERS_A}; this spec asks for layers {LAYERS_B}" in message
-    r = await c.post("/api/runs", json=extraction(model, legacy, LAYERS_A))
+    r = await c.post("/api/runs", json=extraction(model, legacy, LAYERS_A, resume=True))
     assert r.status_code == 201, r.text
 
 
@@ -178,7 +183,7 @@ async def test_a_resume_into_a_directory_another_capture_took_is_refused(
     r = await c.post("/api/runs", json=extraction(model, out, LAYERS_B))
     assert r.status_code == 201, r.text
     first = r.json()["id"]
-    assert await ended(ctl, first) == "failed"
+    assert await ended(ctl, first) == "failed"  # its preflight refuses the spec's expect
     _captured(out, LAYERS_A, model)  # meanwhile another run captured other layers there
     message = refusal(await c.post(f"/api/runs/{first}/resume"))
     assert f"holds a capture of layers {LAYERS_A}; this spec asks for layers {LAYERS_B}" in message
@@ -204,7 +209,7 @@ def test_the_job_refuses_another_capture_and_a_resume_clears_its_stale_temp_file
     for path in (stale, other):
         path.write_bytes(b"half a file")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    spec = {**extraction(model, out, LAYERS_B), "dataset": str(data)}
+    spec = {**extraction(model, out, LAYERS_B), "dataset": str(data), "expect": {}}
     job = _job(spec, tmp_path, "r-other")
     assert job.returncode == 2, job.stdout + job.stderr
     assert f"holds a capture of layers {LAYERS_A}; this spec asks for layers {LAYERS_B}" in job.stdout

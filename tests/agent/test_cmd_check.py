@@ -89,7 +89,7 @@ def test_exit_1_and_json_shape_when_problems(tmp_path: Path) -> None:
     out = check(tmp_path, "--layers", "2,30,58,61", "--hidden-size", H, "--json")
     assert out.returncode == 1, out.stderr
     report = json.loads(out.stdout)
-    assert set(report) == {"ok", "files", "format", "problems", "unchecked", "notes"}
+    assert set(report) == {"ok", "files", "format", "problems", "unchecked", "notes", "shapes"}
     assert report["ok"] is False and report["files"] == 2 and report["format"] == "safetensors"
     assert [(p["code"], Path(p["file"]).name) for p in report["problems"]] == [
         ("layer_count_mismatch", "hs_0.safetensors"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 import sys
 from pathlib import Path
@@ -255,8 +256,10 @@ def test_good_capture_file_passes_and_check_op(agent_daemon: AgentProc, tmp_path
         )
         argv = printer(tmp_path, ["working"], end_sleep=5)
         c.result(
-            "launch", run="cap", spec=_cmd(argv, output_dir=str(out), expect={"layers": 4, "hidden_size": 16})
-        )
+            "launch",
+            run="cap",
+            spec=_cmd(argv, output_dir=str(out), expect={"layers": 4, "hidden_size": 16}, resume=True),
+        )  # the files already there are this run's to carry on
         c.result("follow", run="cap", after_seq=0)
         events = _events(c.wait_for(terminal_event, timeout=40))
     passed = [e for e in events if e.get("kind") == "shape_check_passed"]
@@ -432,13 +435,18 @@ def test_processes_outliving_the_job_raise_a_warning(agent_daemon: AgentProc, tm
 
 
 def test_extract_backend_runs_the_agents_own_extract_job(agent_daemon: AgentProc, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "hidden_size": 32}))
+    (tmp_path / "d.jsonl").write_text("{}\n")
     spec = {
         "name": "x",
         "host": "h",
         "backend": "worker-extension",
-        "model": str(tmp_path / "no-model"),
+        "model": str(model),
         "dataset": str(tmp_path / "d.jsonl"),
         "output_dir": str(tmp_path / "out"),
+        "expect": {"hidden_size": 1},  # no model has it: the job's own preflight refuses the spec
     }
     with AgentClient(agent_daemon.socket) as c:
         launched = c.result("launch", run="ext", spec=spec)
@@ -448,9 +456,27 @@ def test_extract_backend_runs_the_agents_own_extract_job(agent_daemon: AgentProc
         c.result("follow", run="ext", after_seq=0)
         events = _events(c.wait_for(terminal_event, timeout=60))
     failed = [e for e in events if e.get("kind") == "failed"]
-    assert len(failed) == 1 and "no-model" in failed[0]["fields"]["reason"]  # the job's own failed marker
+    reason = "expect.hidden_size 1 != model hidden_size 32"
+    assert len(failed) == 1 and reason in failed[0]["fields"]["reason"]  # the job's own failed marker
     assert events[-1]["state"] == "failed" and "exit code 2" in events[-1]["reason"]
-    assert "job reported: model path" in events[-1]["reason"]
+    assert f"job reported: {reason}" in events[-1]["reason"]
+
+
+def test_a_launch_with_unusable_paths_is_refused_naming_the_field(
+    agent_daemon: AgentProc, tmp_path: Path
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (tmp_path / "d.jsonl").write_text("{}\n")
+    spec = {"name": "x", "host": "h", "model": str(model), "dataset": str(tmp_path / "d.jsonl"),
+            "output_dir": str(tmp_path / "out")}  # fmt: skip
+    with AgentClient(agent_daemon.socket) as c:
+        refused = c.request("launch", run="ext", spec=spec)
+        assert refused["code"] == "bad_args" and refused["message"].startswith("spec.model: "), refused
+        assert "has no config.json" in refused["message"]
+        forecast = c.request("forecast", spec={**spec, "dataset": str(tmp_path / "none.jsonl")})
+        assert forecast["code"] == "bad_args" and forecast["message"].startswith("spec.model: "), forecast
+    assert not run_paths(agent_daemon.state_dir, "ext").dir.exists()
 
 
 def test_ranks_printing_seconds_apart_still_make_one_milestone(

@@ -93,8 +93,12 @@ def test_launch_accepts_new_empty_and_resumed_output_dirs(agent_daemon: AgentPro
         (resumed / name).write_bytes(b"{}")
     (tmp_path / "empty").mkdir()
     with AgentClient(agent_daemon.socket) as c:
+        # files of a capture are carried on only by a spec that resumes
+        refused = c.request("launch", run="again", spec=_cmd(argv, output_dir=str(resumed)))
+        assert "already holds capture files" in refused["message"], refused
         for run, out in (("new", tmp_path / "new"), ("empty", tmp_path / "empty"), ("resumed", resumed)):
-            assert c.result("launch", run=run, spec=_cmd(argv, output_dir=str(out)))["pid"] > 0
+            spec = _cmd(argv, output_dir=str(out), resume=out == resumed)
+            assert c.result("launch", run=run, spec=spec)["pid"] > 0
 
 
 def test_checker_does_not_follow_a_link_out_of_the_output_dir(tmp_path: Path) -> None:

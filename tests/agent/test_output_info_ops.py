@@ -32,11 +32,15 @@ def test_forecast_op(agent_daemon: AgentProc, tmp_path: Path) -> None:
         assert got["bytes"] == file_bytes(3, 4, 32, 2) + file_bytes(2, 4, 32, 2)
         assert got["fits"] is True and got["estimated"] is False and got["free_bytes"] > 0
         bad = c.request("forecast", spec=_spec(tmp_path, model=str(tmp_path / "nope")))
-        assert bad["type"] == "error" and bad["code"] == "failed" and "does not exist" in bad["message"]
+        assert bad["code"] == "bad_args" and bad["message"].startswith("spec.model: "), bad
+        assert "does not exist" in bad["message"]
         cmd = c.request("forecast", spec={"host": "local", "backend": "command", "command": ["true"]})
         assert cmd["code"] == "bad_args" and "no forecast" in cmd["message"]
         assert c.request("forecast")["code"] == "bad_args"
-        sf = _spec(tmp_path, backend="specforge", specforge={"scripts_dir": "/opt/SpecForge/scripts"})
+        scripts = tmp_path / "SpecForge" / "scripts"
+        scripts.mkdir(parents=True)
+        (scripts / "prepare_hidden_states.py").touch()
+        sf = _spec(tmp_path, backend="specforge", specforge={"scripts_dir": str(scripts)})
         got = c.result("forecast", spec={**sf, "seq_len": 100})
         # no tokenizer in the model folder: each row counts at most --max-length (seq_len) tokens
         assert got["estimated"] is True and got["samples"] == 2 and got["tokens"] == 100 + 100

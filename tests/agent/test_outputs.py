@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from agent.checks.checker import Expectation, check_path
 from agent.checks.shapes import CODES
+from agent.runs.outputs import check_events
 
 T, L, H = 12, 4, 64
 EXPECT = Expectation(layers=L, hidden_size=H)
@@ -298,11 +299,16 @@ def test_771_items_message_names_what_was_expected(tmp_path: Path) -> None:
 def test_dropped_final_layer_message(tmp_path: Path) -> None:
     path = tmp_path / "hs_0.safetensors"
     st(RAND[:, :3].contiguous().bfloat16())(path)
-    (problem,) = check_path(path, EXPECT).problems
+    report = check_path(path, EXPECT)
+    (problem,) = report.problems
     assert (
         problem.message
         == "layer count mismatch: hidden_states has 3 layers, expected 4 (final layer dropped?)"
     )
+    # the shape read goes with the check event and its milestone, for the run page
+    assert report.to_dict()["shapes"]["hidden_states"] == [T, 3, H]
+    events = check_events(path.name, report.to_dict(), line=1)
+    assert [e.get("shapes", e.get("fields", {}).get("shapes")) for e in events] == [report.shapes] * 2
 
 
 def test_unreadable_messages_say_what_is_wrong(tmp_path: Path) -> None:

@@ -148,7 +148,7 @@ def test_mixed_formats_and_problem_per_file(tmp_path: Path) -> None:
         ("layer_count_mismatch", "hs_1.safetensors")
     ]
     d = report.to_dict()
-    assert set(d) == {"ok", "files", "format", "problems", "unchecked", "notes"}
+    assert set(d) == {"ok", "files", "format", "problems", "unchecked", "notes", "shapes"}
     assert d["problems"] == [report.problems[0].to_dict()]
     json.dumps(d)
 

@@ -111,6 +111,7 @@ def _port() -> int:
 
 
 def _spec(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
+    (tmp / "data").mkdir(exist_ok=True)  # the agent checks it exists; the stand-ins never read it
     return {
         "name": "pair",
         "host": "local",

@@ -62,6 +62,7 @@ def test_specforge_run_is_launched_watched_and_its_files_checked(
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "hidden_size": HIDDEN}))
+    (tmp_path / "sharegpt.jsonl").write_text('{"conversations": []}\n')  # the stand-in reads no row
     out = tmp_path / "hs"
     spec = {
         "name": "sf",

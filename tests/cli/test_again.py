@@ -52,13 +52,17 @@ def test_again_and_resume(tmp_path: Path, reap: None) -> None:
     refused = cli(tmp_path, "runs", "resume", first_id)
     assert refused.returncode == 1 and "completed" in refused.stderr
 
-    # an extraction that cannot start (no model there) fails; resuming it keeps its output directory
-    out = tmp_path / "out"
+    # an extraction whose job refuses its spec (no model has hidden size 1) fails; resuming it keeps its
+    # output directory
+    out, model, data = tmp_path / "out", tmp_path / "model", tmp_path / "data.jsonl"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "hidden_size": 32}))
+    data.write_text("{}\n")
     ext = cli(
         tmp_path, "runs", "start", "--host", "loc", "--json", "--backend", "worker-extension",
-        "--model", str(tmp_path / "no-model"), "--dataset", str(tmp_path / "data.jsonl"),
-        "--output-dir", str(out),
+        "--model", str(model), "--dataset", str(data), "--output-dir", str(out), "--expect-hidden-size", "1",
     )  # fmt: skip
+    assert ext.returncode == 0, ext.stderr
     ext_id = json.loads(ext.stdout)["id"]
     _wait_state(tmp_path, ext_id, ("failed",))
     resumed = cli(tmp_path, "runs", "resume", ext_id, "--json")
@@ -66,4 +70,7 @@ def test_again_and_resume(tmp_path: Path, reap: None) -> None:
     assert new_id != ext_id and json.loads(resumed.stdout)["resumes"] == ext_id
     detail = _show(tmp_path, new_id)
     assert detail["resumed_from"] == ext_id and detail["spec"]["output_dir"] == str(out)
+    assert detail["spec"]["resume"] is True
     assert _show(tmp_path, ext_id)["resumed_by"] == [new_id]
+    twice = cli(tmp_path, "runs", "resume", ext_id)
+    assert twice.returncode == 1 and f"already resumed as {new_id}" in twice.stderr

@@ -185,6 +185,13 @@ def test_a_completed_run_whose_files_all_failed_is_no_success(tmp_path: Path) ->
     problems = [ln for ln in text.splitlines() if "problem layer_count_mismatch" in ln]
     assert len(problems) == 1 and "in 24 files (hs_0 … hs_23)" in problems[0]
     assert "/scratch/out/hs_" not in text
+    plain = cli(tmp_path, "runs", "show", "r-broken").stdout.splitlines()
+    assert plain[0].startswith("r-broken  completed — 24 of 24 files failed shape checks") and len(plain) < 20
+    assert "  exit: exit code 0" in plain and not any("EAGLEWATCH {" in ln or "{'" in ln for ln in plain)
+    said = [ln for ln in plain if ln.startswith(("  problem ", "  alert ", "  last milestones"))]
+    assert [ln.split()[0] for ln in said] == ["problem", "alert", "last"], plain
+    raw = cli(tmp_path, "runs", "show", "r-broken", "--raw").stdout.splitlines()
+    assert raw[: len(plain)] == plain and len(raw) == len(plain) + len(shown["milestones"])
     table = cli(tmp_path, "runs", "ls", extra_env=color).stdout
     assert f"{yellow}completed — 24 of 24 files" in table
 

@@ -6,9 +6,11 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cli.demo import Echo
 from cli.terminal import TerminalView
 from tests.cli.test_commands import cli
 
@@ -78,3 +80,26 @@ def test_runs_logs_in_words_and_raw(tmp_path: Path, reap: None) -> None:
     assert len([ln for ln in logs.stdout.splitlines() if " captured: " in ln]) == 2
     raw = cli(tmp_path, "runs", "logs", run_id, "--raw")
     assert raw.stdout.splitlines() == JOB_LOG
+
+
+def test_the_demo_echo_names_each_problem_once_and_the_verdict_once() -> None:
+    """The broken demo run's events as the bus brings them: live checks, the end, then the late checks."""
+    echo = Echo()
+
+    def failed(i: int) -> dict[str, Any]:
+        fields = {"file": f"hs_{i}.safetensors", "code": "layer_count_mismatch", "message": "3 layers, not 4"}
+        return {"kind": "shape_check_failed", "fields": fields, "text": "layer_count_mismatch: …"}
+
+    batch = {"kind": "batch_captured", "fields": {"batch": 1, "samples": 2, "tokens": 64},
+             "text": 'EAGLEWATCH {"kind": "batch_captured"}'}  # fmt: skip
+    vllm = "(EngineCore_DP0 pid=7) WARNING 12-02 11:00:00 [cpu.py:9] " + "long words " * 30
+    ended = {"state": "completed", "verdict_text": "completed — 4 of 4 files failed shape checks"}
+    events = [("milestone", batch), ("milestone", failed(0)), ("milestone", failed(1)),
+              ("milestone", {"kind": "warning", "fields": {}, "text": vllm}), ("run", ended),
+              ("milestone", failed(2)), ("milestone", failed(3)), ("run", ended)]  # fmt: skip
+    lines = [line for kind, data in events for line in echo.event(kind, "r1", data)]
+    assert lines[0] == "  run r1: problem layer_count_mismatch: 3 layers, not 4 (first in hs_0.safetensors)"
+    assert lines[1] == "  run r1: batch 1 captured: 2 files, 64 tokens"
+    assert lines[2].startswith("  run r1: warning: long words") and lines[2].endswith(" …")
+    assert "pid=7" not in lines[2] and len(lines[2]) < 160
+    assert lines[3:] == ["  run r1: verdict: completed — 4 of 4 files failed shape checks"]

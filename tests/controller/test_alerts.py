@@ -98,7 +98,7 @@ def test_error_alert_names_class() -> None:
     (d,) = alerts.rules_for_event(
         RUN, {"type": "milestone", "kind": "error", "fields": {"class": "nccl"}, "text": "NCCL error"}
     )
-    assert "nccl" in d.message and d.dedupe_key == "run:r-1:error"
+    assert "nccl" in d.message and d.dedupe_key == "run:r-1:error:nccl"
 
 
 def test_error_alert_of_a_wrapper_leads_with_its_root_cause() -> None:
@@ -138,6 +138,14 @@ def test_stall(last_progress_ago: float, interval: float | None, state: str, fir
     assert (d is not None) == fires
     if d:
         assert d.rule == "stall" and d.run_id == "r-1"
+
+
+@pytest.mark.parametrize(("check_ago", "fires"), [(None, True), (30, False), (100, True)])
+def test_a_recent_check_counts_as_progress(check_ago: float | None, fires: bool) -> None:
+    now = 10_000.0
+    run = {**RUN, "state": "running", "last_progress_at": now - 100, "progress_interval_s": 10}
+    run["last_check_at"] = None if check_ago is None else now - check_ago
+    assert (alerts.stall(run, now, factor=5, min_s=60) is not None) == fires
 
 
 def test_host_unreachable_after_minutes() -> None:
@@ -209,7 +217,7 @@ async def test_delivered_once_through_apprise_json(tmp_path: Path, receiver: Rec
         draft = alerts.AlertDraft("shape_check_failed", "critical", "llama: hidden_dim_lost", "r-1", "gpu1")
         first = await _raise(store, draft)
         assert first is not None
-        assert await _raise(store, draft) is None  # same (run, rule) within the cooldown: deduplicated
+        assert await _raise(store, draft) is None  # same run and problem within the cooldown: deduplicated
         worker = OutboxWorker(settings, store)
         assert await worker.deliver_due() == 1
         assert await worker.deliver_due() == 0

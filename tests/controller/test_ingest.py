@@ -13,6 +13,7 @@ from controller.ingest import (
     Plan,
     RaiseAlert,
     Record,
+    SetCheckedAt,
     SetLastMilestone,
     SetProgress,
     StateChange,
@@ -67,6 +68,7 @@ CHECK_ALERT = AlertDraft(
     "llama: shape check failed on hs_0.safetensors: all_zero: all_zero",
     "r-1",
     "gpu1",
+    "all_zero",
 )
 
 CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], Plan]] = [
@@ -133,6 +135,7 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], Plan]] = [
                     },
                     10.0,
                 ),
+                SetCheckedAt(10.0),
                 RaiseAlert(CHECK_ALERT),
                 StoreProblem(2, 0, "all_zero", "hs_0.safetensors", "all_zero", 10.0),
                 Record(
@@ -148,6 +151,7 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], Plan]] = [
                     },
                     10.0,
                 ),
+                SetCheckedAt(10.0),
                 RaiseAlert(CHECK_ALERT),
             ],
             2,
@@ -178,7 +182,8 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], Plan]] = [
                         "problems": [],
                     },
                     10.0,
-                )
+                ),
+                SetCheckedAt(10.0),
             ],
             1,
             False,

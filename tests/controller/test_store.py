@@ -126,6 +126,40 @@ async def test_failed_check_raises_alert_and_leaves_the_stop_to_the_agent(store:
     assert detail.open_alerts == 1
 
 
+def _check(seq: int, file: str, *codes: str) -> dict[str, Any]:
+    problems = [{"code": c, "file": file, "message": f"{c} in {file}"} for c in codes]
+    return {"seq": seq, "ts": 2.0 + seq, "type": "check", "file": file, "ok": False, "problems": problems}
+
+
+async def test_one_alert_per_distinct_problem_of_a_run(store: Store) -> None:
+    """Three different problems raise three alerts; the same problem again, in another file or a
+    milestone, raises none; an error class is a problem of its own."""
+    await store.write(_run)
+    events = [
+        _check(1, "/o/hs_0.safetensors", "layer_count_mismatch", "non_finite"),
+        _check(2, "/o/hs_1.safetensors", "hidden_dim_lost"),
+        _check(3, "/o/hs_2.safetensors", "non_finite", "non_finite"),
+        _milestone(4, "shape_check_failed", code="hidden_dim_lost", message="flat"),
+        _milestone(5, "error", **{"class": "oom"}),
+        _milestone(6, "error", **{"class": "oom"}),
+        _milestone(7, "error", **{"class": "nccl"}),
+    ]
+    policy = AlertPolicy(cooldown_s=600, deliver=False)
+    await store.write(lambda tx: crud.apply_events(tx=tx, run_id="r-1", events=events, policy=policy))
+    detail = await store.read(queries.get_run_detail, "r-1")
+    shape = sorted(a.message.split(": ", 2)[2] for a in detail.alerts if a.rule == "shape_check_failed")
+    assert shape == [
+        "hidden_dim_lost: hidden_dim_lost in /o/hs_1.safetensors",
+        "layer_count_mismatch: layer_count_mismatch in /o/hs_0.safetensors",
+        "non_finite: non_finite in /o/hs_0.safetensors",
+    ]
+    assert sorted(a.message.split(" ")[2] for a in detail.alerts if a.rule == "error") == [
+        "(nccl):",
+        "(oom):",
+    ]
+    assert len(detail.problems) == 5  # every problem is kept; only the alerts are one per problem
+
+
 async def test_log_lines_idempotent_and_offset(store: Store) -> None:
     await store.write(_run)
     lines = [(i * 10, f"line {i}") for i in range(100)]

@@ -44,10 +44,10 @@ def parse_events(text: str) -> list[dict[str, Any]]:
     return out
 
 
-#: vLLM's engine core in the job's own process: one Python process imports torch and vLLM instead of three,
-#: the cheapest engine start. For every run whose subject is not vLLM's process layout; the layout users
-#: run stays covered by the resumed Llama capture (tests/extract/conftest.py), TP=2 and the speculators
-#: server.
+#: vLLM's engine core and worker in the job's own process (in a server's engine core process): one Python
+#: process imports torch and vLLM instead of three, the cheapest engine start. For every run whose subject
+#: is not vLLM's process layout; the layout users run stays covered by the resumed Llama capture
+#: (tests/extract/conftest.py) and TP=2.
 IN_PROCESS_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 

@@ -27,7 +27,7 @@ BASE = {"host": "h", "model": "/m", "dataset": "/d.jsonl", "output_dir": "/out"}
         ({"index": 0, "count": 0}, "greater than or equal to 1"),
         ({"index": 0}, "Field required"),
         ({"index": "0", "count": 2}, "valid integer"),
-        ({"index": 0, "count": 2, "rank": 1}, "Extra inputs are not permitted"),
+        ({"index": 0, "count": 2, "rank": 1}, "not a spec field"),
     ],
 )
 def test_bad_shard_is_a_field_error(shard: dict[str, Any], message: str) -> None:

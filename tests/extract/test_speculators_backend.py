@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.extract.jobrun import IN_PROCESS_ENGINE
 from tests.helpers.agentproc import AgentClient, AgentProc, agent_daemon, terminal_event
 
 __all__ = ["agent_daemon"]
@@ -42,15 +43,13 @@ def _milestones(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]
 
 
 def test_speculators_client_and_vllm_server_run_and_are_watched(
-    agent_daemon: AgentProc, tmp_path: Path
+    agent_daemon: AgentProc, tiny_llama: Path, tmp_path: Path
 ) -> None:
     pytest.importorskip("speculators")
     from datasets import Dataset
     from safetensors.torch import load_file
 
-    from agent.extract.tinymodel import build
-
-    model = build(tmp_path / "model", "llama", seed=4)
+    model = tiny_llama
     data = tmp_path / "data"
     Dataset.from_dict({"input_ids": SAMPLES}).with_format("torch").save_to_disk(str(data))
     out = tmp_path / "out"
@@ -67,7 +66,9 @@ def test_speculators_client_and_vllm_server_run_and_are_watched(
         "model": str(model),
         "dataset": str(data),
         "output_dir": str(out),
-        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        # the worker inside the server's engine core process (jobrun.IN_PROCESS_ENGINE): not the subject
+        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                **IN_PROCESS_ENGINE},
         "vllm_args": [
             "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--no-enable-prefix-caching",
             "--kv_transfer_config", json.dumps(transfer),

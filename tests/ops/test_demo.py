@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -151,6 +152,45 @@ def test_demo_serves_and_a_run_reaches_milestones(command_demo: Demo) -> None:
     assert "batch 1 captured: 2 files" in demo.output()  # milestones are echoed on the terminal too, in words
 
 
+def wait_printed(demo: Demo, pattern: str, timeout: float = 60) -> re.Match[str]:
+    """Wait until the demo has printed a line matching ``pattern``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := re.search(pattern, demo.output(), re.M):
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"the demo never printed {pattern!r}:\n{demo.output()}")
+
+
+@pytest.mark.slow
+def test_one_demo_per_home_and_its_line_points_the_cli_at_it(command_demo: Demo) -> None:
+    """A second real demo on the same home refuses, naming the first one's URL, and changes nothing; the
+    printed export line makes `eaglewatch runs ls` see the demo's runs."""
+    demo = command_demo
+    second = subprocess.run(
+        [sys.executable, "-m", "cli", "demo", "--home", str(demo.home), "--port", "0", "--no-extract"],
+        cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert f"another eaglewatch demo runs on {demo.home} at {demo.url}" in second.stderr
+    with demo.client() as http:  # the first demo's token still works: the second one touched nothing
+        assert http.get("/api/runs").status_code == 200
+    export = wait_printed(demo, r"^\s+CLI:\s+export (EAGLEWATCH_HOME=\S+)")
+    name, _, value = shlex.split(export[1])[0].partition("=")
+    env = {k: v for k, v in os.environ.items() if k != "EAGLEWATCH_HOME"}
+    listed = subprocess.run(
+        [sys.executable, "-m", "cli", "runs", "ls", "--json", "--no-refresh"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env={**env, name: value},
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert demo.first_run in [r["id"] for r in json.loads(listed.stdout)]
+    # the terminal: one line per batch, the verdict once, no file's check on a line of its own
+    wait_printed(demo, rf"run {demo.first_run}: verdict: completed")
+    mine = [ln for ln in demo.output().splitlines() if f"run {demo.first_run}:" in ln]
+    assert sum("captured: 2 files, 64 tokens, 2 passed shape checks" in ln for ln in mine) == 3, mine
+    assert sum("verdict:" in ln for ln in mine) == 1 and not any("shape check passed" in ln for ln in mine)
+
+
 @pytest.mark.slow
 def test_demo_starts_another_run_from_the_api_and_stops_everything(command_demo: Demo) -> None:
     demo = command_demo
@@ -220,6 +260,7 @@ def test_demo_templates_fill_the_new_run_form(tmp_path: Path) -> None:
     assert errors == {} and good is not None
     assert good.backend == "worker-extension" and good.model == str(paths.model)
     assert good.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert re.fullmatch(rf"{paths.home}/outputs/demo-2-\d{{8}}-\d{{6}}", good.output_dir or "")  # a fresh one
     bad, errors = check_form(store.get("demo broken - drops a layer") or {})
     assert errors == {} and bad is not None and bad.inject_fault == "drop_layer"
 

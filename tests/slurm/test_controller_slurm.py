@@ -212,6 +212,13 @@ def test_a_slurm_hosts_shards_are_one_array_job_that_completes_them(scenario: di
     launched = [m for m in run.milestones if m.kind == "launched" and m.fields.get("scheduler") == "slurm"]
     assert len(launched) == 1 and "--array=0,2" in launched[0].fields["sbatch"]
     assert {m.shard for m in run.milestones if m.kind == "task_ended"} == {0, 2}
+    # the array job's last word on its tasks comes after the check of every file they wrote
+    array_files = {f"hs_{i}.safetensors" for i in (0, 1, 4, 5)}
+    checked = [
+        m for m in run.milestones if m.kind == "shape_check_passed" and m.fields["file"] in array_files
+    ]
+    assert {m.fields["file"] for m in checked} == array_files
+    assert max(m.at for m in checked) <= max(m.at for m in run.milestones if m.kind == "task_ended")
     assert {"batch_captured", "completed"} <= {m.kind for m in run.milestones}
     assert all(s.progress and s.progress.get("samples_done") == 2 for s in shards)
     files = sorted(p.name for p in (scenario["tmp"] / "mixed").glob("hs_*.safetensors"))

@@ -149,11 +149,9 @@ CHROMIUM_ARGS = [
 SHOTS = Path(__file__).resolve().parents[2] / "test-output"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def browser() -> Iterator[Any]:
-    """Debian's headless Chromium driven by Playwright (not its own browser download), one per module: each
-    test opens its own context. Playwright's sync API keeps an event loop running in this thread meanwhile,
-    so a module using it holds no asyncio tests."""
+    """Debian's headless Chromium driven by Playwright (Playwright's own browser download is not used)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

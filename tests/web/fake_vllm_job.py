@@ -1,7 +1,7 @@
 """A stand-in extraction job (no GPU here): prints realistic vLLM milestone lines, then writes capture files.
 
 Usage: fake_vllm_job.py OUT_DIR [--progress N] [--delay S] [--broken] [--hang] [--payload T] [--wait-file F]
-[--wait-fifo F] [--layer-rms] [--capture] [--stamp]
+[--wait-fifo F] [--layer-rms] [--capture] [--files good|drop-layer] [--shutdown] [--stamp]
 - ``--broken`` writes ``hs_0.safetensors`` whose hidden states lost their layer axis ([T, H], not [T, L, H]).
 - ``--hang`` keeps running after the last line (for stop tests); ``--payload`` prints hostile text in the log.
 - ``--wait-file F``: before each progress line wait until F's content (an int) reaches that line's number,
@@ -61,6 +61,8 @@ def main() -> int:
     ap.add_argument("--layer-rms", action="store_true", help="progress lines carry layer_rms (layers 2, 4)")
     ap.add_argument("--capture", action="store_true", help="print the extraction job's own capture lines too")
     ap.add_argument("--stamp", action="store_true", help="progress lines carry t_line_ms (wall clock, ms)")
+    ap.add_argument("--files", choices=("good", "drop-layer"), help="write hs_N: layers 2, 4 (or 1)")
+    ap.add_argument("--shutdown", action="store_true", help="then a warning, as vLLM's engine shutdown gives")
     ap.add_argument("--flood", type=int, default=0, help="then print this many filler lines")
     ap.add_argument("--flood-milestones", type=int, default=0, help="of which this many are progress markers")
     args, _ignored = ap.parse_known_args()
@@ -112,6 +114,10 @@ def main() -> int:
             batch = {"kind": "batch_captured", "batch": i, "samples": 8, "tokens": 1000}
             print("EAGLEWATCH " + json.dumps(batch), flush=True)
             rec.update(bytes_written=i * 3 * 2**20, free_bytes=2**40 - i * 2**30, eta_s=60.0 * (total - i))
+        if args.files:  # the file this progress line counts, written before the line says so
+            layers = 2 if args.files == "good" else 1
+            tensors = {"token_ids": ("I64", [16]), "hidden_states": ("BF16", [16, layers, 64])}
+            write_safetensors(os.path.join(args.out, f"hs_{i - 1}.safetensors"), tensors)
         if args.stamp:  # when the line was written: the UI hop benchmark measures from here
             rec["t_line_ms"] = round(time.time() * 1000, 3)
         if args.layer_rms:  # layer 4 collapses to zero from the third line on
@@ -142,6 +148,9 @@ def main() -> int:
             "seconds": 1.0,
         }
         print("EAGLEWATCH " + json.dumps(done), flush=True)
+    if args.shutdown:  # a warning after completion, as vLLM's engine shutdown gives
+        note = {"kind": "warning", "note": "engine core exited unexpectedly"}
+        print("EAGLEWATCH " + json.dumps(note), flush=True)
     if args.hang:
         while True:
             time.sleep(1)

@@ -52,7 +52,17 @@ def test_running_then_completed() -> None:
         ("progress", {"files_written": 3, "bytes_written": 6144}),
     )
     assert running == CaptureCard(
-        "/models/dsv3", "0.26.0", [2, 30, 58, 61], "input", 7168, "bfloat16", 150, 3, 6144, final=False
+        "/models/dsv3",
+        "0.26.0",
+        [2, 30, 58, 61],
+        "input",
+        7168,
+        "bfloat16",
+        150,
+        3,
+        6144,
+        final=False,
+        expected_shape="[T, 4, 7168]",
     )
     done = _card(
         SPEC,
@@ -184,3 +194,14 @@ def test_a_sharded_runs_card_sums_its_shards() -> None:
     assert done is not None and done.final and (done.tokens, done.files, done.eta_s) == (200, 7, None)
     half = sharded_capture_card(SPEC, shard(0, ("completed", {"tokens": 120, "files": 3})) + shard(1))
     assert half is not None and not half.final and half.layers == [2, 30, 58, 61]
+
+
+def test_shapes_read_beside_the_configured_ones() -> None:
+    """The latest check's shapes, token axis as T; a dropped layer differs from what was configured."""
+    shapes = {"token_ids": [16], "hidden_states": [16, 3, 7168]}
+    card = _card(SPEC, CONFIGURED, ("shape_check_failed", {"file": "hs_0.safetensors", "shapes": shapes}))
+    assert card is not None and card.shapes == {"token_ids": "[T]", "hidden_states": "[T, 3, 7168]"}
+    assert card.expected_shape == "[T, 4, 7168]" and card.shape_differs
+    good = {"token_ids": [16], "hidden_states": [16, 4, 7168]}
+    card = _card(SPEC, CONFIGURED, ("shape_check_passed", {"file": "hs_1.safetensors", "shapes": good}))
+    assert card is not None and not card.shape_differs

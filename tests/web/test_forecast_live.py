@@ -86,8 +86,11 @@ def test_form_forecast_button_for_a_specforge_run(c: httpx.Client, tmp_path: Pat
     Path(paths["dataset"]).write_text(
         json.dumps({"conversations": [{"role": "user", "content": "hi"}]}) + "\n"
     )  # no tokenizer in the model folder: the row counts seq_len tokens at most
+    scripts = tmp_path / "SpecForge" / "scripts"
+    scripts.mkdir(parents=True)
+    (scripts / "prepare_hidden_states.py").touch()
     form = {"csrf_token": c.headers["x-csrf-token"], "action": "forecast", "host": "local",
-            "backend": "specforge", "seq_len": "64", "pipeline_scripts_dir": "/opt/SpecForge/scripts",
+            "backend": "specforge", "seq_len": "64", "pipeline_scripts_dir": str(scripts),
             **paths}  # fmt: skip
     r = c.post("/runs/new", data=form)
     assert r.status_code == 200, r.text

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+import re
+from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
+from agent.spec import parse_spec
 from web import forms
+from web.run_templates import TemplateStore, fresh_output_dir
 
 BASE = {"name": "r1", "host": "h1", "backend": "worker-extension", "model": "/m", "dataset": "/d.jsonl",
         "output_dir": "/out"}  # fmt: skip
@@ -95,3 +102,28 @@ def test_a_field_that_does_not_convert_fails_the_form_though_the_rest_is_valid()
     """An unconvertible optional field is left out of the spec dict, which would validate without it."""
     spec, errors = forms.check_form({**BASE, "seq_len": "lots"})
     assert spec is None and list(errors) == ["seq_len"]
+
+
+def test_a_template_gives_each_run_a_fresh_output_dir(tmp_path: Path) -> None:
+    store = TemplateStore(tmp_path)
+    store.save("t", {"name": "dsv3", "output_dir": "/data/hs/"})
+    loaded = store.get("t")
+    assert loaded is not None and re.fullmatch(r"/data/hs/dsv3-\d{8}-\d{6}", loaded["output_dir"])
+    store.save("t", loaded)  # saved again from the loaded form: the template keeps the parent
+    assert json.loads((tmp_path / "run-templates.json").read_text())["t"]["output_dir"] == "/data/hs"
+    assert fresh_output_dir({"name": "r"}, 0.0) == {"name": "r"}
+    assert fresh_output_dir({"output_dir": "/o"}, 0.0) == {"output_dir": "/o/run-19700101-000000"}
+
+
+def test_a_misspelled_field_names_the_nearest_known_one() -> None:
+    errors = forms.errors_by_form_field(
+        [{"field": "modle", "message": "not a spec field: did you mean model?"}]
+    )
+    assert errors == {forms.GENERAL_ERROR_KEY: "modle: not a spec field: did you mean model?"}
+    with pytest.raises(ValidationError) as caught:
+        parse_spec({**BASE, "host": "h1", "modle": "/m", "expect": {"layrs": 4}, "zzz": 1})
+    assert {e["field"]: e["message"] for e in forms.validation_errors(caught.value)} == {
+        "modle": "not a spec field: did you mean model?",
+        "expect.layrs": "not a spec field: did you mean layers?",
+        "zzz": "not a spec field",
+    }

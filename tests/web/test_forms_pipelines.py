@@ -78,3 +78,15 @@ async def test_new_run_page_offers_the_backends_and_shows_their_errors(
     assert 'id="err-pipeline_scripts_dir"' in r.text and "absolute path" in r.text
     assert payload not in r.text and "&lt;b&gt;x&lt;/b&gt;" in r.text
     assert await ctl.list_runs() == []
+
+
+async def test_the_api_names_the_nearest_field_of_a_misspelled_one(client: httpx.AsyncClient) -> None:
+    tok = await csrf_of(client)
+    spec = {**BASE, "modle": "/m", "specforge": {"scripts_dri": "/s"}}
+    r = await client.post("/api/runs", json=spec, headers={"x-csrf-token": tok})
+    assert r.status_code == 422
+    assert {e["field"]: e["message"] for e in r.json()["errors"]} == {
+        "modle": "not a spec field: did you mean model?",
+        "specforge.scripts_dri": "not a spec field: did you mean scripts_dir?",
+        "specforge.scripts_dir": "Field required",
+    }

@@ -58,7 +58,8 @@ def test_layer_rms_chart_draws_and_grows_live(
         assert [t for t in labels if t.startswith("layer")] == ["layer 2", "layer 4"]
         assert pg.locator("#chart-layers-empty").is_hidden()
         # the capture card counted along: the job's totals once it completed
-        pg.locator('[data-card="tokens"]', has_text="6,000").wait_for(timeout=20000)
+        pg.wait_for_selector('[data-card="so-far"][hidden]', state="attached", timeout=20000)  # final
+        assert pg.locator('[data-card="tokens"]').inner_text() == "6,000"
         card = {k: pg.locator(f'[data-card="{k}"]').inner_text() for k in ("files", "bytes", "eta", "layers")}
         assert card == {
             "files": "6",
@@ -66,7 +67,6 @@ def test_layer_rms_chart_draws_and_grows_live(
             "eta": "—",
             "layers": "2, 4 (input: the residual stream entering each layer)",
         }
-        assert pg.locator('[data-card="so-far"]').is_hidden()
         screenshot(pg, "run-layer-rms")
         pg.reload()  # and from the stored milestones alone
         pg.wait_for_selector('#chart-layers[data-points="6"]', state="attached", timeout=20000)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +26,14 @@ def _api(live_server: LiveServer) -> Iterator[httpx.Client]:
 
 
 def test_run_again_and_resume(page: Any, live_server: LiveServer, tmp_path: Path) -> None:  # noqa: F811
-    out = tmp_path / "out"
-    spec = {
-        "name": "resumable", "host": "local", "backend": "worker-extension",
-        "model": str(tmp_path / "no-model"), "dataset": str(tmp_path / "data.jsonl"), "output_dir": str(out),
-        "max_samples": 3, "env": {"HF_TOKEN": "s3cret-value", "A": "1"},
+    out, model = tmp_path / "out", tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "hidden_size": 32}))
+    (tmp_path / "data.jsonl").write_text("{}\n")
+    spec = {  # expect.hidden_size 1: the job's preflight refuses it, so the run fails at once
+        "name": "resumable", "host": "local", "backend": "worker-extension", "model": str(model),
+        "dataset": str(tmp_path / "data.jsonl"), "output_dir": str(out), "max_samples": 3,
+        "env": {"HF_TOKEN": "s3cret-value", "A": "1"}, "expect": {"hidden_size": 1},
     }  # fmt: skip
     with _api(live_server) as c:
         old = c.post("/api/runs", json=spec).json()["id"]
@@ -51,7 +55,7 @@ def test_run_again_and_resume(page: Any, live_server: LiveServer, tmp_path: Path
     page.click("#run-again")
     page.wait_for_url("**/runs/new?again=*")
     assert page.input_value("#f-output_dir") == str(out)
-    assert page.input_value("#f-model") == str(tmp_path / "no-model")
+    assert page.input_value("#f-model") == str(model)
     assert page.input_value("#f-max_samples") == "3" and page.input_value("#f-name") == "resumable"
     assert page.input_value("#f-backend") == "worker-extension" and page.input_value("#f-host") == "local"
     env = page.input_value("#f-env")
@@ -69,6 +73,7 @@ def test_run_again_and_resume(page: Any, live_server: LiveServer, tmp_path: Path
     assert detail["resumed_from"] == old and detail["spec"]["output_dir"] == str(out)
     page.goto(f"/runs/{old}")
     assert new in page.locator("#resumed-by").inner_text()
+    assert page.locator("#resume").count() == 0  # resumed once: its resume is the run to resume now
     screenshot(page, "run-resumed")
     page.goto(f"/runs/{cmd}")
     assert page.locator("#resume").count() == 0 and page.locator("#run-again").count() == 1

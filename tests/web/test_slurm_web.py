@@ -18,7 +18,7 @@ async def test_add_a_slurm_host_from_the_form(client: httpx.AsyncClient, ctl: Co
             "slurm_gpus": "gres"}  # fmt: skip
     assert (await client.post("/hosts/new", data=form)).status_code == 403  # no CSRF token
     r = await client.post("/hosts/new", data={**form, "csrf_token": await csrf_of(client)})
-    assert r.status_code == 303 and r.headers["location"] == "/"
+    assert r.status_code == 303 and r.headers["location"] == "/hosts"
     host = await ctl.get_host("hpc")
     assert (host.scheduler, host.partition, host.account, host.slurm_gpus) == ("slurm", "gpu", "lab", "gres")
     assert host.sbatch_args == ["--qos=high", "--constraint=h200"]

@@ -7,8 +7,8 @@
   const CSRF = csrfMeta ? csrfMeta.getAttribute("content") : "";
   const page = document.body.dataset.page || "";
   const liveEl = document.getElementById("live-status");
-  const TERMINAL = new Set(["completed", "failed", "stopped", "lost"]);
   const PERIODIC = new Set(["progress", "throughput", "batch_captured"]);
+  const FOLDED = new Set(["engine_config", "shape_check_passed"]);  // one row each: web/timeline.py
   const ERR_RE = /error|traceback|exception|fatal|killed|out of memory/i;  // same rule as the controller's errors_only
   window.__ew = { milestones: 0, lastMilestoneAt: 0 };
 
@@ -128,33 +128,6 @@
     if (typeof r.exc_info === "string") body = body.concat(r.exc_info.split(/\r\n|\r|\n/));
     return body.map(function (b) { return head + b; }).join(" ⏎ ");
   }
-  // Numbered files as runs of indices, "hs_0 … hs_23" (suffix dropped): controller/verdict.py file_ranges.
-  function fileRanges(files) {
-    const series = new Map(), plain = [], pieces = [];
-    files.forEach(function (f) {
-      const m = /^(.*?)(\d+)((?:\.[A-Za-z]\w*)*)$/.exec(f);
-      if (!m) { plain.push(f); return; }
-      const key = m[1] + "\u0000" + m[3];
-      if (!series.has(key)) series.set(key, { pre: m[1], ns: new Set() });
-      series.get(key).ns.add(Number(m[2]));
-    });
-    series.forEach(function (s) {
-      const ns = Array.from(s.ns).sort(function (a, b) { return a - b; });
-      let start = ns[0], prev = ns[0];
-      ns.slice(1).concat([null]).forEach(function (n) {
-        if (n !== null && n === prev + 1) { prev = n; return; }
-        if (prev === start) pieces.push([s.pre + start, 1]);
-        else if (prev === start + 1) pieces.push([s.pre + start, 1], [s.pre + prev, 1]);
-        else pieces.push([s.pre + start + " … " + s.pre + prev, prev - start + 1]);
-        start = prev = n;
-      });
-    });
-    Array.from(new Set(plain)).sort().forEach(function (p) { pieces.push([p, 1]); });
-    let text = pieces.slice(0, 8).map(function (p) { return p[0]; }).join(", ");
-    const rest = pieces.slice(8).reduce(function (a, p) { return a + p[1]; }, 0);
-    if (rest) text += " and " + rest + " more";
-    return text;
-  }
   function progressNodes(p) {
     const span = el("span");
     span.dataset.field = "progress";
@@ -252,7 +225,7 @@
 
   // ---- charts: inline SVG polylines, no library
   const SVGNS = "http://www.w3.org/2000/svg";
-  function drawChart(svg, series, unit) {
+  function drawChart(svg, series, unit, t0) {
     if (!svg) return;
     const W = 600, H = 160, L = 44, B = 18, T = 8, R = 8;
     svg.replaceChildren();
@@ -288,12 +261,13 @@
     axis.setAttribute("x1", String(L)); axis.setAttribute("x2", String(W - R));
     axis.setAttribute("y1", String(H - B)); axis.setAttribute("y2", String(H - B));
     svg.append(axis);
-    const span = el("span");
-    const tl = document.createElementNS(SVGNS, "text");
-    tl.setAttribute("x", String(W - R)); tl.setAttribute("y", String(H - 4)); tl.setAttribute("text-anchor", "end");
-    tl.textContent = Math.round(x1 - x0) + " s";
-    svg.append(tl);
-    void span;
+    // the time axis: where it starts and ends, as time since the run started
+    [[L, "start", x0], [W - R, "end", x1]].forEach(function (t) {
+      const tl = document.createElementNS(SVGNS, "text");
+      tl.setAttribute("x", String(t[0])); tl.setAttribute("y", String(H - 4)); tl.setAttribute("text-anchor", t[1]);
+      tl.textContent = since(t[2], t0);
+      svg.append(tl);
+    });
   }
 
   // ---- virtualised log viewer: only the rows in view exist in the DOM
@@ -320,6 +294,7 @@
       const d = el("div", ERR_RE.test(line.t) ? "ln err" : "ln", line.t);
       d.style.top = i * ROW + "px";
       d.dataset.offset = String(line.o);
+      if (line.t.length > 120) d.title = line.t;  // a row is cut at the box's edge: the whole line on hover
       return d;
     }
     function render() {
@@ -399,8 +374,10 @@
     const data = JSON.parse(dataEl.textContent);
     const runId = data.run_id;
     const base = "/api/runs/" + encodeURIComponent(runId);
-    const timeline = document.getElementById("timeline");
-    const seqs = new Set();
+    let timeline = document.getElementById("timeline");
+    const seqs = new Set();  // shown live in the timeline since the page (or its parts) was rendered
+    const charted = new Set();  // progress samples added to the chart live
+    const recent = [];  // milestones received live: those newer than a swapped-in render go back in
     const progress = data.progress.slice();
     const gpuSeries = new Map();
     const now = Date.now() / 1000;
@@ -418,7 +395,7 @@
       }
       drawChart(document.getElementById("chart-progress"), [
         { points: sps, cls: "s1", label: "samples/s" }, { points: tps, cls: "s2", label: "tokens/s" },
-      ]);
+      ], "", data.t0);
     }
     function drawGpu() {
       const series = [];
@@ -426,7 +403,7 @@
       gpuSeries.forEach(function (pts, idx) {
         series.push({ points: pts.map(function (p) { return [p[0], p[1] / 1024]; }), cls: "s" + ((i++ % 4) + 1), label: "GPU " + idx });
       });
-      drawChart(document.getElementById("chart-gpu"), series, " GiB");
+      drawChart(document.getElementById("chart-gpu"), series, " GiB", data.t0);
     }
     drawProgress();
     drawGpu();
@@ -452,14 +429,25 @@
         // keep the DOM small through a long night: old progress entries live on in the chart
         trim = false;
         const periodic = timeline.querySelectorAll("li.ms-progress, li.ms-throughput, li.ms-batch_captured");
-        for (let k = 0; k < periodic.length - 50; k++) periodic[k].remove();
+        // as many as the server renders (web/pages.py timeline_window), so a reload shows the same list
+        for (let k = 0; k < periodic.length - 20; k++) periodic[k].remove();
       }
       timeline.scrollTop = timeline.scrollHeight;
       if (progressChanged) { progressChanged = false; scheduleChart(); }
     }
+    const firstSeq = data.milestone_seq;
+    function milestoneSeen() {
+      const count = data.milestone_count + seqs.size;
+      document.getElementById("milestone-count").textContent = String(count);
+      window.__ew.milestones = count;
+      window.__ew.lastMilestoneAt = performance.now();
+    }
     function addMilestone(m) {
       if (m.seq <= data.milestone_seq || seqs.has(m.seq)) return;  // known when the page was rendered
       seqs.add(m.seq);
+      if (recent.push(m) > 2000) recent.shift();
+      if (!PERIODIC.has(m.kind)) refreshSoon();
+      if (FOLDED.has(m.kind)) { milestoneSeen(); return; }  // its folded row comes with the server's parts
       const empty = timeline.querySelector("li.empty");
       if (empty) empty.remove();
       const li = el("li", "ms ms-" + m.kind);
@@ -481,11 +469,9 @@
       if (m.text && m.text.indexOf("EAGLEWATCH ") !== 0) li.append(el("div", "text", m.text));
       timeline.append(li);
       if (PERIODIC.has(m.kind)) trim = true;
-      const count = data.milestone_count + seqs.size;
-      document.getElementById("milestone-count").textContent = String(count);
-      window.__ew.milestones = count;
-      window.__ew.lastMilestoneAt = performance.now();
-      if ((m.kind === "progress" || m.kind === "throughput") && m.fields) {
+      milestoneSeen();
+      if ((m.kind === "progress" || m.kind === "throughput") && m.fields && m.seq > firstSeq && !charted.has(m.seq)) {
+        charted.add(m.seq);
         const p = { at: m.at };
         Object.keys(m.fields).forEach(function (k) { if (typeof m.fields[k] === "number") p[k] = m.fields[k]; });
         progress.push(p);
@@ -509,89 +495,79 @@
         });
       }).catch(function () { /* the next event tries again */ });
     }
+    let runKey = "";
     function onRun(r) {
       if (shardTable) refreshShards();
-      setState(document.querySelector(".run-head"), r.state, r.verdict);
       const pc = document.querySelector('#progress [data-field="progress"]');
       if (pc) pc.replaceWith(progressNodes(r.progress));
-      if (TERMINAL.has(r.state)) {
-        const v = document.getElementById("verdict");
-        v.hidden = false;
-        v.className = "verdict verdict-" + r.state + (r.verdict === "problems" ? " verdict-problems" : "");
-        v.dataset.verdict = r.verdict || "";
-        v.querySelector('[data-field="verdict-title"]').textContent = r.state.charAt(0).toUpperCase() + r.state.slice(1);
-        const said = r.verdict_text && r.verdict_text.indexOf(" — ") >= 0 ? r.verdict_text.split(" — ").slice(1).join(" — ") : "";
-        v.querySelector('[data-field="verdict-summary"]').textContent = said ? "— " + said : "";
-        let reason = r.failure_reason || "";
-        if (r.exit) reason += " (exit " + (r.exit.code !== null && r.exit.code !== undefined ? r.exit.code : "signal " + r.exit.signal) + ")";
-        v.querySelector('[data-field="verdict-reason"]').textContent = reason;
-        const stop = document.getElementById("stop");
-        if (stop) stop.hidden = true;
-        if (r.ended_at) document.querySelector('[data-field="ended"]').textContent = new Date(r.ended_at * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
-      }
-    }
-    const WORDS = {
-      unreadable: "file cannot be read (truncated, corrupt or unknown format)", missing_key: "a required tensor is missing",
-      hidden_dim_lost: "hidden dimension lost", layer_count_mismatch: "wrong number of captured layers",
-      hidden_size_mismatch: "hidden size differs from the model's", seq_len_mismatch: "hidden states and token ids differ in length",
-      dtype_unexpected: "unexpected data type", non_finite: "NaN or Inf values", all_zero: "hidden states are all zero",
-      index_gap: "missing file indices (gap)",
-    };
-    function onCheck(c) {
-      if (c.ok || !c.problems || !c.problems.length) return;
-      const tbody = document.querySelector("#checks tbody");
-      const empty = tbody.querySelector("tr.empty");
-      if (empty) empty.remove();
-      // one row per (code, message), files relative to the output dir: controller/verdict.py group_problems
-      const base = data.output_dir ? String(data.output_dir).replace(/\/+$/, "") + "/" : null;
-      c.problems.forEach(function (p) {
-        const file = String(p.file || c.file || "");
-        const rel = base && file.indexOf(base) === 0 ? file.slice(base.length) : file;
-        let said = String(p.message || "");
-        Array.from(new Set([file, rel, file.split("/").pop()])).filter(function (n) { return n && n !== "."; })
-          .sort(function (a, b) { return b.length - a.length; })
-          .forEach(function (n) { said = said.split(n).join("…"); });
-        let tr = Array.from(tbody.querySelectorAll("tr.bad")).find(function (row) {
-          return row.dataset.code === String(p.code) && row.dataset.message === said;
-        });
-        if (!tr) {
-          tr = el("tr", "bad");
-          tr.dataset.code = String(p.code);
-          tr.dataset.message = said;
-          const details = el("details"), summary = el("summary"), count = el("span"), range = el("span");
-          count.dataset.field = "count";
-          range.dataset.field = "range";
-          summary.append(count, el("span", "unit"), range);
-          details.append(summary, el("ul", "files"));
-          const files = el("td", "path");
-          files.append(details);
-          tr.append(el("td", null, WORDS[p.code] || String(p.code).replace(/_/g, " ")), files, el("td", null, said));
-          tbody.append(tr);
-        }
-        const ul = tr.querySelector("ul.files");
-        const names = Array.from(ul.children).map(function (li) { return li.textContent; });
-        if (names.indexOf(rel) >= 0) return;
-        names.push(rel);
-        ul.append(el("li", null, rel));
-        tr.querySelector('[data-field="count"]').textContent = String(names.length);
-        tr.querySelector("span.unit").textContent = names.length === 1 ? " file: " : " files: ";
-        tr.querySelector('[data-field="range"]').textContent = fileRanges(names);
-      });
+      const key = [r.state, r.verdict, r.verdict_text, r.failure_reason].join("|");  // not its progress
+      if (key === runKey) return;
+      const first = !runKey;
+      runKey = key;
+      if (!(first && data.terminal)) refreshSoon();  // a page rendered after the end is already the last word
     }
     function onAlert(a) {
       notify(a);
-      if (a.acked || a.muted) return;
-      const banner = document.getElementById("alert-banner");
-      const ul = banner.querySelector("ul");
-      if (ul.querySelector('li[data-alert="' + CSS.escape(String(a.id)) + '"]')) return;
-      const li = el("li");
-      li.dataset.alert = String(a.id);
-      li.append(el("strong", null, a.rule), " — " + String(a.message));
-      ul.append(li);
-      banner.hidden = false;
+      refreshSoon();
+    }
+
+    // What a reload shows is what the server renders: the parts of the page that a run's state, checks,
+    // alerts and milestones change are fetched whole from the page's own URL and swapped in, so the page
+    // watched live and the page reloaded come from one renderer.  At most one fetch at a time, and one
+    // more after it when something changed meanwhile.
+    const PARTS = ["run-head", "run-facts", "run-capture", "verdict", "alert-banner", "milestones-card", "checks-card"];
+    let refreshTimer = 0, refreshing = false, refreshAgain = false;
+    function refreshSoon() {
+      if (refreshing) { refreshAgain = true; return; }
+      if (!refreshTimer) refreshTimer = setTimeout(refreshNow, 250);
+    }
+    function refreshNow() {
+      refreshTimer = 0;
+      refreshing = true;
+      fetch(location.pathname + location.search, { credentials: "same-origin", cache: "no-store" })
+        .then(function (r) { return r.ok ? r.text() : null; })
+        .then(function (html) { if (html) swapParts(new DOMParser().parseFromString(html, "text/html")); })
+        .catch(function () { /* the next event tries again */ })
+        .finally(function () {
+          refreshing = false;
+          if (refreshAgain) { refreshAgain = false; refreshSoon(); }
+        });
+    }
+    function openKeys(node) {
+      // which <details> the reader opened, by the row or section they belong to
+      return new Set(Array.from(node.querySelectorAll("details[open]")).map(function (d) {
+        const k = d.closest("[data-code],[data-seq],[id]");
+        return k ? k.dataset.code || k.dataset.seq || k.id : "";
+      }));
+    }
+    function swapParts(doc) {
+      const fresh = JSON.parse(doc.getElementById("run-data").textContent);
+      PARTS.forEach(function (id) {
+        const now = document.getElementById(id), next = doc.getElementById(id);
+        if (!now || !next) return;
+        const open = openKeys(now);
+        next.querySelectorAll("details").forEach(function (d) {
+          const k = d.closest("[data-code],[data-seq],[id]");
+          if (k && open.has(k.dataset.code || k.dataset.seq || k.id)) d.open = true;
+        });
+        now.replaceWith(document.adoptNode(next));
+      });
+      timeline = document.getElementById("timeline");
+      timeline.scrollTop = timeline.scrollHeight;
+      data.milestone_seq = fresh.milestone_seq;
+      data.milestone_count = fresh.milestone_count;
+      seqs.clear();
+      document.dispatchEvent(new CustomEvent("ew:parts", { detail: fresh }));  // for layer_chart.js
+      const newer = recent.filter(function (m) { return m.seq > fresh.milestone_seq; });
+      recent.length = 0;
+      newer.forEach(addMilestone);
+      window.__ew.milestones = data.milestone_count + seqs.size;
+      window.__ew.swaps = (window.__ew.swaps || 0) + 1;
     }
     function onHost(h) {
-      gpuList(document.getElementById("gpu-now"), h.gpus);
+      const now = document.getElementById("gpu-now");
+      if (!now) return;  // a host without GPUs has no GPU panel
+      gpuList(now, h.gpus);
       const t = Date.now() / 1000;
       (h.gpus || []).forEach(function (g) {
         if (!gpuSeries.has(g.index)) gpuSeries.set(g.index, []);
@@ -641,12 +617,12 @@
       fetch(base, { credentials: "same-origin" }).then(function (r) { return r.ok ? r.json() : null; }).then(function (run) {
         if (!run) return;
         run.milestones.forEach(addMilestone);
-        run.alerts.forEach(onAlert);
+        run.alerts.forEach(notify);
         onRun(run);
       }).catch(function () {});
     }
     connect(base + "/events?after=now", {
-      open: catchUp, milestone: addMilestone, run: onRun, check: onCheck, alert: onAlert, host: onHost,
+      open: catchUp, milestone: addMilestone, run: onRun, check: refreshSoon, alert: onAlert, host: onHost,
       log: function (d) { log.add(blockLines(d)); },
     });
   }

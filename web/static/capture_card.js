@@ -1,10 +1,9 @@
-/* The run page's capture card, kept current from the milestones app.js dispatches (ew:milestone):
-   tokens from batch_captured (totals from completed), files, bytes, free space and ETA from progress. */
+/* The run page's capture card, its running counts kept current between the server renders app.js swaps in:
+   tokens from batch_captured, files, bytes, free space and ETA from progress (ew:milestone events). */
 (function () {
   "use strict";
-  const card = document.getElementById("capture-card");
-  if (!card) return;
-  function field(key) { return card.querySelector('[data-card="' + key + '"]'); }
+  // The card is looked up on each milestone: app.js swaps in the server's card when the run changes.
+  function field(key) { return document.querySelector('#capture-card [data-card="' + key + '"]'); }
   function set(key, text) { const el = field(key); if (el) el.textContent = text; }
   function num(v) { return Math.round(v).toLocaleString("en-US"); }
   function size(n) {
@@ -20,28 +19,19 @@
     if (s < 3600) return Math.floor(s / 60) + "m " + pad(s % 60) + "s";
     return Math.floor(s / 3600) + "h " + pad(Math.floor((s % 3600) / 60)) + "m";
   }
-  const tokensEl = field("tokens");
-  let tokens = tokensEl && /^[\d,]+$/.test(tokensEl.textContent) ? Number(tokensEl.textContent.replace(/,/g, "")) : 0;
-  let final = field("so-far") ? field("so-far").hidden : false;
   document.addEventListener("ew:milestone", function (ev) {
     const m = ev.detail;
     const f = (m && m.fields) || {};
-    if (final) return;
+    const sofar = field("so-far");
+    if (!sofar || sofar.hidden) return;  // no card yet, or its totals are final
     if (m.kind === "batch_captured" && typeof f.tokens === "number") {
-      tokens += f.tokens;
-      set("tokens", num(tokens));
+      const shown = field("tokens").textContent;
+      set("tokens", num((/^[\d,]+$/.test(shown) ? Number(shown.replace(/,/g, "")) : 0) + f.tokens));
     } else if (m.kind === "progress") {
       if (typeof f.files_written === "number") set("files", num(f.files_written));
       if (typeof f.bytes_written === "number") set("bytes", size(f.bytes_written));
       if (typeof f.free_bytes === "number") set("free", size(f.free_bytes));
       if (typeof f.eta_s === "number") set("eta", duration(f.eta_s));
-    } else if (m.kind === "completed") {
-      final = true;
-      if (typeof f.tokens === "number") set("tokens", num(f.tokens));
-      if (typeof f.files === "number") set("files", num(f.files));
-      set("eta", "—");
-      const sofar = field("so-far");
-      if (sofar) sofar.hidden = true;
     }
   });
 })();

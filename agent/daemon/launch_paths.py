@@ -1,0 +1,60 @@
+"""The host paths a launch needs, checked before anything starts: model, dataset, scripts and output dir."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from agent.backends import OWN, Backend
+
+#: Pipeline options whose ``scripts_dir`` must hold this script (None: the directory is enough).
+_SCRIPTS = {Backend.SPECFORGE.value: "prepare_hidden_states.py", Backend.SPECULATORS.value: None}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def output_dir_unusable(out: str) -> str | None:
+    """Why ``out`` cannot be created or written (None when it exists writable, or its nearest existing
+    ancestor is a writable directory)."""
+    path = os.path.normpath(out)
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return f"cannot create output_dir {out}: {path} is not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        verb = "write into" if path == os.path.normpath(out) else "create"
+        return f"cannot {verb} output_dir {out}: {path} is not writable"
+    return None
+
+
+def path_error(spec: dict[str, Any], backend: Backend) -> tuple[str, str] | None:
+    """(field, why) for the first path of ``spec`` (run by ``backend``) this host cannot use; None when
+    every one is usable.  A watched command names its own paths in its argv: only extractions are checked."""
+    if backend == Backend.COMMAND:
+        return None
+    if (model := _text(spec.get("model"))) is not None:
+        if not os.path.isdir(model):
+            return "model", f"model directory {model} does not exist on this host"
+        if not os.path.isfile(os.path.join(model, "config.json")):
+            return "model", f"{model} has no config.json: it is not a model directory"
+    if (dataset := _text(spec.get("dataset"))) is not None:
+        if not os.path.exists(dataset):
+            return "dataset", f"dataset {dataset} does not exist on this host"
+        if backend in OWN and not os.path.isfile(dataset):
+            return "dataset", f"dataset {dataset} is not a file (a JSONL file of samples)"
+        if not os.access(dataset, os.R_OK):
+            return "dataset", f"dataset {dataset} cannot be read"
+    for key, script in _SCRIPTS.items():
+        options = spec.get(key)
+        scripts = _text(options.get("scripts_dir")) if isinstance(options, dict) else None
+        if scripts is None:
+            continue
+        if not os.path.isdir(scripts):
+            return f"{key}.scripts_dir", f"scripts_dir {scripts} does not exist on this host"
+        if script is not None and not os.path.isfile(os.path.join(scripts, script)):
+            return f"{key}.scripts_dir", f"scripts_dir {scripts} has no {script}"
+    if (out := _text(spec.get("output_dir"))) is not None and (why := output_dir_unusable(out)):
+        return "output_dir", why
+    return None
