@@ -36,9 +36,14 @@ def llama_run(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         batch_size=4,
         vllm_args=CHUNKED,
     )
-    # the run that is killed needs no engine process of its own (jobrun.IN_PROCESS_ENGINE)
+    # the run that is killed needs no engine process of its own (jobrun.IN_PROCESS_ENGINE); its results are
+    # taken in between batches, which keeps its milestones in step with its files: the kill on the first
+    # batch's lands before the last batch
     first = run_job(
-        spec, stop_when=lambda e: e["kind"] == "batch_captured", env={**BARE_ENV, **IN_PROCESS_ENGINE}
+        spec,
+        env={**BARE_ENV, **IN_PROCESS_ENGINE},
+        stop_when=lambda e: e["kind"] == "batch_captured",
+        args=("--results-between-batches",),
     )
     after_kill = sorted(p.name for p in out.glob("hs_*.safetensors"))
     stats = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("hs_*.safetensors")}

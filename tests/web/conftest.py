@@ -21,6 +21,7 @@ import uvicorn
 from controller.service import Controller
 from controller.settings import Settings
 from tests.helpers.agentproc import cleanup_runs
+from tests.helpers.sshd import kill_tree_matching
 from web.app import create_app
 
 
@@ -62,11 +63,13 @@ class AgentHost:
     state_dir: Path
 
     def cleanup(self) -> None:
-        """Kill every job, then the daemon (pid in daemon.lock, its own session)."""
+        """Kill every job, then the daemon (pid in daemon.lock, its own session), and any process still
+        naming the state dir: a daemon that was starting has no lock file yet."""
         cleanup_runs(self.state_dir)
         with contextlib.suppress(OSError, ValueError):
             pid = int((self.state_dir / "daemon.lock").read_text().split()[0])
             os.killpg(pid, signal.SIGKILL)
+        kill_tree_matching(str(self.state_dir) + "/")
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
