@@ -26,9 +26,9 @@ SUMMARY: dict[Backend, str] = {
     Backend.SPECULATORS: "speculators' vLLM server + offline client",
     Backend.SPECFORGE: "SpecForge's torchrun prepare_hidden_states.py",
 }
-#: eaglewatch's own capture through vLLM (agent/extract/engine.py, native.py).
+#: eaglewatch's own capture through vLLM (agent/extract/engine/driver.py, native.py).
 OWN = (Backend.WORKER_EXTENSION, Backend.VLLM_NATIVE)
-#: A user's own pipeline, run as the job (agent/extract/pipeline_run.py): no eaglewatch manifest.
+#: A user's own pipeline, run as the job (agent/extract/pipelines/run.py): no eaglewatch manifest.
 PIPELINES = (Backend.SPECULATORS, Backend.SPECFORGE)
 
 

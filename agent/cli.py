@@ -22,7 +22,7 @@ DELEGATED = {
     "check": ("agent.checks.cli", "run"),
     "extract": ("agent.extract.cli", "run_extract"),
     "tiny-model": ("agent.extract.cli", "run_tiny_model"),
-    "merge-manifests": ("agent.extract.shards", "run"),
+    "merge-manifests": ("agent.extract.writing.shards", "run"),
 }
 
 

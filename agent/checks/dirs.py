@@ -19,7 +19,7 @@ CAPTURE = re.compile(
 )
 SAMPLE_LENGTHS = "sample_lengths.json"  # speculators: {"<idx>": tokens} beside data_<idx>.pt
 MERGED_MANIFEST = "manifest.json"
-#: What one shard of a sharded extraction writes beside its files (agent/extract/shards.py merges them).
+#: What one shard of a sharded extraction writes beside its files (merged by agent/extract/writing/shards.py).
 SHARD_MANIFEST = re.compile(r"^manifest\.shard-(?P<index>\d+)-of-(?P<count>\d+)\.json\Z")
 _MAX_LENGTHS_BYTES = 64 << 20
 

@@ -36,7 +36,7 @@ def run_extract(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     from agent.extract import signals
-    from agent.extract.preflight import SpecError, load_spec, preflight
+    from agent.extract.planning.preflight import SpecError, load_spec, preflight
 
     if args.forecast:
         return _print_forecast(args.spec)
@@ -46,7 +46,7 @@ def run_extract(argv: list[str]) -> int:
     try:
         spec = load_spec(args.spec)
         if spec.backend in PIPELINES:
-            from agent.extract.pipeline_run import run_pipeline
+            from agent.extract.pipelines.run import run_pipeline
 
             return run_pipeline(spec)
         plan = preflight(spec)
@@ -54,7 +54,7 @@ def run_extract(argv: list[str]) -> int:
         print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
         signals.emit("failed", reason=str(e))
         return 2
-    from agent.extract.dataset import DatasetError, count, load
+    from agent.extract.planning.dataset import DatasetError, count, load
 
     try:
         window = None
@@ -70,15 +70,15 @@ def run_extract(argv: list[str]) -> int:
 
 def _print_forecast(path: str) -> int:
     """`extract --spec S --forecast`: one JSON object on stdout, exit 0; 2 with a message on a bad spec."""
-    from agent.extract.forecast import forecast_spec
-    from agent.extract.preflight import SpecError, load_spec
+    from agent.extract.planning.forecast import forecast_spec
+    from agent.extract.planning.preflight import SpecError, load_spec
 
     try:
         spec = load_spec(path)
         if spec.backend == Backend.COMMAND:
             raise SpecError(f"backend '{Backend.COMMAND}' writes nothing the job knows of: no forecast")
         if spec.backend in PIPELINES:
-            from agent.extract.pipeline_forecast import forecast_pipeline
+            from agent.extract.pipelines.forecast import forecast_pipeline
 
             result = forecast_pipeline(spec)
         else:
@@ -93,8 +93,8 @@ def _print_forecast(path: str) -> int:
 def _print_capture(path: str) -> int:
     """`extract --spec S --capture`: one JSON object on stdout, exit 0; 2 with a message when the spec's
     capture cannot be told (a bad spec, an unreadable model, a backend that captures nothing of ours)."""
-    from agent.extract.preflight import SpecError, load_spec
-    from agent.extract.writer import wanted_capture
+    from agent.extract.planning.preflight import SpecError, load_spec
+    from agent.extract.writing.writer import wanted_capture
 
     try:
         capture = wanted_capture(load_spec(path))
@@ -113,11 +113,12 @@ def _run(
     overlap_results: bool = True,
 ) -> int:
     from agent import settings
-    from agent.extract import engine, engine_setup, signals
-    from agent.extract.forecast import engine_dtype, forecast_lengths, refuse_overrun
-    from agent.extract.preflight import Plan, SpecError
-    from agent.extract.stats import RunStats
-    from agent.extract.writer import (
+    from agent.extract import signals
+    from agent.extract.capture.stats import RunStats
+    from agent.extract.engine import driver, setup
+    from agent.extract.planning.forecast import engine_dtype, forecast_lengths, refuse_overrun
+    from agent.extract.planning.preflight import Plan, SpecError
+    from agent.extract.writing.writer import (
         MANIFEST,
         Manifest,
         OutputDirTaken,
@@ -140,7 +141,7 @@ def _run(
         print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
         signals.emit("failed", reason=str(e))
         return 2
-    engine.apply_env(spec.env)
+    driver.apply_env(spec.env)
     t0 = time.monotonic()
     name = spec.shard.manifest_name() if spec.shard is not None else MANIFEST
     dtype_hint = safetensors_dtype(wanted.dtype)
@@ -154,7 +155,7 @@ def _run(
         hidden_size=plan.hidden_size,
         dtype=plan.dtype,
         backend=spec.backend,
-        command=engine.command_line(),
+        command=driver.command_line(),
         samples_total=len(samples),
         versions=versions(),
         model_config_sha256=config_sha256(plan.model_dir),
@@ -179,7 +180,7 @@ def _run(
     signals.emit("forecast", **need.to_dict())
     if refuse_overrun(need, out, spec.allow_disk_overrun):
         return 2
-    prog = engine.Progress(
+    prog = driver.Progress(
         total=len(samples),
         done=len(manifest.sample_tokens),
         files=len(manifest.sample_tokens),
@@ -193,14 +194,14 @@ def _run(
     try:
         if todo:
             if spec.backend == Backend.VLLM_NATIVE:
-                from agent.extract.native import run_native
+                from agent.extract.engine.native import run_native
 
                 run_native(plan, todo, manifest, prog)
             else:
-                engine.run_worker_extension(
-                    plan, todo, manifest, prog, extension or engine.WORKER_EXTENSION, overlap_results
+                driver.run_worker_extension(
+                    plan, todo, manifest, prog, extension or driver.WORKER_EXTENSION, overlap_results
                 )
-    except engine_setup.CaptureFailed as e:
+    except setup.CaptureFailed as e:
         signals.emit("failed", reason=str(e))
         signals.say(f"FAILED: {e}")
         return 1
@@ -235,7 +236,7 @@ def _run(
 def _merge_if_last(out: str) -> bool:
     """Write the merged manifest.json when every shard's manifest in out is complete (this shard was last)."""
     from agent.extract import signals
-    from agent.extract.shards import MergeError, merge_dir
+    from agent.extract.writing.shards import MergeError, merge_dir
 
     try:
         merged = merge_dir(out)

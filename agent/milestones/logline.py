@@ -19,7 +19,7 @@ _HEADER_RE = re.compile(
     r"\[?(?P<src>[^\s\]]+:\d+)\] ?"
 )
 _TP_RE = re.compile(r"_TP(\d+)|-(\d+)$")
-# The tag the speculators job (agent/extract/pipeline_run.py) writes before each line of its two processes.
+# The tag the speculators job (agent/extract/pipelines/run.py) writes before each line of its two processes.
 _TAG_RE = re.compile(r"\[(?P<tag>server|client)\] ")
 
 

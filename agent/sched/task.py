@@ -1,7 +1,7 @@
 """One Slurm task: ``python -m agent.sched.task RUN_DIR`` runs the job recorded in launch.json (the batch
 script's only command). For an array job it tells the task its shard in ``EAGLEWATCH_SHARD``
 (index = SLURM_ARRAY_TASK_ID): the argv runs exactly as recorded, and an extraction job reads its shard
-from there (agent/extract/preflight.py)."""
+from there (agent/extract/planning/preflight.py)."""
 
 from __future__ import annotations
 

@@ -226,7 +226,7 @@ def test_the_job_refuses_another_capture_and_a_resume_clears_its_stale_temp_file
 
 FILL = """
 import resource, signal, sys, torch
-from agent.extract.writer import write_sample
+from agent.extract.writing.writer import write_sample
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails with EFBIG, like a full disk
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
 try:

@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from agent.checks.dirs import SHARD_MANIFEST, family, is_capture_file
-from agent.extract.preflight import load_spec
+from agent.extract.planning.preflight import load_spec
 from agent.milestones.rulefile import RuleError, validate_rule
 from agent.paths import run_paths, valid_run_id
 from agent.runs.outputs import GROUP_DIR

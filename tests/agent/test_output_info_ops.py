@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.extract.forecast import file_bytes
-from agent.extract.pipeline_forecast import specforge_file_bytes
+from agent.extract.pipelines.forecast import specforge_file_bytes
+from agent.extract.planning.forecast import file_bytes
 from tests.helpers.agentjobs import printer
 from tests.helpers.agentproc import AgentClient, AgentProc, agent_daemon
 

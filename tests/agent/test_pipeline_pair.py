@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from agent.extract.pipeline_plan import speculators_plan
+from agent.extract.pipelines.plan import speculators_plan
 from agent.paths import run_paths
 from agent.spec import parse_spec
 from tests.helpers.agentproc import AgentClient, AgentProc, agent_daemon, terminal_event

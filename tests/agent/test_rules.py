@@ -1340,7 +1340,7 @@ def test_chunking_and_restarts_do_not_change_milestones(seed: int, restart: bool
 def test_unprefixed_lines_one_per_rank_become_one_milestone_for_the_world() -> None:
     """vLLM 0.26 GPU workers log the injection before any process prefix exists: one line per rank."""
     line = new(
-        "Injected <class 'agent.extract.worker_ext.EagleWatchCapture'> into <class "
+        "Injected <class 'agent.extract.capture.worker_ext.EagleWatchCapture'> into <class "
         "'vllm.v1.worker.gpu_worker.Worker'> for extended collective_rpc calls ['eaglewatch_setup']",
         proc=None,
     )

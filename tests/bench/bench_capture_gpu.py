@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 
-from agent.extract.capture import CaptureSink, SinkConfig, Span
-from agent.extract.checks import token_flags
+from agent.extract.capture.assembly import CaptureSink, SinkConfig, Span
+from agent.extract.capture.checks import token_flags
 from tests.bench.run_all import bench_line
 
 
@@ -167,7 +167,7 @@ def main() -> int:
     sink = CaptureSink(SinkConfig(str(out), len(layer_ids), args.hidden))
     copier = None
     if device.type == "cuda":
-        from agent.extract.gpu_copy import PinnedCopier
+        from agent.extract.capture.gpu_copy import PinnedCopier
 
         copier = PinnedCopier(device)
         copier.reserve(args.batch * args.seq * (len(layer_ids) * args.hidden * 2 + 64))

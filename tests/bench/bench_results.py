@@ -2,7 +2,7 @@
 
 This ran between two batches while the GPU waited (`completed.results_seconds`; figures in
 docs/benchmarks.md), so it counted in the end-to-end overhead; it now runs beside the next batch
-(agent/extract/results_lane.py), and its cost is the CPU it takes from the driver's process.
+(agent/extract/engine/results_lane.py), and its cost is the CPU it takes from the driver's process.
 Results like the H200 run's (4 captured layers, per-layer sums), in drains of 64, into a real output
 directory; the milestone lines go to /dev/null.
 Run: .venv/bin/python tests/bench/bench_results.py [--samples 512] [--repeat 3]; EAGLEWATCH_BENCH_QUICK=1
@@ -22,9 +22,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.extract.engine import Progress, handle_results
-from agent.extract.stats import RunStats
-from agent.extract.writer import Manifest
+from agent.extract.capture.stats import RunStats
+from agent.extract.engine.driver import Progress, handle_results
+from agent.extract.writing.writer import Manifest
 from tests.bench.run_all import bench_line
 
 LAYERS = [2, 16, 29, 32]

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from agent.extract.canary import CANARY_KEY
-from agent.extract.capture import CaptureSink, SinkConfig, spans_for_step
-from agent.extract.worker_ext import IDX_KEY, EagleWatchCapture
+from agent.extract.capture.assembly import CaptureSink, SinkConfig, spans_for_step
+from agent.extract.capture.worker_ext import IDX_KEY, EagleWatchCapture
+from agent.extract.engine.canary import CANARY_KEY
 
 
 class AuxCompareCapture(EagleWatchCapture):

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.extract import canary
-from agent.extract.canary import TOLERANCE, pick, rel_diff, tolerance, verdict
-from agent.extract.capture import CaptureSink, SinkConfig, Span
-from agent.extract.checks import BATCH_SKEW
+from agent.extract.capture.assembly import CaptureSink, SinkConfig, Span
+from agent.extract.capture.checks import BATCH_SKEW
+from agent.extract.engine import canary
+from agent.extract.engine.canary import TOLERANCE, pick, rel_diff, tolerance, verdict
 
 L, H = 3, 8
 
@@ -81,8 +81,8 @@ def test_sink_compares_alone_with_batched_and_writes_nothing(
 
 def test_writer_process_carries_stats_and_canaries(tmp_path: Path) -> None:
     """Layer statistics and canary comparisons come back through the writer process."""
-    from agent.extract.stats import file_stats, summary, token_stats
-    from agent.extract.writer_proc import ProcessSink
+    from agent.extract.capture.stats import file_stats, summary, token_stats
+    from agent.extract.writing.writer_proc import ProcessSink
 
     sink = ProcessSink(SinkConfig(str(tmp_path), L, H, fault="batch_skew"), max_buffers=2)
     a, b = _states(4, 1), _states(3, 2)

@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agent.extract.capture import SinkConfig, Span, spans_for_step
-from agent.extract.checks import check_sample
-from agent.extract.writer import existing_valid, sample_path, write_sample
-from agent.extract.writer_proc import ProcessSink
+from agent.extract.capture.assembly import SinkConfig, Span, spans_for_step
+from agent.extract.capture.checks import check_sample
+from agent.extract.writing.writer import existing_valid, sample_path, write_sample
+from agent.extract.writing.writer_proc import ProcessSink
 
 L, H = 3, 8
 
@@ -108,7 +108,7 @@ def test_writer_output_is_valid_safetensors_and_resume_validation(tmp_path: Path
 
 
 def test_hook_plan_for_both_conventions() -> None:
-    from agent.extract.worker_ext import plan_hooks
+    from agent.extract.capture.worker_ext import plan_hooks
 
     # input: pre-hook on layer k; id N (= 8) is the output of the last layer
     assert plan_hooks([2, 4, 5, 8], "input", 8) == [

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from agent.extract import tuning
-from agent.extract.costs import CaptureCosts, StepCost, percentile
+from agent.extract.capture.costs import CaptureCosts, StepCost, percentile
+from agent.extract.engine import tuning
 
 
 class _Timed:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.extract.forecast import (
+from agent.extract.planning.forecast import (
     HEADER_BYTES,
     disk_state,
     element_bytes,
@@ -20,7 +20,7 @@ from agent.extract.forecast import (
     forecast_counts,
     sample_indices,
 )
-from agent.extract.preflight import vllm_version
+from agent.extract.planning.preflight import vllm_version
 from tests.extract.jobrun import ROOT, job_env, parse_events
 
 L, H = 4, 64  # 4 layers (EAGLE-3 default of an 8-layer model), hidden 64

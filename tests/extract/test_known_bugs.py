@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.extract.known_bugs import (
+from agent.extract.engine.known_bugs import (
     BugTableError,
     KnownBug,
     Target,
@@ -20,7 +20,7 @@ from agent.extract.known_bugs import (
     run_conditions,
     target_for,
 )
-from agent.extract.preflight import SpecError, preflight, vllm_version
+from agent.extract.planning.preflight import SpecError, preflight, vllm_version
 from agent.spec import RunSpec, parse_spec
 
 BUGS = load_bugs()

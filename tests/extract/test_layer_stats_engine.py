@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.extract.checks import BATCH_SKEW, ZERO_LAYER_FROM, ZERO_LAYER_SLOT
+from agent.extract.capture.checks import BATCH_SKEW, ZERO_LAYER_FROM, ZERO_LAYER_SLOT
 from tests.extract.jobrun import IN_PROCESS_ENGINE, run_job, write_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]

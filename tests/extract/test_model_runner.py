@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from agent.extract.capture import CaptureSink, SinkConfig
-from agent.extract.worker_ext import EagleWatchCapture, plan_hooks, runner_kind
+from agent.extract.capture.assembly import CaptureSink, SinkConfig
+from agent.extract.capture.worker_ext import EagleWatchCapture, plan_hooks, runner_kind
 
 H = 4
 LAYERS = [1, 2, 3]  # input convention over 3 layers: id 3 is the output of the last one

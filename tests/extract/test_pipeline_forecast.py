@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
-from agent.extract.forecast import file_bytes
-from agent.extract.pipeline_disk import DiskWatch, scan
-from agent.extract.pipeline_forecast import (
+from agent.extract.pipelines.disk import DiskWatch, scan
+from agent.extract.pipelines.forecast import (
     flag_value,
     forecast_specforge,
     forecast_speculators,
@@ -27,7 +26,8 @@ from agent.extract.pipeline_forecast import (
     specforge_file_bytes,
     specforge_total,
 )
-from agent.extract.preflight import SpecError
+from agent.extract.planning.forecast import file_bytes
+from agent.extract.planning.preflight import SpecError
 from agent.spec import parse_spec
 from tests.extract.jobrun import ROOT, job_env, parse_events
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agent import settings
-from agent.extract.aux_capture import aux_plan, env_value
-from agent.extract.runtime import (
+from agent.extract.capture.aux_capture import aux_plan, env_value
+from agent.extract.engine.runtime import (
     CaptureConflict,
     UnsupportedVersion,
     check_version,

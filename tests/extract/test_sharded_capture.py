@@ -94,7 +94,7 @@ def test_each_shard_counts_and_resumes_its_own_slice(scenario: dict[str, Any]) -
 
 def test_merged_manifest_equals_the_whole_runs(scenario: dict[str, Any]) -> None:
     from agent.checks.checker import Expectation, check_path
-    from agent.extract.shards import merge_layer_stats
+    from agent.extract.writing.shards import merge_layer_stats
 
     one = json.loads((scenario["whole"] / "manifest.json").read_text())
     merged = json.loads((scenario["sharded"] / "manifest.json").read_text())

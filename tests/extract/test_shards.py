@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agent.extract.dataset import count, load
-from agent.extract.shards import MergeError, merge_docs, merge_layer_stats
+from agent.extract.planning.dataset import count, load
+from agent.extract.writing.shards import MergeError, merge_docs, merge_layer_stats
 from agent.spec import Shard, parse_spec
 from tests.extract.jobrun import ROOT
 

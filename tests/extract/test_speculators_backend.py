@@ -55,7 +55,7 @@ def test_speculators_client_and_vllm_server_run_and_are_watched(
     out = tmp_path / "out"
     transfer = {
         "kv_connector": "EagleWatchHiddenStatesConnector",
-        "kv_connector_module_path": "agent.extract.native_connector",
+        "kv_connector_module_path": "agent.extract.engine.native_connector",
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "staging")},
     }

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.extract.capture import CaptureSink, SinkConfig, Span
-from agent.extract.checks import ZERO_LAYER_FROM, ZERO_LAYER_SLOT, apply_fault
-from agent.extract.stats import (
+from agent.extract.capture.assembly import CaptureSink, SinkConfig, Span
+from agent.extract.capture.checks import ZERO_LAYER_FROM, ZERO_LAYER_SLOT, apply_fault
+from agent.extract.capture.stats import (
     BASELINE_FILES,
     RunStats,
     append_files,
@@ -175,8 +175,8 @@ def test_baseline_means_are_fixed_once_the_baseline_is_in() -> None:
 def test_flags_from_stats_equal_token_flags() -> None:
     import torch
 
-    from agent.extract.checks import token_flags
-    from agent.extract.stats import flags_from_stats, token_stats
+    from agent.extract.capture.checks import token_flags
+    from agent.extract.capture.stats import flags_from_stats, token_stats
 
     x = torch.randn(6, 3, 8)
     x[1] = 0.0  # all zero: flagged zero

@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent.extract.dataset import Sample
-from agent.extract.engine import Progress, take_drained
-from agent.extract.preflight import Plan
+from agent.extract.capture.stats import RunStats
+from agent.extract.engine.driver import Progress, take_drained
+from agent.extract.planning.dataset import Sample
+from agent.extract.planning.preflight import Plan
 from agent.extract.signals import PREFIX
-from agent.extract.stats import RunStats
-from agent.extract.writer import Manifest
+from agent.extract.writing.writer import Manifest
 from agent.spec import parse_spec
 
 LAYERS = [2, 4]

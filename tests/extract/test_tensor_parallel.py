@@ -195,7 +195,7 @@ def test_tp2_log_gives_one_injection_milestone_for_both_ranks(runs: dict[str, An
     injected = [m for m in found if m["kind"] == "extension_injected"]
     assert len(injected) == 1, injected
     assert injected[0]["fields"]["ranks"] == [0, 1]
-    assert injected[0]["fields"]["extension"] == AUX_EXT  # a subclass of agent.extract.worker_ext's
+    assert injected[0]["fields"]["extension"] == AUX_EXT  # a subclass of agent.extract.capture.worker_ext's
 
 
 def _native(runs: dict[str, Any]) -> JobResult:

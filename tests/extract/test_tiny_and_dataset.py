@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.extract.dataset import DatasetError, load
+from agent.extract.planning.dataset import DatasetError, load
 from agent.extract.signals import emit, format_line
 from tests.extract.jobrun import ROOT
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agent.extract.writeback import Writeback, libc_sync_file_range
-from agent.extract.writer import write_sample
+from agent.extract.writing.writeback import Writeback, libc_sync_file_range
+from agent.extract.writing.writer import write_sample
 
 pytestmark = pytest.mark.skipif(libc_sync_file_range() is None, reason="sync_file_range is Linux only")
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agent.extract.capture import SinkConfig, Span
-from agent.extract.writer_proc import ProcessSink
+from agent.extract.capture.assembly import SinkConfig, Span
+from agent.extract.writing.writer_proc import ProcessSink
 
 L, H = 2, 16
 

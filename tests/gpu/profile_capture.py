@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from agent.extract import stats  # noqa: E402
-from agent.extract.writer import write_sample  # noqa: E402
+from agent.extract.writing.writer import write_sample  # noqa: E402
 
 H, L = 4096, 4
 
@@ -113,7 +113,7 @@ def host_costs(t: int, steps: int = 20) -> dict[str, Any]:
     keeps taking the GIL (a writer thread's Python work)."""
     import threading
 
-    from agent.extract.gpu_copy import PinnedCopier
+    from agent.extract.capture.gpu_copy import PinnedCopier
 
     dev = torch.device("cuda")
     layers = [torch.randn(t, H, device=dev, dtype=torch.bfloat16) for _ in range(L)]

@@ -8,16 +8,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.extract import canary, forecast, signals, stats, tuning
-from agent.extract.dataset import Sample
-from agent.extract.engine_setup import CaptureFailed, engine_kwargs, one_result, prepare_engine
-from agent.extract.preflight import Plan
-from agent.extract.results_lane import ResultsLane
-from agent.extract.stats import RunStats
-from agent.extract.writer import Manifest
+from agent.extract import signals
+from agent.extract.capture import stats
+from agent.extract.capture.stats import RunStats
+from agent.extract.engine import canary, tuning
+from agent.extract.engine.results_lane import ResultsLane
+from agent.extract.engine.setup import CaptureFailed, engine_kwargs, one_result, prepare_engine
+from agent.extract.planning import forecast
+from agent.extract.planning.dataset import Sample
+from agent.extract.planning.preflight import Plan
+from agent.extract.writing.writer import Manifest
 
 #: vLLM's worker extension class (`extract --worker-extension` names a subclass for tests).
-WORKER_EXTENSION = "agent.extract.worker_ext.EagleWatchCapture"
+WORKER_EXTENSION = "agent.extract.capture.worker_ext.EagleWatchCapture"
 
 
 @dataclass

@@ -8,22 +8,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from agent.extract import canary
-from agent.extract.dataset import Sample
-from agent.extract.engine import (
+from agent.extract.capture.stats import file_stats, maybe_token_stats
+from agent.extract.engine import canary
+from agent.extract.engine.driver import (
     Progress,
     batches_done,
     configured,
     handle_results,
     report_canary,
 )
-from agent.extract.engine_setup import CaptureFailed, engine_kwargs, prepare_engine
-from agent.extract.preflight import Plan
-from agent.extract.stats import file_stats, maybe_token_stats
-from agent.extract.writer import Manifest, sample_path, write_sample
+from agent.extract.engine.setup import CaptureFailed, engine_kwargs, prepare_engine
+from agent.extract.planning.dataset import Sample
+from agent.extract.planning.preflight import Plan
+from agent.extract.writing.writer import Manifest, sample_path, write_sample
 
 CONNECTOR = "EagleWatchHiddenStatesConnector"
-CONNECTOR_MODULE = "agent.extract.native_connector"
+CONNECTOR_MODULE = "agent.extract.engine.native_connector"
 
 
 def torch_cuda() -> bool:
@@ -54,7 +54,7 @@ def _wait_and_load(path: str) -> dict[str, Any]:
 
 def _finish(plan: Plan, sample: Sample, path: str) -> dict[str, Any]:
     """Check one connector file, then move it (or, with a fault injected, a corrupted copy) to hs_{idx}."""
-    from agent.extract.checks import apply_fault, check_sample
+    from agent.extract.capture.checks import apply_fault, check_sample
 
     spec = plan.spec
     data = _wait_and_load(path)

@@ -7,9 +7,9 @@ made each batch wait for its files and fell short end to end where the process d
 The worker keeps only what must run beside the forward: hooks, the device-to-host copy into a buffer of
 shared memory (a memfd, pinned with cudaHostRegister on CUDA), and two light threads — one waits for each
 step's copy and sends a JSON line describing it, one reads the child's replies. The child
-(`python -m agent.extract.writer_proc FD`) gets each buffer's fd over a Unix socket, maps it and runs the
-ordinary CaptureSink (assembly and writer threads, agent/extract/capture.py); it answers `release` once it
-no longer needs a buffer (backpressure) and `drained` with the results.
+(`python -m agent.extract.writing.writer_proc FD`) gets each buffer's fd over a Unix socket, maps it and runs
+the ordinary CaptureSink (assembly and writer threads, agent/extract/capture/assembly.py); it answers
+`release` once it no longer needs a buffer (backpressure) and `drained` with the results.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import IO, Any
 
 import torch
 
-from agent.extract.capture import CaptureSink, SinkConfig, Span
-from agent.extract.costs import CaptureCosts
+from agent.extract.capture.assembly import CaptureSink, SinkConfig, Span
+from agent.extract.capture.costs import CaptureCosts
 
 #: capture_costs fields only the writer process knows: its last drain brings them back
 WRITER_FIELDS = (
@@ -108,7 +108,7 @@ class ProcessSink:
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "agent.extract.writer_proc", str(theirs.fileno())],
+                [sys.executable, "-m", "agent.extract.writing.writer_proc", str(theirs.fileno())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 pass_fds=(theirs.fileno(),),
@@ -198,7 +198,7 @@ class ProcessSink:
     ) -> None:
         """Rows [tokens, L, H] (+ token_flags, token_stats); staged into shared memory unless already so."""
         if flags is None:
-            from agent.extract.checks import token_flags
+            from agent.extract.capture.checks import token_flags
 
             flags = token_flags(host)
         try:

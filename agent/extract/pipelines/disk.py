@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.checks.dirs import is_capture_file
-from agent.extract import forecast
+from agent.extract.planning import forecast
 
 PROGRESS_INTERVAL_S = 30.0
 

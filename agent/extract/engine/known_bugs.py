@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from agent import backends, settings
 from agent.backends import Backend
-from agent.extract.runtime import parse_version
+from agent.extract.engine.runtime import parse_version
 
 DEFAULT_FILE = Path(__file__).with_name("known_bugs.toml")
 #: Facts of a run a bug entry may require (its `when`). "aux_outputs": the capture reads vLLM's EAGLE-3 aux
@@ -170,7 +170,7 @@ def with_aux(target: Target) -> Target:
 
 def aux_path_bugs(bugs: Iterable[KnownBug], target: Target) -> list[KnownBug]:
     """The bugs that apply only if this run reads vLLM's aux outputs: the worker extension then captures
-    through its layer hooks instead (agent/extract/runtime.py choose_capture)."""
+    through its layer hooks instead (agent/extract/engine/runtime.py choose_capture)."""
     aux = with_aux(target)
     return [b for b in bugs if applies(b, aux) and not applies(b, target)]
 

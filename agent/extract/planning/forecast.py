@@ -175,7 +175,7 @@ def forecast_spec(spec: RunSpec) -> Forecast:
 
     Raises preflight.SpecError for a model or dataset it cannot read.
     """
-    from agent.extract.preflight import SpecError, resolve_layers, text_config
+    from agent.extract.planning.preflight import SpecError, resolve_layers, text_config
 
     assert spec.model is not None and spec.dataset is not None and spec.output_dir is not None
     model_dir, dataset = Path(spec.model), Path(spec.dataset)

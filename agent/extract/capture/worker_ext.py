@@ -1,7 +1,8 @@
 """vLLM worker extension: hooks the decoder layers; writes hidden states per request from the worker.
 
-Loaded by vLLM through `worker_extension_cls="agent.extract.worker_ext.EagleWatchCapture"`; vLLM appends
-the class to the worker's bases, so its methods are reachable with `collective_rpc("eaglewatch_...")`.
+Loaded by vLLM through
+`worker_extension_cls="agent.extract.capture.worker_ext.EagleWatchCapture"`; vLLM appends the class to
+the worker's bases, so its methods are reachable with `collective_rpc("eaglewatch_...")`.
 Tensors never cross the RPC boundary: the worker writes hs_{idx}.safetensors itself and returns small
 dicts. Token attribution is per scheduler step, by request id, from the runner's batch order: the V1
 runner keeps a persistent `input_batch` whose `req_ids` give it; the V2 runner (default from vLLM 0.25)
@@ -23,13 +24,14 @@ import torch
 from torch import nn
 
 from agent import settings
-from agent.extract import aux_capture, tuning
-from agent.extract.canary import CANARY_KEY
-from agent.extract.capture import SinkConfig, spans_for_step
-from agent.extract.costs import StepCost
-from agent.extract.gpu_copy import PinnedCopier
-from agent.extract.stats import StepStats, fused_step_stats, step_stats, warm, warm_sizes
-from agent.extract.writer_proc import ProcessSink
+from agent.extract.capture import aux_capture
+from agent.extract.capture.assembly import SinkConfig, spans_for_step
+from agent.extract.capture.costs import StepCost
+from agent.extract.capture.gpu_copy import PinnedCopier
+from agent.extract.capture.stats import StepStats, fused_step_stats, step_stats, warm, warm_sizes
+from agent.extract.engine import tuning
+from agent.extract.engine.canary import CANARY_KEY
+from agent.extract.writing.writer_proc import ProcessSink
 
 IDX_KEY = "eaglewatch_idx"
 

@@ -3,7 +3,7 @@
 vLLM's ExampleHiddenStatesConnector pins memory and uses a CUDA copy stream, so its first write fails on a
 machine without a GPU. On CUDA this class changes nothing; on any other device it extracts the request's
 rows from the hidden-states cache and writes the file synchronously (still under the `.lock` protocol).
-Loaded by vLLM through kv_transfer_config `kv_connector_module_path="agent.extract.native_connector"`.
+Loaded by vLLM through kv_transfer_config `kv_connector_module_path="agent.extract.engine.native_connector"`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
-from agent.extract.writer import write_safetensors
+from agent.extract.writing.writer import write_safetensors
 
 
 class _Done:

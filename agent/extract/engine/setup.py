@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from agent import settings
-from agent.extract import runtime, signals
-from agent.extract.preflight import Plan
+from agent.extract import signals
+from agent.extract.engine import runtime
+from agent.extract.planning.preflight import Plan
 
 
 class CaptureFailed(RuntimeError):
@@ -104,7 +105,7 @@ def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
             }
         )
     if capture.path == "aux":
-        from agent.extract import aux_capture
+        from agent.extract.capture import aux_capture
 
         # read by the wrapped Worker.load_model in each worker, which inherits this environment
         defaults[settings.AUX_LAYERS.name] = aux_capture.env_value(

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.backends import Backend
-from agent.extract.forecast import (
+from agent.extract.pipelines.plan import capture_layers
+from agent.extract.planning.forecast import (
     SAMPLE_ROWS,
     Forecast,
     count_rows,
@@ -29,8 +30,7 @@ from agent.extract.forecast import (
     picked_rows,
     sample_indices,
 )
-from agent.extract.pipeline_plan import capture_layers
-from agent.extract.preflight import SpecError, text_config
+from agent.extract.planning.preflight import SpecError, text_config
 from agent.spec import RunSpec, SpecForgeOptions, SpeculatorsOptions
 
 #: torch.save's zip archive around SpecForge's four tensors: entry headers, the pickled dict, alignment.

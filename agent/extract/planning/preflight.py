@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from agent import settings
 from agent.backends import Backend
-from agent.extract import known_bugs, runtime
+from agent.extract.engine import known_bugs, runtime
 from agent.spec import RunSpec, eagle3_default_layers, parse_spec
 
 
@@ -160,7 +160,7 @@ def backend_support() -> dict[Backend, str | None]:
 def preflight(spec: RunSpec, bugs: list[known_bugs.KnownBug] | None = None) -> Plan:
     """Every check that needs no engine; raises SpecError with one clear message.
 
-    bugs: the known-bug table (default: agent/extract/known_bugs.toml).
+    bugs: the known-bug table (default: agent/extract/engine/known_bugs.toml).
     """
     if spec.backend == Backend.COMMAND:
         raise SpecError(f"backend '{Backend.COMMAND}' is run by the agent itself, not by `extract`")

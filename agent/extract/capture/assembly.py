@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from agent.extract.canary import compare_with_file
-from agent.extract.checks import apply_fault, check_sample, token_flags
-from agent.extract.costs import CaptureCosts
-from agent.extract.stats import file_stats, maybe_token_stats
-from agent.extract.writeback import DEFAULT_LIMIT_MB, Writeback
-from agent.extract.writer import sample_path, write_sample
+from agent.extract.capture.checks import apply_fault, check_sample, token_flags
+from agent.extract.capture.costs import CaptureCosts
+from agent.extract.capture.stats import file_stats, maybe_token_stats
+from agent.extract.engine.canary import compare_with_file
+from agent.extract.writing.writeback import DEFAULT_LIMIT_MB, Writeback
+from agent.extract.writing.writer import sample_path, write_sample
 
 
 @dataclass(frozen=True)

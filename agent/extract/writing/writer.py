@@ -1,8 +1,8 @@
 """Capture files `hs_{idx}.safetensors` (written atomically), taking the output dir, resume validation and
 `manifest.json`.
 
-A shard of a sharded run writes `manifest.shard-{i}-of-{N}.json` instead (agent/extract/shards.py merges
-them into `manifest.json`).
+A shard of a sharded run writes `manifest.shard-{i}-of-{N}.json` instead
+(agent/extract/writing/shards.py merges them into `manifest.json`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from agent.runs.outdir import Capture, capture_error, write_owner
 if TYPE_CHECKING:
     import torch
 
-    from agent.extract.writeback import Writeback
+    from agent.extract.writing.writeback import Writeback
     from agent.spec import RunSpec
 
 FORMAT_VERSION = 1
@@ -119,8 +119,8 @@ def wanted_capture(spec: RunSpec) -> Capture:
 
     Raises preflight.SpecError when the model's config.json cannot tell (or the spec captures nothing).
     """
-    from agent.extract.forecast import engine_dtype
-    from agent.extract.preflight import SpecError, resolve_layers, text_config
+    from agent.extract.planning.forecast import engine_dtype
+    from agent.extract.planning.preflight import SpecError, resolve_layers, text_config
 
     if spec.backend not in OWN or spec.model is None:
         raise SpecError(f"backend '{spec.backend}' writes no capture of eaglewatch's own")

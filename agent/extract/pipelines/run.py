@@ -1,8 +1,8 @@
 """Run a user's own pipeline as the job: SpecForge's torchrun, or speculators' server then client.
 
-Before either starts, the job prints its disk forecast (agent/extract/pipeline_forecast.py) and refuses to
+Before either starts, the job prints its disk forecast (agent/extract/pipelines/forecast.py) and refuses to
 start when the output will not fit, unless the spec allows the overrun; while the tool runs, a thread
-prints ``progress`` lines about its files and the free space (agent/extract/pipeline_disk.py). SpecForge's
+prints ``progress`` lines about its files and the free space (agent/extract/pipelines/disk.py). SpecForge's
 torchrun is our child in our process group, its output going straight to the job log. The speculators job
 is this process plus two children in its process group (so the agent's stop, which
 signals the job's group and every process carrying the run id, ends both). Each child's output is copied
@@ -29,11 +29,11 @@ from typing import IO
 
 from agent.backends import Backend
 from agent.extract import signals
-from agent.extract.forecast import Forecast, refuse_overrun
-from agent.extract.pipeline_disk import PROGRESS_INTERVAL_S, DiskWatch
-from agent.extract.pipeline_forecast import forecast_pipeline, specforge_total
-from agent.extract.pipeline_plan import PairPlan, Process, specforge_argv, speculators_plan
-from agent.extract.preflight import SpecError, text_config
+from agent.extract.pipelines.disk import PROGRESS_INTERVAL_S, DiskWatch
+from agent.extract.pipelines.forecast import forecast_pipeline, specforge_total
+from agent.extract.pipelines.plan import PairPlan, Process, specforge_argv, speculators_plan
+from agent.extract.planning.forecast import Forecast, refuse_overrun
+from agent.extract.planning.preflight import SpecError, text_config
 from agent.spec import RunSpec
 
 STAGING = ".staging-speculators"  # inside output_dir: one filesystem, so speculators' move is a rename

@@ -1,0 +1,1 @@
+"""Starting and driving vLLM for a capture: engine arguments, runtime gates, native backend, canary."""

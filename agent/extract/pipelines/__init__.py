@@ -1,0 +1,1 @@
+"""The users' own pipelines (speculators, SpecForge): argv, forecasts, disk progress, running them."""

@@ -1,0 +1,1 @@
+"""Before the engine starts: spec preflight, dataset samples, disk forecasts."""

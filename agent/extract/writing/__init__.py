@@ -1,0 +1,1 @@
+"""Writing capture files: the writer process, atomic files, writeback, shard manifest merges."""
