@@ -65,7 +65,7 @@ ERROR_CLASSES = frozenset(
 SEVERITIES = ("info", "warning", "error", "critical")
 BUILTIN_DIR = Path(__file__).with_name("rules")
 #: Rule files for lines only the users' own pipelines print, one named after each: a run of eaglewatch's own
-#: vLLM backends never reads them (they would double its tail+rules cost: tests/bench/bench_ingest.py).
+#: vLLM backends never reads them (they would double its tail+rules cost).
 PIPELINE_FILES = tuple(f"{backend}.toml" for backend in PIPELINES)
 BUILTIN_FILES = ("vllm.toml", "errors.toml", "eaglewatch.toml", *PIPELINE_FILES)
 

@@ -6,8 +6,7 @@ thread of the daemon is pinned to one CPU (``os.sched_setaffinity``; threads it 
 and this process, the follower, to the others where there are any.  Time runs from the launch reply to
 the final state reaching the follower, which takes the event stream in bulk (it finds each frame's seq in
 the raw bytes and decodes only state events) and checks that every seq comes once, in order.
-``--profile FILE`` runs the daemon under cProfile (tests/bench/profile_hook) and prints its top functions.
-Run: .venv/bin/python tests/bench/bench_daemon_ingest.py [--lines 2000000] [--repeat 1] [--profile F]
+Run: .venv/bin/python tests/bench/bench_daemon_ingest.py [--lines 2000000] [--repeat 1]
 ``EAGLEWATCH_BENCH_QUICK=1`` makes the default 200,000 lines. Prints a BENCH line for ``run_all.py``.
 """
 
@@ -17,9 +16,7 @@ import argparse
 import contextlib
 import json
 import os
-import pstats
 import re
-import signal
 import sys
 import tempfile
 import time
@@ -33,7 +30,6 @@ from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent
 from tests.helpers.vllm_log import steady_lines
 
 GOAL_LINES_PER_S = 300_000
-HOOK = Path(__file__).resolve().parent / "profile_hook"
 #: A streamed journal event's frame starts so (protocol.event_frames): its seq read without decoding.
 _FRAME_SEQ = re.compile(rb'^\{"type":"event","run":"[^"]*","event":\{"seq":(\d+),', re.MULTILINE)
 _TERMINAL = ("completed", "failed", "stopped", "lost")
@@ -90,15 +86,11 @@ class DaemonRun:
     events: int
 
 
-def daemon_run(tmp: Path, big: Path, cpu: int, profile: Path | None) -> DaemonRun:
+def daemon_run(tmp: Path, big: Path, cpu: int) -> DaemonRun:
     """Start a daemon, let it ingest ``big`` through a real job on CPU ``cpu``, follow the run's events to
     its end."""
     state = tmp / f"state{time.monotonic_ns()}"
-    env = None
-    if profile is not None:
-        env = {"PYTHONPATH": os.pathsep.join([str(HOOK), os.environ.get("PYTHONPATH", "")]),
-               "EAGLEWATCH_PROFILE_OUT": str(profile)}  # fmt: skip
-    agent = start_agent(state, env=env)
+    agent = start_agent(state)
     try:
         with AgentClient(agent.socket, timeout=600) as c:
             c.result("launch", run="big", spec={"backend": "command", "command": ["cat", str(big)]})
@@ -111,8 +103,6 @@ def daemon_run(tmp: Path, big: Path, cpu: int, profile: Path | None) -> DaemonRu
         if seqs != list(range(1, last + 1)):
             raise AssertionError(f"the follower saw {len(seqs)} events, not seqs 1..{last} once each")
     finally:
-        if profile is not None:
-            agent.kill(signal.SIGTERM)  # a clean exit writes the profile
         agent.kill()
         cleanup_runs(state)
     return DaemonRun(done - started, cpu1 - cpu0, last)
@@ -125,7 +115,6 @@ def main() -> None:
     quick = os.environ.get("EAGLEWATCH_BENCH_QUICK") == "1"
     ap.add_argument("--lines", type=int, default=200_000 if quick else 2_000_000)
     ap.add_argument("--repeat", type=int, default=1, help="daemon runs, each a fresh daemon; best kept")
-    ap.add_argument("--profile", type=Path, help="cProfile the daemon (one run) into this file")
     opts = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     cpu = cpus[-1]
@@ -136,12 +125,7 @@ def main() -> None:
         big = tmp / "big.log"
         data = ("\n".join(steady_lines(opts.lines, tp=8)) + "\n").encode()
         big.write_bytes(data)
-        if opts.profile is not None:
-            daemon_run(tmp, big, cpu, opts.profile)
-            stats = pstats.Stats(str(opts.profile))
-            stats.sort_stats("tottime").print_stats(25)
-            stats.sort_stats("cumulative").print_stats(40)
-        runs = [daemon_run(tmp, big, cpu, None) for _ in range(opts.repeat)]
+        runs = [daemon_run(tmp, big, cpu) for _ in range(opts.repeat)]
     best = min(runs, key=lambda r: r.ingest_s)
     rate = opts.lines / best.ingest_s
     verdict = "PASS" if rate >= GOAL_LINES_PER_S else "FAIL"

@@ -9,10 +9,9 @@ latency is measured twice: with the agent reached over local pipes, and through 
 loopback OpenSSH sshd, the agent uploaded and started by the controller's bootstrap, as on a GPU host).
 Latency = DOM insertion time (MutationObserver, page clock) − the moment the job wrote the line (its
 ``t_line_ms`` field; same machine clock).  The controller runs in a process of its own, as ``eaglewatch
-serve`` does (serve_apart.py); ``--in-process`` runs it in a thread of this process instead, beside
-Playwright's driver, as bench_ui_hops.py must (its hooks wrap the controller's functions).  The job waits
-for each line on a named pipe the benchmark writes to (no polling); the time from that wake-up to the DOM is
-printed too ("from wake-up").
+serve`` does (serve_apart.py).  The goal is the SSH figure: p99 <= 50 ms at ten milestones a second.
+The job waits for each line on a named pipe the benchmark writes to (no polling); the time from that
+wake-up to the DOM is printed too ("from wake-up").
 Pacing: the next line is written ``--gap-ms`` (100) after the last milestone reached the DOM: ten
 milestones a second, more than an extraction logs (vLLM's stats line comes every 10 s, a progress marker once
 a batch).  Through SSH the run is also timed back to back (``--gap-ms 0``: the next line as soon as the last
@@ -45,9 +44,7 @@ from tests.helpers.sshd import SSHD, SSHD_BIN, kill_tree_matching  # noqa: E402
 from tests.web.conftest import (  # noqa: E402
     CHROMIUM_ARGS,
     AgentHost,
-    LiveServer,
     settings_for,
-    start_server,
     wait_until,
 )
 
@@ -157,11 +154,11 @@ def ssh_latency(
     p50, p99 = pct(ssh_lat, 0.5), pct(ssh_lat, 0.99)
     print(
         f"through the SSH link: p50 {p50:.1f} ms, p99 {p99:.1f} ms,"
-        f" max {max(ssh_lat):.1f} ms (goal p99 <= 20 ms);"
+        f" max {max(ssh_lat):.1f} ms (goal p99 <= 50 ms);"
         f" from wake-up p50 {pct(ssh_woke, 0.5):.1f} ms, p99 {pct(ssh_woke, 0.99):.1f} ms"
     )
     note = f"{len(ssh_lat)} milestones; loopback sshd; {where}; baseline = the same over local pipes"
-    for q, value, goal in ((50, p50, None), (99, p99, "<= 20")):
+    for q, value, goal in ((50, p50, None), (99, p99, "<= 50")):
         bench_line(
             "ui_latency", f"ssh line_to_dom_p{q}", round(value, 1), "ms",
             goal=goal, baseline=round(pct(local, q / 100), 1), note=note,
@@ -251,7 +248,6 @@ def main() -> int:
     ap.add_argument("--no-heavy", action="store_true", help="only the latency, not the heavy page")
     ap.add_argument("--lines", type=int, default=100_000)
     ap.add_argument("--heavy-milestones", type=int, default=1000)
-    ap.add_argument("--in-process", action="store_true", help="the controller in a thread of this process")
     ap.add_argument("--gap-ms", type=float, default=100.0, help="pause after each milestone reached the DOM")
     args = ap.parse_args()
     if not Path(CHROMIUM).exists():
@@ -271,12 +267,8 @@ def main() -> int:
                 "remote_base": str(tmp / "remote"),
             }
         )
-    srv: LiveServer | ApartServer
-    if args.in_process:
-        srv = start_server(tmp / "home", settings=settings)
-    else:
-        srv = ApartServer(settings.model_dump_json())
-    where = "controller in the bench's process" if args.in_process else "controller in its own process"
+    srv = ApartServer(settings.model_dump_json())
+    where = "controller in its own process"
     gap_s = args.gap_ms / 1000
     where += f", milestones {args.gap_ms:g} ms apart"
     try:
@@ -288,12 +280,11 @@ def main() -> int:
                 print(
                     f"log line -> milestone in DOM over {len(lat)} milestones: p50 {pct(lat, 0.5):.1f} ms,"
                     f" p90 {pct(lat, 0.9):.1f} ms, p99 {pct(lat, 0.99):.1f} ms, max {max(lat):.1f} ms,"
-                    f" mean {statistics.fmean(lat):.1f} ms ({where}; goal p99 <= 150 ms:"
-                    f" {'met' if pct(lat, 0.99) <= 150 else 'MISSED'});"
+                    f" mean {statistics.fmean(lat):.1f} ms ({where});"
                     f" from wake-up p50 {pct(woke, 0.5):.1f} ms, p99 {pct(woke, 0.99):.1f} ms"
                 )
                 bench_line("ui_latency", "line_to_dom_p50", round(pct(lat, 0.5), 1), "ms")
-                bench_line("ui_latency", "line_to_dom_p99", round(pct(lat, 0.99), 1), "ms", goal="<= 150")
+                bench_line("ui_latency", "line_to_dom_p99", round(pct(lat, 0.99), 1), "ms")
                 if sshd is not None:
                     measure = functools.partial(latency, c, browser, srv.url, agent, tmp, args.milestones)
                     ssh_latency(measure, sshd.alias, gap_s, where, lat)
