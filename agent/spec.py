@@ -102,6 +102,60 @@ class Expect(_Fields):
     )
 
 
+#: The longest idle timeout an attach may ask for (30 days).
+MAX_IDLE_TIMEOUT_S = 30 * 24 * 3600
+_SLURM_JOB_RE = re.compile(r"[0-9]{1,20}")
+
+
+class Attach(_Fields):
+    """Watch a job eaglewatch did not start: by its pid, its log, its output_dir (the spec's) or Slurm job.
+
+    How "the job is alive" is decided: a ``pid`` while it or a descendant runs; a ``slurm_job`` while
+    Slurm says so; with neither, until the run is stopped (which only detaches) or ``idle_timeout_s``."""
+
+    pid: StrictInt | None = Field(
+        default=None, ge=1, le=1 << 22, description="follow this process and its descendants"
+    )
+    log: _Path | None = Field(
+        default=None, description="absolute path of the job's log file, followed like tail -F"
+    )
+    from_start: StrictBool = Field(
+        default=True, description="take the log's milestones from its first line (false: from now on)"
+    )
+    slurm_job: str | None = Field(default=None, description="a Slurm job id (digits) on the host")
+    allow_stop: StrictBool = Field(
+        default=False, description="stop signals the job (or scancels it); without it stop only detaches"
+    )
+    idle_timeout_s: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_IDLE_TIMEOUT_S,
+        description="end watching after this many seconds with no new log line or file (not for a slurm_job)",
+    )
+
+    @field_validator("log")
+    @classmethod
+    def _log(cls, v: str | None) -> str | None:
+        return _absolute_path(v)
+
+    @field_validator("slurm_job")
+    @classmethod
+    def _slurm_job(cls, v: str | None) -> str | None:
+        if v is not None and not _SLURM_JOB_RE.fullmatch(v):
+            raise ValueError(f"slurm_job must be a Slurm job id (digits only), got {v[:40]!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_job(self) -> Attach:
+        if self.pid is not None and self.slurm_job is not None:
+            raise ValueError("attach takes a pid or a slurm_job, not both: name the one that runs the job")
+        if self.slurm_job is not None and self.idle_timeout_s is not None:
+            raise ValueError(
+                "idle_timeout_s does not apply to a slurm_job (Slurm says when it ends): leave it out"
+            )
+        return self
+
+
 class Shard(_Fields):
     """One job's part of a sharded run: samples [index*M//count, (index+1)*M//count) of the run's M."""
 
@@ -281,6 +335,9 @@ class RunSpecBase(_Fields):
     shard: Shard | None = Field(default=None, description="capture only this contiguous slice of the samples")
     speculators: SpeculatorsOptions | None = Field(default=None, description="backend 'speculators' only")
     specforge: SpecForgeOptions | None = Field(default=None, description="backend 'specforge' only")
+    attach: Attach | None = Field(
+        default=None, description="watch a job eaglewatch did not start (backend 'command', no command)"
+    )
     shards: StrictInt = Field(
         default=1,
         ge=1,
@@ -405,11 +462,41 @@ class RunSpecBase(_Fields):
             raise ValueError(problem)
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _attach_backend(cls, data: Any) -> Any:
+        # An attached job is watched as a command (every rule file applies): the backend need not be named.
+        if isinstance(data, dict) and data.get("attach") is not None and "backend" not in data:
+            return {**data, "backend": Backend.COMMAND.value}
+        return data
+
+    @model_validator(mode="after")
+    def _attached(self) -> RunSpecBase:
+        if self.attach is None:
+            return self
+        a = self.attach
+        if self.backend != Backend.COMMAND:
+            raise ValueError(f"attach watches the job as backend '{Backend.COMMAND}': leave 'backend' out")
+        if self.command:
+            raise ValueError("attach watches a job that already runs: leave 'command' out")
+        if a.pid is None and a.log is None and a.slurm_job is None and self.output_dir is None:
+            raise ValueError(
+                "attach needs something to watch: attach.pid, attach.log, attach.slurm_job or output_dir"
+            )
+        if self.shards > 1 or self.shard is not None or self.resume:
+            raise ValueError("attach watches one job as it is: 'shards', 'shard' and 'resume' do not apply")
+        if self.on_shape_failure == "stop" and not a.allow_stop:
+            raise ValueError(
+                "on_shape_failure 'stop' would stop a job eaglewatch did not start: set attach.allow_stop "
+                "or use 'alert'"
+            )
+        return self
+
     @model_validator(mode="after")
     def _backend_fields(self) -> RunSpecBase:
         backend = self.backend
         if backend == Backend.COMMAND:
-            if not self.command:
+            if not self.command and self.attach is None:
                 raise ValueError(f"backend '{backend}' needs 'command' (an argv list)")
             if self.shard is not None or self.shards > 1:
                 raise ValueError(f"'shard' and 'shards' need an extraction backend ({' or '.join(OWN)})")

@@ -178,6 +178,11 @@ def runs_start(
     if command:
         spec["command"] = list(command)
         spec.setdefault("backend", Backend.COMMAND)
+    _create(spec, as_json)
+
+
+def _create(spec: dict[str, Any], as_json: bool) -> None:
+    """Check ``spec``, create and launch the run, print its id; exit 1 when it failed at once."""
 
     async def go(ctl: Any) -> Any:
         run_id = await ctl.create_run(parse_run_spec(spec))
@@ -191,6 +196,57 @@ def runs_start(
     if run.state == "failed":
         err.print(Text(f"run {run.id} failed: {run.failure_reason}", style="red"))
         raise typer.Exit(1)
+
+
+@runs_app.command("attach")
+def runs_attach(
+    host: Annotated[str, typer.Option("--host", help="the host the job runs on")],
+    pid: Annotated[int | None, typer.Option("--pid", help="follow this process and its descendants")] = None,
+    log: Annotated[
+        str | None, typer.Option("--log", help="absolute path of the job's log on the host")
+    ] = None,
+    from_now: Annotated[
+        bool, typer.Option("--from-now", help="take the log's milestones from now on (default: its start)")
+    ] = False,
+    output_dir: Annotated[
+        str | None, typer.Option("--output-dir", help="check the capture files the job writes there")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="model directory on the host: expectations from config.json")
+    ] = None,
+    expect_layers: Annotated[
+        int | None, typer.Option("--expect-layers", help="layers each captured file must hold")
+    ] = None,
+    expect_hidden_size: Annotated[
+        int | None, typer.Option("--expect-hidden-size", help="hidden size each captured file must have")
+    ] = None,
+    slurm_job: Annotated[str | None, typer.Option("--slurm-job", help="a Slurm job id on the host")] = None,
+    allow_stop: Annotated[
+        bool, typer.Option("--allow-stop", help="runs stop may signal the job (default: stop only detaches)")
+    ] = False,
+    idle_timeout: Annotated[
+        int | None, typer.Option("--idle-timeout", help="stop watching after this many seconds of no news")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="a short label")] = None,
+    as_json: Annotated[bool, JSON_FLAG] = False,
+) -> None:
+    """Watch a job eaglewatch did not start (a pid, a log, an output dir, a Slurm job); prints its id."""
+    attach = {
+        "pid": pid,
+        "log": log,
+        "from_start": not from_now,
+        "slurm_job": slurm_job,
+        "allow_stop": allow_stop,
+        "idle_timeout_s": idle_timeout,
+    }
+    expect = {"layers": expect_layers, "hidden_size": expect_hidden_size}
+    spec: dict[str, Any] = {
+        "host": host,
+        "attach": {k: v for k, v in attach.items() if v is not None},
+        "expect": {k: v for k, v in expect.items() if v is not None},
+    }
+    spec.update({k: v for k, v in (("name", name), ("output_dir", output_dir), ("model", model)) if v})
+    _create(spec, as_json)
 
 
 NO_REFRESH = typer.Option(
@@ -260,6 +316,12 @@ def show_lines(run: Any) -> list[Text]:
     )
     if (ended := exit_words(run.exit)) is not None:
         lines.append(Text(f"  exit: {ended}"))
+    if attach := run.spec.get("attach"):
+        watched = ", ".join(f"{k} {attach[k]}" for k in ("pid", "slurm_job", "log") if attach.get(k))
+        stop = "stop signals it" if attach.get("allow_stop") else "stop only detaches"
+        lines.append(Text(f"  attached: {watched or 'output_dir'}, not started by eaglewatch; {stop}"))
+        if run.exit is not None and ended is None:
+            lines.append(Text("  exit: unknown (a job eaglewatch did not start leaves it no exit status)"))
     if run.failure_reason:
         lines.append(Text(f"  failure: {run.failure_reason}", style="red"))
     if run.progress:

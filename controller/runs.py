@@ -59,8 +59,12 @@ def check_hosts(spec: RunSpec, hosts: dict[str, dict[str, Any] | None]) -> None:
         raise SpecInvalid(errors)
 
 
-#: Spec fields naming host paths the agent checks before a launch (agent/daemon/launch_paths.py).
-PATH_FIELDS = ("model", "dataset", "output_dir", "specforge.scripts_dir", "speculators.scripts_dir")
+#: Spec fields naming host paths (and an attach's job) the agent checks before a launch
+#: (agent/daemon/launch_paths.py).
+PATH_FIELDS = (
+    "model", "dataset", "output_dir", "specforge.scripts_dir", "speculators.scripts_dir",
+    "attach.pid", "attach.log", "attach.slurm_job",
+)  # fmt: skip
 
 
 def path_refusal(exc: AgentError | Unreachable) -> dict[str, str] | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent.backends import PIPELINES, Backend
+from agent.backends import DEFAULT, PIPELINES, Backend
 from agent.spec import RunSpec, RunSpecBase, parse_spec
 from web.filters import is_secret_name
 
@@ -18,8 +18,11 @@ FIELDS = (
     "max_samples", "seq_len", "batch_size", "output_dir", "env", "vllm_args", "command",
     "expect_layers", "expect_hidden_size", "on_shape_failure", "inject_fault", "disk_low_gib",
     "allow_disk_overrun", "shards", "time_limit_minutes", "pipeline_scripts_dir", "pipeline_python",
-    "pipeline_args", "server_port", "nproc_per_node",
+    "pipeline_args", "server_port", "nproc_per_node", "attach", "attach_pid", "attach_log",
+    "attach_from_start", "attach_slurm_job", "attach_allow_stop", "attach_idle_timeout_s",
 )  # fmt: skip
+#: The Attach fieldset's selects: form text → the attach option's value ("" leaves the default).
+_ATTACH_CHOICES = {"attach_from_start": {"false": False}, "attach_allow_stop": {"true": True}}
 #: Form field → (backend's options key, option) for the speculators / SpecForge options.
 _PIPELINE_FIELDS: dict[str, dict[str, str]] = {
     "pipeline_scripts_dir": {Backend.SPECULATORS: "scripts_dir", Backend.SPECFORGE: "scripts_dir"},
@@ -111,7 +114,38 @@ def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
         if _lines(form.get(key) or ""):
             spec[key] = _lines(form.get(key) or "")
     _pipeline_options(form, spec, errors)
+    _attach_options(form, spec, errors)
     return spec, errors
+
+
+def _attach_options(form: Mapping[str, str], spec: dict[str, Any], errors: dict[str, str]) -> None:
+    """The Attach fieldset as the spec's ``attach`` (when its select says so or a job is named).  An
+    attached job is watched as a command, so the backend select's untouched default is dropped (a backend
+    chosen on purpose is kept, and refused)."""
+    attach: dict[str, Any] = {}
+    named = False
+    for key in ("attach_pid", "attach_log", "attach_slurm_job", "attach_idle_timeout_s"):
+        text = (form.get(key) or "").strip()
+        if not text:
+            continue
+        named = True
+        if key in ("attach_pid", "attach_idle_timeout_s"):
+            try:
+                attach[key.removeprefix("attach_")] = _whole(text)
+            except ValueError:
+                errors[key] = (
+                    f"{key.removeprefix('attach_').replace('_', ' ')} must be a whole number, got {text!r}"
+                )
+        else:
+            attach[key.removeprefix("attach_")] = text
+    if not named and (form.get("attach") or "").strip() != "yes":  # "yes": only an output_dir to watch
+        return
+    for key, values in _ATTACH_CHOICES.items():
+        if (value := values.get((form.get(key) or "").strip())) is not None:
+            attach[key.removeprefix("attach_")] = value
+    spec["attach"] = attach
+    if spec.get("backend") == DEFAULT:
+        del spec["backend"]
 
 
 def _pipeline_options(form: Mapping[str, str], spec: dict[str, Any], errors: dict[str, str]) -> None:
@@ -169,6 +203,13 @@ def spec_to_form(spec: Mapping[str, Any]) -> dict[str, str]:
             out[key] = ",".join(value)
         elif key == "allow_disk_overrun":
             out[key] = "true" if value is True else ""
+        elif key.startswith("attach"):
+            attach = spec.get("attach")
+            if isinstance(attach, dict):
+                inner = attach.get(key.removeprefix("attach_")) if key != "attach" else "yes"
+                if key in _ATTACH_CHOICES:  # a select: the option whose value it is, "" for the default
+                    inner = next((t for t, v in _ATTACH_CHOICES[key].items() if v is inner), None)
+                out[key] = "" if inner is None else str(inner)
         elif key in _PIPELINE_FIELDS:
             backend = spec.get("backend")
             options = spec.get(backend) if isinstance(backend, str) else None
@@ -189,6 +230,8 @@ def _field_of(loc: tuple[Any, ...], message: str) -> list[str]:
         head = str(loc[0])
         if head == "expect" and len(loc) > 1:
             return [f"expect_{loc[1]}"]
+        if head == "attach" and len(loc) > 1:
+            return [f"attach_{loc[1]}"] if f"attach_{loc[1]}" in FIELDS else [_GENERAL]
         if head in PIPELINES and len(loc) > 1:
             named = [k for k, names in _PIPELINE_FIELDS.items() if names.get(head) == str(loc[1])]
             return named or [_GENERAL]

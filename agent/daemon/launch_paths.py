@@ -1,4 +1,5 @@
-"""The host paths a launch needs, checked before anything starts: model, dataset, scripts and output dir."""
+"""The host paths a launch needs, checked before anything starts: model, dataset, scripts and output dir;
+for an attach, the job it names (pid, log, output dir, Slurm job)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 from typing import Any
 
 from agent.backends import OWN, Backend
+from agent.jobs import attached
+from agent.runs.jobspec import AttachSpec
 
 #: Pipeline options whose ``scripts_dir`` must hold this script (None: the directory is enough).
 _SCRIPTS = {Backend.SPECFORGE.value: "prepare_hidden_states.py", Backend.SPECULATORS.value: None}
@@ -57,4 +60,29 @@ def path_error(spec: dict[str, Any], backend: Backend) -> tuple[str, str] | None
             return f"{key}.scripts_dir", f"scripts_dir {scripts} has no {script}"
     if (out := _text(spec.get("output_dir"))) is not None and (why := output_dir_unusable(out)):
         return "output_dir", why
+    return None
+
+
+def attach_error(spec: dict[str, Any], attach: AttachSpec) -> tuple[str, str] | None:
+    """(field, why) for the first thing an attach names that this host does not have: its pid running,
+    its log a readable file, its model's config.json, its output_dir a directory, its Slurm job known to
+    Slurm; None when all are."""
+    if attach.pid is not None and (why := attached.pid_refusal(attach.pid, attach.allow_stop)):
+        return "attach.pid", why
+    if attach.log is not None:
+        if not os.path.isfile(attach.log):
+            return "attach.log", f"log file {attach.log} does not exist on this host (or is not a file)"
+        if not os.access(attach.log, os.R_OK):
+            return "attach.log", f"log file {attach.log} cannot be read"
+    if (model := _text(spec.get("model"))) is not None and not os.path.isfile(
+        os.path.join(model, "config.json")
+    ):
+        return "model", f"{model} has no config.json on this host: the expectations are read from it"
+    if (out := _text(spec.get("output_dir"))) is not None and not os.path.isdir(out):
+        return (
+            "output_dir",
+            f"output_dir {out} does not exist on this host: attach to a directory the job writes",
+        )
+    if attach.slurm_job is not None and (why := attached.slurm_refusal(attach.slurm_job)):
+        return "attach.slurm_job", why
     return None

@@ -17,7 +17,8 @@ from typing import Any
 from agent import __version__, protocol, settings
 from agent.backends import OWN, Backend
 from agent.daemon.connection import Connection, OpError
-from agent.daemon.launch_paths import path_error
+from agent.daemon.launch_paths import attach_error, path_error
+from agent.jobs import attached
 from agent.jobs import control as jobs
 from agent.jobs.procfs import boot_id
 from agent.logs.tail import POLL_INTERVAL_S, Inotify
@@ -270,6 +271,10 @@ class Daemon:
                 raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
             if opts.shards and view.shard is not None:
                 raise OpError(ErrorCode.BAD_ARGS, "spec.shard and scheduler.shards exclude each other")
+        if view.attach is not None:
+            if opts is not None and view.attach.slurm_job is None:
+                raise OpError(ErrorCode.BAD_ARGS, "spec.attach: a Slurm host attaches to a slurm_job")
+            return await self._attach(run, spec, view)
         if view.output_dir is None:
             return await self._launch(run, spec, view, opts)
         mine = sched_jobs.shard_claim(view.shard, opts)
@@ -354,6 +359,62 @@ class Daemon:
             "start_time": record["start_time"],
             "argv": argv,
             "boot_id": boot_id(),
+        }
+
+    async def _attach(self, run: str, spec: Any, view: JobSpec) -> dict[str, Any]:
+        """Watch a job this agent did not start: what it names is checked first, then the run is recorded
+        and adopted like a launched one (its log linked as output.log); nothing is spawned, and an output
+        dir is only read, so no directory is claimed."""
+        attach = view.attach
+        assert attach is not None
+        unusable = await asyncio.to_thread(attach_error, spec, attach)
+        if unusable is not None:
+            raise OpError(ErrorCode.BAD_ARGS, f"spec.{unusable[0]}: {unusable[1]}")
+        try:
+            load_rules(extra=view.rules)
+        except (RuleError, TypeError) as exc:
+            raise OpError(ErrorCode.BAD_ARGS, f"spec.rules: {exc}") from None
+        paths = run_paths(self.state_dir, run)
+        try:
+            paths.dir.mkdir(mode=0o700)
+        except FileExistsError:
+            raise OpError(ErrorCode.CONFLICT, f"run {run!r} already exists on this host") from None
+        atomic_write_json(paths.spec, spec)
+        journal = Journal(paths.events)
+        record = attached.record(attach)
+        if attach.log is not None:
+            # Streams, read_log and the rules read output.log: the user's log is followed by its name.
+            os.symlink(attach.log, paths.log)
+        if record.get("scheduler") == "slurm":
+            atomic_write_json(paths.sched, {"job_id": attach.slurm_job, "phase": "running"}, fsync=False)
+        atomic_write_json(paths.job, record)
+        watched = {k: v for k, v in vars(attach).items() if v is not None}
+        what = ", ".join(f"{k} {v}" for k, v in watched.items() if k in ("pid", "log", "slurm_job"))
+        journal.append(
+            {
+                "type": "milestone",
+                "kind": "launched",
+                "line": 0,
+                "rank": None,
+                "fields": {"attached": watched, "output_dir": view.output_dir, "host": self.hostname},
+                "text": f"attached to {what or 'output_dir ' + str(view.output_dir)}"[:400],
+            }
+        )
+        journal.append({"type": "state", "state": "running"})
+        seq = journal.last_seq
+        journal.close()
+        if attach.log is not None and not attach.from_start:
+            # from now on: the rules start past the log's last complete line (seq: what is journaled)
+            start = await asyncio.to_thread(attached.log_start, attach.log)
+            atomic_write_json(paths.cursor, {"offset": start, "line": 0, "seq": seq})
+        self._adopt(paths)
+        return {
+            "run": run,
+            "pid": attach.pid,
+            "start_time": record.get("start_time"),
+            "argv": [],
+            "boot_id": boot_id(),
+            "attached": True,
         }
 
     async def _submit(

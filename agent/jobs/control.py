@@ -130,9 +130,16 @@ def stop(
     poll_s: float = 0.05,
 ) -> dict[str, Any]:
     """SIGTERM the run's processes, SIGKILL what is left after ``grace_s``, confirm none remains."""
-    request_stop(paths, by, reason)
     job = read_json(paths.job)
     job = job if isinstance(job, dict) else None
+    if job is not None and job.get("attached"):
+        from agent.jobs import attached  # a job the agent did not start: a detach unless allowed
+
+        if not job.get("allow_stop"):
+            reason = f"{reason}: detached, the job was not signalled (attached without allow_stop)"
+        request_stop(paths, by, reason)
+        return attached.stop(paths, job, grace_s, poll_s)
+    request_stop(paths, by, reason)
     if job is not None and job.get("scheduler") == "slurm":
         from agent.sched import jobs as sched_jobs  # only a Slurm host's stop needs it
 

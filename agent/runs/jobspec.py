@@ -20,7 +20,17 @@ from agent.runs.outdir import output_dir_error
 
 #: The fields a launch refuses when they are wrong; the rest only inform watching and checking.
 LAUNCH_FIELDS = frozenset(
-    {"backend", "env", "command", "rules", "on_shape_failure", "output_dir", "shard", "time_limit_minutes"}
+    {
+        "backend",
+        "env",
+        "command",
+        "rules",
+        "on_shape_failure",
+        "output_dir",
+        "shard",
+        "time_limit_minutes",
+        "attach",
+    }
 )
 SHAPE_FAILURE_POLICIES = ("alert", "stop")
 
@@ -143,6 +153,45 @@ def _expect(value: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class AttachSpec:
+    """A spec's ``attach``: the job the agent watches but did not start (agent/spec.py ``Attach``)."""
+
+    pid: int | None = None
+    log: str | None = None
+    from_start: bool = True
+    slurm_job: str | None = None
+    allow_stop: bool = False
+    idle_timeout_s: int | None = None
+
+
+def _attach(value: Any) -> AttachSpec | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise SpecError("spec.attach must be an object")
+    pid, log, job = value.get("pid"), value.get("log"), value.get("slurm_job")
+    idle = value.get("idle_timeout_s")
+    if pid is not None and (type(pid) is not int or pid < 1):
+        raise SpecError("spec.attach.pid must be a process id")
+    if log is not None and not (isinstance(log, str) and log.startswith("/") and "\0" not in log):
+        raise SpecError("spec.attach.log must be an absolute path")
+    if job is not None and not (isinstance(job, str) and job.isascii() and job.isdigit() and len(job) <= 20):
+        raise SpecError("spec.attach.slurm_job must be a Slurm job id (digits)")
+    if pid is not None and job is not None:
+        raise SpecError("spec.attach takes a pid or a slurm_job, not both")
+    if idle is not None and (type(idle) is not int or idle < 1):
+        raise SpecError("spec.attach.idle_timeout_s must be a positive number of seconds")
+    return AttachSpec(
+        pid=pid,
+        log=log,
+        from_start=value.get("from_start", True) is not False,
+        slurm_job=job,
+        allow_stop=value.get("allow_stop") is True,
+        idle_timeout_s=idle,
+    )
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """The fields of a run spec the daemon uses; defaults as in agent/spec.py."""
 
@@ -164,6 +213,8 @@ class JobSpec:
     time_limit_minutes: int | None = None
     #: the run carries on in an output_dir that already holds its capture's files
     resume: bool = False
+    #: a job the agent did not start, watched as it is (None: the agent starts the job)
+    attach: AttachSpec | None = None
 
     @classmethod
     def parse(cls, spec: Any) -> JobSpec:
@@ -174,8 +225,10 @@ class JobSpec:
         if problem:
             raise SpecError(f"spec: {problem}")
         view = cls._read(spec, strict=True)
-        if view.backend == Backend.COMMAND and not view.command:
+        if view.backend == Backend.COMMAND and not view.command and view.attach is None:
             raise SpecError("backend 'command' needs spec.command: a non-empty list of strings")
+        if view.attach is not None and (view.command or view.backend != Backend.COMMAND):
+            raise SpecError("spec.attach watches a running job: no spec.command, backend 'command'")
         return view
 
     @classmethod
@@ -198,7 +251,12 @@ class JobSpec:
         expect = get("expect_layers", _expect, spec.get("expect")) or {}
         return cls(
             name=get("name", _text("name"), spec.get("name")),
-            backend=get("backend", _backend, spec.get("backend", defaults.backend)),
+            # an attached job is watched as a command (agent/spec.py says so too)
+            backend=get(
+                "backend",
+                _backend,
+                spec.get("backend", Backend.COMMAND if spec.get("attach") is not None else defaults.backend),
+            ),
             tensor_parallel_size=get(
                 "tensor_parallel_size",
                 _positive("tensor_parallel_size"),
@@ -223,6 +281,7 @@ class JobSpec:
                 "time_limit_minutes", _positive("time_limit_minutes"), spec.get("time_limit_minutes")
             ),
             resume=spec.get("resume") is True,
+            attach=get("attach", _attach, spec.get("attach")),
         )
 
     @property

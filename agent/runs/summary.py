@@ -130,6 +130,8 @@ def _outcome(
         return "failed", f"{sched_state}: {exit_rec.get('scheduler_reason') or 'ended in Slurm'}{last}"
     if exit_rec.get("error"):
         return "failed", f"could not start: {exit_rec['error']}"
+    if exit_rec.get("attached") and exit_rec.get("code") is None:
+        return _attached_outcome(str(exit_rec["attached"]), summary)
     if exit_rec.get("signal"):
         name = exit_rec.get("signal_name") or f"signal {exit_rec['signal']}"
         return "failed", f"killed by {name}{last}"
@@ -141,3 +143,22 @@ def _outcome(
     if backend != Backend.COMMAND and not summary.completed_seen:
         return "failed", "exited 0 without a completion marker"
     return "completed", "exit code 0"
+
+
+#: How watching an attached job ended, in words (agent/jobs/attached.py writes the word).
+_ATTACHED_ENDS = {
+    "gone": "the job ended",
+    "idle": "watching ended after the attach's idle timeout",
+    "detached": "watching ended",
+}
+
+
+def _attached_outcome(how: str, summary: RunSummary) -> tuple[str, str]:
+    """An attached job's end, judged by its log alone: the agent is not its parent and cannot know its
+    exit status, and says so rather than invent one."""
+    unknown = f"{_ATTACHED_ENDS.get(how, how)}; exit status unknown (attached: not started by eaglewatch)"
+    if summary.first_fatal is not None or summary.failed_seen:
+        return "failed", f"{unknown}{_errors(summary)}"
+    if summary.completed_seen:
+        return "completed", f"{unknown}; it printed its completion marker"
+    return "completed", unknown

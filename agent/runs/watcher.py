@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agent.jobs import attached, procfs
 from agent.jobs import control as jobs
-from agent.jobs import procfs
 from agent.logs.generations import LogChain
 from agent.logs.linebuffer import LineBuffer
 from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse
@@ -127,7 +127,7 @@ class RunWatcher:
             self.outbox.commit,
             lambda: {**self.ingest.position(), "checked": self.checks.checked},
         )
-        self._last_data = self._dirty_since = time.monotonic()
+        self._last_data = self._dirty_since = self._active = time.monotonic()
         self._flushed = True
         self._checks_came = False  # results from the check children are queued: save the cursor
         self._held: list[dict[str, Any]] = []  # the scheduler's task_ended events, once the job is over
@@ -255,6 +255,7 @@ class RunWatcher:
         got_data = await self._pump()
         now = time.monotonic()
         if got_data:
+            self._active = now
             if self._flushed:
                 self._dirty_since = now
             self._last_data, self._flushed = now, False
@@ -270,6 +271,7 @@ class RunWatcher:
         if now - self._last_scan >= OUTPUT_SCAN_S:
             self._last_scan = now
             if await self.checks.scan(final=False):
+                self._active = now
                 self.cursor.save(force=True)
         if self._checks_came:  # followers see the results at once; the disk syncs them behind
             self._checks_came = False
@@ -279,13 +281,26 @@ class RunWatcher:
             return True
         if now - self._last_live >= LIVENESS_S:
             self._last_live = now
-            if jobs.classify(self.paths).status == "lost":
+            if self.spec.attach is not None and self.spec.attach.slurm_job is None:
+                await self._look_attached(now)
+            elif jobs.classify(self.paths).status == "lost":
                 # Look again shortly: the job may have just ended with exit.json not yet renamed in place.
                 await asyncio.sleep(0.5)
                 if jobs.classify(self.paths).status == "lost":
                     await self._finish(lost=True)
                     return True
         return False
+
+    async def _look_attached(self, now: float) -> None:
+        """An attached job without a Slurm job id (that one is the poller's): its pid tree, then the idle
+        timeout (agent/jobs/attached.py); either writes exit.json, which the next look finishes on."""
+        if await asyncio.to_thread(attached.look, self.paths):
+            self.pulse.notify()
+            return
+        idle = self.spec.attach.idle_timeout_s if self.spec.attach else None
+        if idle is not None and now - self._active >= idle:
+            attached.end(self.paths, attached.IDLE)
+            self.pulse.notify()
 
     async def _pump(self) -> bool:
         """Feed what the log gained to the splitter and the rules, journal their events; True when bytes
@@ -359,7 +374,7 @@ class RunWatcher:
         self.outbox.add(self._held)
         self.outbox.commit(sync=False)
         if self.summary.terminal is None:
-            if not self.paths.stop.exists():  # a stop reports its own leftovers
+            if not self.paths.stop.exists() and self.spec.attach is None:  # a stop reports its own leftovers
                 await self._warn_leftovers()
             stop_rec = read_json(self.paths.stop)
             exit_rec = None if lost else read_json(self.paths.exit)
