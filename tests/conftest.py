@@ -39,15 +39,3 @@ def sharded_whole(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) ->
     out = tmp / "whole"
     spec = jobrun.write_spec(tmp / "whole.json", output_dir=str(out), **common)
     return {"common": common, "out": out, "job": jobrun.run_job(spec, env=jobrun.IN_PROCESS_ENGINE)}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``--dist loadgroup`` the real-engine and Slurm tests are one group, run in order
-    on one worker: the engine runs they share are made once, two engines at a time would only contend for
-    the same cores, and the Slurm cluster is one per machine. The other tests, which mostly wait on
-    subprocesses, sockets and browsers, spread over the workers."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.get_closest_marker("vllm") or item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("engine"))
