@@ -8,6 +8,7 @@ run's host while it prints.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -193,6 +194,43 @@ def alerts_ls(as_json: Annotated[bool, JSON_FLAG] = False) -> None:
             "yes" if a.delivered else "no",
         )
     out.print(table)
+
+
+# ----------------------------------------------------------------------------------------------- history
+
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_age(value: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``3600s`` as seconds; SpecInvalid names --older-than and the form."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", value)
+    if m is None or float(m.group(1)) <= 0:
+        why = f"{value!r}: give a positive age like 30d, 12h, 90m or 3600s"
+        raise SpecInvalid([{"field": "--older-than", "message": why}])
+    return float(m.group(1)) * _AGE_UNITS[m.group(2)]
+
+
+@app.command("gc")
+def gc(
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="age of ended runs whose log lines go: 30d, 12h, 90m, 3600s")
+    ],
+    as_json: Annotated[bool, JSON_FLAG] = False,
+) -> None:
+    """Drop the log lines of runs that ended before --older-than (milestones, verdicts, problems and specs
+    stay) and shrink the database."""
+    try:
+        age = parse_age(older_than)
+    except SpecInvalid as exc:
+        invalid(exc)
+    done = run_ctl(lambda ctl: ctl.gc(age))
+    if as_json:
+        print_json(done)
+        return
+    out.print(
+        f"dropped {done['lines']} log lines of {done['runs']} ended runs; database "
+        f"{done['bytes_before'] / 1e6:.1f} MB -> {done['bytes_after'] / 1e6:.1f} MB"
+    )
 
 
 # ----------------------------------------------------------------------------------------------- web UI

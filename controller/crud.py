@@ -439,3 +439,23 @@ def outbox_failed(*, tx: Tx, row: dict[str, Any], delay_s: float, error: str | N
         "UPDATE outbox SET attempts=?, next_attempt_at=?, last_error=? WHERE id=?",
         (row["attempts"] + 1, tx.now + delay_s, error, row["id"]),
     )
+
+
+def gc_logs(*, tx: Tx, before: float) -> dict[str, int]:
+    """Drop the stored log lines of runs that ended before ``before``; their milestones, verdicts, problems,
+    alerts and specs stay.  Returns how many runs were touched and how many lines went."""
+    ids = queries.ended_before(tx.conn, before)
+    runs = lines = 0
+    for i in range(0, len(ids), 500):  # SQLite caps the number of bound parameters
+        chunk = ids[i : i + 500]
+        marks = ",".join("?" * len(chunk))
+        # a block holds newline-joined lines: its line count is its newlines + 1
+        n, r = tx.conn.execute(
+            "SELECT coalesce(sum(length(text) - length(replace(text, char(10), '')) + 1), 0),"
+            f" count(DISTINCT run_id) FROM log_blocks WHERE run_id IN ({marks})",
+            chunk,
+        ).fetchone()
+        tx.conn.execute(f"DELETE FROM log_blocks WHERE run_id IN ({marks})", chunk)
+        lines += int(n)
+        runs += int(r)
+    return {"runs": runs, "lines": lines}

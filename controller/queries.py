@@ -143,12 +143,28 @@ def get_run_public(conn: sqlite3.Connection, run_id: str) -> RunPublic:
     return _run(conn, row)
 
 
-def list_runs(conn: sqlite3.Connection) -> list[RunPublic]:
-    """All runs, newest first (a sharded run once: its shards' jobs are shown in it)."""
-    return [
-        _run(conn, r)
-        for r in conn.execute("SELECT * FROM runs WHERE shard_of IS NULL ORDER BY created_at DESC, id DESC")
-    ]
+def list_runs(conn: sqlite3.Connection, limit: int | None = None, offset: int = 0) -> list[RunPublic]:
+    """Runs, newest first, ``limit`` of them from ``offset`` (all when None); a sharded run once: its
+    shards' jobs are shown in it."""
+    rows = conn.execute(
+        "SELECT * FROM runs WHERE shard_of IS NULL ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?",
+        (-1 if limit is None else max(0, int(limit)), max(0, int(offset))),
+    )
+    return [_run(conn, r) for r in rows]
+
+
+def count_runs(conn: sqlite3.Connection) -> int:
+    """How many runs ``list_runs`` pages through."""
+    return int(conn.execute("SELECT count(*) FROM runs WHERE shard_of IS NULL").fetchone()[0])
+
+
+def ended_before(conn: sqlite3.Connection, before: float) -> list[str]:
+    """Ids of the runs (shards' jobs included) that ended before ``before``: those whose log gc may drop."""
+    rows = conn.execute(
+        f"SELECT id FROM runs WHERE state IN {TERMINAL_SQL} AND ended_at IS NOT NULL AND ended_at < ?",
+        (before,),
+    )
+    return [r[0] for r in rows]
 
 
 def nonterminal_runs(conn: sqlite3.Connection, host: str) -> list[dict[str, Any]]:

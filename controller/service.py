@@ -19,7 +19,11 @@ Interface (stable; the web builds on it)::
                                                   its hosts tell: an unknown host, too few GPUs)
     await ctl.resume_run(run_id) -> str   (a new run, same spec, ``resumed_from`` = run_id; Conflict unless a
                                            failed/stopped/lost extraction)
-    await ctl.stop_run(run_id) -> RunPublic ; await ctl.list_runs() -> list[RunPublic] (newest first)
+    await ctl.stop_run(run_id) -> RunPublic
+    await ctl.list_runs(limit=None, offset=0) -> list[RunPublic] (newest first)
+    await ctl.count_runs() -> int
+    await ctl.gc(older_than_s) -> {"runs", "lines", "bytes_before", "bytes_after"}   (drops ended runs' log
+                                   lines, keeps milestones/verdicts/problems/specs, vacuums)
     await ctl.get_run(run_id) -> RunDetail
     await ctl.refresh(hosts, timeout=15) -> list[Freshness]   (catch runs up from the hosts' journals now;
                                                                for processes that do not supervise)
@@ -48,6 +52,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
+import time
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
@@ -63,6 +70,10 @@ from controller.refresh import REFRESH_TIMEOUT_S, Freshness, refresh_host
 from controller.runs import RunOps
 from controller.settings import Settings, ensure_home
 from controller.store import Store
+
+log = logging.getLogger(__name__)
+#: How often the ``log_retention_days`` schedule runs gc.
+GC_INTERVAL_S = 3600.0
 
 
 class Controller:
@@ -98,6 +109,9 @@ class Controller:
             await self.supervisors.start()
         if self.deliver_alerts:
             self._tasks.append(asyncio.create_task(self.outbox.run_forever(), name="outbox"))
+        days = self.settings.log_retention_days
+        if self.supervise and days is not None:
+            self._tasks.append(asyncio.create_task(self._gc_forever(days * 86400), name="log-retention"))
         self.started = True
 
     async def stop(self) -> None:
@@ -188,9 +202,33 @@ class Controller:
         await self.runs.stop(run_id)
         return await self.store.read(queries.get_run_public, run_id)
 
-    async def list_runs(self) -> list[RunPublic]:
-        """All runs, newest first."""
-        return await self.store.read(queries.list_runs)
+    async def list_runs(self, limit: int | None = None, offset: int = 0) -> list[RunPublic]:
+        """Runs, newest first: ``limit`` of them from ``offset`` (all when None)."""
+        return await self.store.read(queries.list_runs, limit, offset)
+
+    async def count_runs(self) -> int:
+        """How many runs ``list_runs`` pages through."""
+        return await self.store.read(queries.count_runs)
+
+    async def gc(self, older_than_s: float) -> dict[str, int]:
+        """Drop the log lines of runs that ended more than ``older_than_s`` ago (milestones, verdicts,
+        problems and specs stay), then shrink the database file; returns runs, lines, bytes before/after."""
+        before = self.settings.database.stat().st_size
+        done = await self.store.write(functools.partial(crud.gc_logs, before=time.time() - older_than_s))
+        if done["lines"]:
+            await self.store.vacuum()
+        return {**done, "bytes_before": before, "bytes_after": self.settings.database.stat().st_size}
+
+    async def _gc_forever(self, older_than_s: float) -> None:
+        """The ``log_retention_days`` schedule: gc every GC_INTERVAL_S."""
+        while True:
+            try:
+                done = await self.gc(older_than_s)
+                if done["lines"]:
+                    log.info("gc: dropped %d log lines of %d ended runs", done["lines"], done["runs"])
+            except Exception:
+                log.exception("log retention gc failed")
+            await asyncio.sleep(GC_INTERVAL_S)
 
     async def refresh(self, hosts: Iterable[str], timeout: float = REFRESH_TIMEOUT_S) -> list[Freshness]:
         """Catch the runs of ``hosts`` up from their agents' journals now (one-shot links, in parallel)."""

@@ -81,6 +81,11 @@ class Settings(BaseSettings):
     reconnect_max_s: float = Field(
         default=30.0, gt=0, description="longest wait between reconnects (the wait doubles up to it)"
     )
+    log_retention_days: float | None = Field(
+        default=None,
+        gt=0,
+        description="hourly, drop the log lines of runs ended this many days ago (unset: keep)",
+    )
     sweep_interval_s: float = Field(default=5.0, gt=0, description="how often stall/unreachable rules run")
     remote_base: str = Field(
         default=".local/share/eaglewatch",

@@ -234,6 +234,20 @@ class Store:
                 self._reader_conns.append(conn)
         return fn(conn, *args)
 
+    async def vacuum(self) -> None:
+        """Give the pages freed by deletes back to the filesystem (``VACUUM``, on the writer's connection
+        while it holds no transaction: still one writer; writes wait meanwhile)."""
+
+        def run() -> None:
+            with self._conn_lock:
+                conn = self._conn
+                if conn is None:
+                    raise RuntimeError("the store is not open")
+                conn.execute("VACUUM")
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+        await asyncio.to_thread(run)
+
     # ------------------------------------------------------------------ writer thread
 
     def _checkpointer(self) -> None:

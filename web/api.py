@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Path, Query
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Response
 from fastapi.sse import ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
@@ -89,6 +89,10 @@ _SPEC_ERRORS: dict[int | str, dict[str, Any]] = {
     **_ERRORS,
     422: {"model": ErrorOut, "description": "invalid input; `errors` names each field"},
 }
+#: Runs per /api/runs page by default, and the most one page may ask for.
+RUNS_PAGE = 100
+RUNS_PAGE_MAX = 1000
+
 router = APIRouter(prefix="/api", tags=["api"])
 post_router = APIRouter(prefix="/api", tags=["api"], dependencies=CSRF_REQUIRED, responses=_ERRORS)
 
@@ -149,9 +153,15 @@ async def forecast(ctl: ControllerDep, spec: Annotated[RunSpec, Body()]) -> Fore
 
 
 @router.get("/runs", response_model=list[RunPublic])
-async def list_runs(ctl: ControllerDep) -> list[RunPublic]:
-    """All runs, newest first."""
-    return list(await ctl.list_runs())
+async def list_runs(
+    ctl: ControllerDep,
+    response: Response,
+    limit: Annotated[int, Query(ge=1, le=RUNS_PAGE_MAX)] = RUNS_PAGE,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[RunPublic]:
+    """Runs, newest first, ``limit`` of them from ``offset``; header X-Total-Count: how many in all."""
+    response.headers["X-Total-Count"] = str(await ctl.count_runs())
+    return list(await ctl.list_runs(limit, offset))
 
 
 @router.get("/runs/{run_id}", response_model=RunDetail, responses=_ERRORS)

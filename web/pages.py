@@ -28,6 +28,8 @@ from web.timeline import FOLDED, passed_files, timeline_rows
 router = APIRouter(include_in_schema=False)
 post_router = APIRouter(include_in_schema=False, dependencies=CSRF_REQUIRED)
 LOG_PAGE = 200
+#: Runs on one dashboard page (the older ones are a page link away).
+DASHBOARD_RUNS = 50
 PERIODIC_KINDS = frozenset({"progress", "throughput", "batch_captured"})
 #: Samples a run page's charts start with, at most (each chart is a few hundred pixels wide).
 CHART_POINTS = 1000
@@ -59,11 +61,14 @@ def _redirect(url: str) -> RedirectResponse:
 
 
 @router.get("/", response_class=HTMLResponse)
-async def dashboard(request: Request, ctl: ControllerDep) -> HTMLResponse:
-    """Hosts and runs, newest first; live via /api/events."""
+async def dashboard(
+    request: Request, ctl: ControllerDep, page: Annotated[int, Query(ge=1, le=10**6)] = 1
+) -> HTMLResponse:
+    """Hosts and runs, newest first, DASHBOARD_RUNS a page; live via /api/events."""
     hosts = await ctl.list_hosts()
-    runs = await ctl.list_runs()
-    return render(request, "dashboard.html", hosts=hosts, runs=runs, now=time.time())
+    runs = await ctl.list_runs(DASHBOARD_RUNS, (page - 1) * DASHBOARD_RUNS)
+    pages = max(1, -(-(await ctl.count_runs()) // DASHBOARD_RUNS))
+    return render(request, "dashboard.html", hosts=hosts, runs=runs, now=time.time(), page=page, pages=pages)
 
 
 @router.get("/runs/new", response_class=HTMLResponse)

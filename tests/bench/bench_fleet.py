@@ -1,0 +1,290 @@
+"""Benchmark: one controller and a fleet of agents reached through the real loopback sshd.
+
+Fleet load: ``--hosts`` host entries (aliases of one sshd on 127.0.0.1), each an agent with its own state
+directory; ``--runs`` jobs per host, each writing a realistic steady-state vLLM log (debug chatter, stats
+lines, a progress milestone every couple of seconds; tests/helpers/vllm_log.py) at ``--rate`` lines/s, every
+fifth line a timestamped stamp.  Measured while it runs: line -> stored (committed) p50/p99 from the stamps,
+the controller process's CPU (cores) and RSS, the lines/s actually reached; afterwards every run's stored
+stamps are read back (lost or duplicated), and SQLite bytes per stored line.
+Restart: the controller stops, the jobs go on writing for ``--backlog`` seconds, a fresh controller starts:
+the time until every run's stored log reaches what its job had written when it started again.
+History: the dashboard with 10,000 runs and the run page of a run with 1,000,000 lines (in-process ASGI).
+
+Run: ``.venv/bin/python tests/bench/bench_fleet.py [--hosts 8] [--runs 8] [--rate 50] [--duration 60]``
+``--history-only`` times just the history pages.  Prints BENCH lines for ``run_all.py``; exits 77 without
+``/usr/sbin/sshd``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from agent.spec import parse_spec  # noqa: E402
+from controller.models import HostCreate  # noqa: E402
+from controller.service import Controller  # noqa: E402
+from controller.settings import Settings  # noqa: E402
+from tests.bench.bench_link import pct  # noqa: E402
+from tests.bench.run_all import SKIP_EXIT, bench_line  # noqa: E402
+from tests.helpers.history import seed_log, seed_runs  # noqa: E402
+from tests.helpers.sshd import SSHD, SSHD_BIN, kill_tree_matching  # noqa: E402
+from tests.helpers.vllm_log import steady_lines  # noqa: E402
+
+# The job: the template's lines at ``rate`` lines/s; every STAMP-th line "fleetstamp <i> <time>".
+JOB = """\
+import os, sys, time
+go, template, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
+lines = open(template).read().splitlines()
+while not os.path.exists(go):
+    time.sleep(0.05)
+start = time.time()
+out = sys.stdout
+i = stamp = 0
+while True:
+    delay = start + i / rate - time.time()
+    if delay > 0:
+        time.sleep(delay)
+    if i % 5 == 0:
+        out.write(f"fleetstamp {stamp} {time.time():.6f}\\n")
+        stamp += 1
+    else:
+        out.write(lines[i % len(lines)] + "\\n")
+    out.flush()
+    i += 1
+"""
+
+
+def rss_mb() -> float:
+    """This process's resident memory now, MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def history() -> None:
+    """The dashboard with 10,000 runs; the run page of a run with 1,000,000 lines."""
+    from web.app import create_app
+
+    tmp = Path(tempfile.mkdtemp(prefix="ew-bench-hist-"))
+    async with Controller(Settings(home=tmp / "home"), supervise=False) as ctl:
+        ids = seed_runs(ctl.settings.database, 10_000)
+        seed_log(ctl.settings.database, ids[-1], 1_000_000)
+        app = create_app(ctl)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+        ) as c:
+            for label, url, goal in (
+                ("dashboard, 10000 runs", "/", "<= 200"),
+                ("api runs page, 10000 runs", "/api/runs?offset=9900", "<= 200"),
+                ("run page, 1000000 lines", f"/runs/{ids[-1]}", "<= 1000"),
+            ):
+                times = []
+                for _ in range(10):
+                    t0 = time.perf_counter()
+                    r = await c.get(url)
+                    times.append((time.perf_counter() - t0) * 1000)
+                    assert r.status_code == 200, r.text[:300]
+                print(f"{label}: p50 {pct(times, 50):.1f} ms, max {max(times):.1f} ms")
+                bench_line("fleet", label, round(pct(times, 50), 1), "ms", goal=goal, note="p50 of 10")
+        before = ctl.settings.database.stat().st_size
+        t0 = time.perf_counter()
+        await ctl.store.write(lambda tx: tx.conn.execute("UPDATE runs SET ended_at=0 WHERE id=?", (ids[-1],)))
+        done = await ctl.gc(86400)
+        dt = time.perf_counter() - t0
+        print(
+            f"gc of 1000000 lines: {dt:.2f}s,"
+            f" database {before / 1e6:.1f} -> {done['bytes_after'] / 1e6:.1f} MB"
+        )
+        bench_line(
+            "fleet", "gc 1000000 lines", round(dt, 2), "s", note=f"db {before} -> {done['bytes_after']} B"
+        )
+
+
+class Fleet:
+    """The sshd, the job script and the per-host settings of one bench run."""
+
+    def __init__(self, tmp: Path, hosts: int) -> None:
+        self.tmp = tmp
+        self.sshd = SSHD.start(tmp / "sshd")
+        # Every host entry is an alias of the one sshd: one more Host name on its config's first line.
+        cfg = self.sshd.ssh_config.read_text().split("\n", 1)
+        self.names = [f"fleet-{i:02d}" for i in range(hosts)]
+        self.sshd.ssh_config.write_text(f"{cfg[0]} {' '.join(self.names)}\n{cfg[1]}")
+        self.job = tmp / "job.py"
+        self.job.write_text(JOB)
+        self.template = tmp / "template.log"
+        self.template.write_text("\n".join(steady_lines(20_000)) + "\n")
+        self.go = tmp / "go"
+        self.settings = Settings(
+            home=tmp / "home",
+            known_hosts=self.sshd.known_hosts,
+            ssh_config=self.sshd.ssh_config,
+            remote_base=str(tmp / "remote"),
+            stall_min_s=3600,
+        )
+
+    def log_of(self, host: str, run_id: str) -> Path:
+        """Where the job of ``run_id`` on ``host`` writes its log."""
+        return self.tmp / "agents" / host / "runs" / run_id / "output.log"
+
+
+async def stored_offsets(ctl: Controller) -> dict[str, int]:
+    """Each run's stored log frontier."""
+    rows = await ctl.store.read(lambda conn: conn.execute("SELECT id, log_offset FROM runs").fetchall())
+    return {r[0]: r[1] for r in rows}
+
+
+async def check_stamps(ctl: Controller, run_ids: list[str]) -> tuple[int, int, int]:
+    """Stored stamps of every run read back: (stored lines, lost stamps, duplicated stamps)."""
+    lines = lost = dup = 0
+    for rid in run_ids:
+        seen: list[int] = []
+        after = -1
+        while page := await ctl.read_log(rid, after_offset=after, limit=100_000):
+            lines += len(page)
+            seen += [int(ln["text"].split()[1]) for ln in page if ln["text"].startswith("fleetstamp ")]
+            after = page[-1]["offset"]
+        dup += len(seen) - len(set(seen))
+        lost += (max(seen) + 1 - len(set(seen))) if seen else 0
+    return lines, lost, dup
+
+
+async def load(args: argparse.Namespace) -> None:
+    """The fleet load, its read-back, and the restart."""
+    tmp = Path(tempfile.mkdtemp(prefix="ew-bench-fleet-"))
+    fleet = Fleet(tmp, args.hosts)
+    runs: dict[str, str] = {}  # run id -> host
+    try:
+        ctl = Controller(fleet.settings)
+        await ctl.start()
+        for name in fleet.names:
+            await ctl.add_host(
+                HostCreate(
+                    name=name, ssh=name, python="/usr/bin/python3", state_dir=str(tmp / "agents" / name)
+                )
+            )
+        await asyncio.wait_for(
+            asyncio.gather(*(ctl.supervisors.hosts[n].connected.wait() for n in fleet.names)), 300
+        )
+        for name in fleet.names:
+            for j in range(args.runs):
+                spec = {
+                    "host": name, "backend": "command", "name": f"{name}-{j}",
+                    "command": ["/usr/bin/python3", str(fleet.job), str(fleet.go), str(fleet.template),
+                                str(args.rate)],
+                }  # fmt: skip
+                runs[await ctl.create_run(parse_spec(spec))] = name
+        lat: list[float] = []
+        committed = 0
+        sub = ctl.bus.subscribe()
+
+        async def consume() -> None:
+            nonlocal committed
+            async for ev in sub:
+                if ev.kind != "log":
+                    continue
+                now = time.time()
+                for text in ev.data["text"].split("\n"):
+                    committed += 1
+                    if text.startswith("fleetstamp "):
+                        lat.append(now - float(text.split()[2]))
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(3)  # the follows start
+        fleet.go.write_text("")
+        await asyncio.sleep(5)  # warm-up: every job writing
+        lat.clear()
+        c0, t0, n0 = time.process_time(), time.time(), committed
+        peak = 0.0
+        while time.time() - t0 < args.duration:
+            await asyncio.sleep(1)
+            peak = max(peak, rss_mb())
+        cores = (time.process_time() - c0) / (time.time() - t0)
+        rate = (committed - n0) / (time.time() - t0)
+        task.cancel()
+        sub.close()
+        ms = [v * 1000 for v in lat]
+        target = args.hosts * args.runs * args.rate
+        note = f"{args.hosts} hosts x {args.runs} runs x {args.rate:.0f} lines/s, {args.duration:.0f}s"
+        print(f"fleet {note}: reached {rate:,.0f} of {target:,.0f} lines/s stored")
+        print(f"  line -> stored: p50 {pct(ms, 50):.1f} ms  p99 {pct(ms, 99):.1f} ms  max {max(ms):.1f} ms")
+        print(f"  controller: {cores:.2f} cores, RSS peak {peak:.0f} MB")
+        bench_line("fleet", "lines/s stored", round(rate), "lines/s", note=f"{note}; target {target:.0f}")
+        bench_line("fleet", "line -> stored p50", round(pct(ms, 50), 1), "ms", note=note)
+        bench_line("fleet", "line -> stored p99", round(pct(ms, 99), 1), "ms", goal="<= 250", note=note)
+        bench_line("fleet", "controller CPU", round(cores, 2), "cores", goal="<= 1", note=note)
+        bench_line("fleet", "controller RSS", round(peak), "MB", goal="<= 500", note=note)
+        # Restart: stop, let the jobs build a backlog, start afresh, time the catch-up.
+        await ctl.stop()
+        await asyncio.sleep(args.backlog)
+        sizes = {rid: fleet.log_of(h, rid).stat().st_size for rid, h in runs.items()}
+        t0 = time.time()
+        ctl = Controller(fleet.settings)
+        await ctl.start()
+        while True:
+            stored = await stored_offsets(ctl)
+            behind = [rid for rid, size in sizes.items() if stored.get(rid, 0) < size]
+            if not behind or time.time() - t0 > 600:
+                break
+            await asyncio.sleep(0.25)
+        catch_up = time.time() - t0
+        print(
+            f"  restart after {args.backlog:.0f}s of backlog:"
+            f" caught up in {catch_up:.1f}s ({len(behind)} behind)"
+        )
+        why = f"{note}; {args.backlog:.0f}s backlog per run, clean stop; {len(behind)} runs behind"
+        bench_line("fleet", "catch-up after restart", round(catch_up, 1), "s", goal="<= 30", note=why)
+        await ctl.stop()
+        kill_tree_matching(str(fleet.job))
+        ctl = Controller(fleet.settings, supervise=False)
+        await ctl.start()
+        lines, lost, dup = await check_stamps(ctl, list(runs))
+        await ctl.stop()
+        size = fleet.settings.database.stat().st_size
+        print(f"  stored {lines:,} lines; lost {lost}, duplicated {dup}; database {size / 1e6:.1f} MB,"
+              f" {size / max(lines, 1):.0f} bytes/line")  # fmt: skip
+        bench_line("fleet", "lost stamps", lost, "lines", goal="<= 0", note=note)
+        bench_line("fleet", "duplicated stamps", dup, "lines", goal="<= 0", note=note)
+        bench_line(
+            "fleet", "SQLite bytes per line", round(size / max(lines, 1)), "B", note=f"{note}; {size} B"
+        )
+    finally:
+        fleet.sshd.stop()
+        kill_tree_matching(str(tmp) + "/")
+
+
+def main() -> None:
+    """Parse the options and run the parts asked for."""
+    quick = os.environ.get("EAGLEWATCH_BENCH_QUICK") == "1"
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", type=int, default=1 if quick else 8)
+    ap.add_argument("--runs", type=int, default=8)
+    ap.add_argument("--rate", type=float, default=50)
+    ap.add_argument("--duration", type=float, default=20 if quick else 60)
+    ap.add_argument("--backlog", type=float, default=20 if quick else 300)
+    ap.add_argument("--history-only", action="store_true")
+    args = ap.parse_args()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard > 0 else 4096, hard))  # 32 links, 256 runs
+    asyncio.run(history())
+    if not args.history_only:
+        asyncio.run(load(args))
+
+
+if __name__ == "__main__":
+    if not Path(SSHD_BIN).exists():
+        print(f"cannot run here: no OpenSSH server at {SSHD_BIN}")
+        sys.exit(SKIP_EXIT)
+    main()
