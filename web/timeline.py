@@ -51,7 +51,7 @@ def timeline_rows(milestones: Iterable[MilestoneLike], state: str) -> list[Row]:
                 rows.append(row)
             row.group.append(m)
             continue
-        rows.append(Row(m, normal=done and m.kind in SHUTDOWN_KINDS))
+        rows.append(Row(m, normal=m.kind == "normal_shutdown" or (done and m.kind in SHUTDOWN_KINDS)))
         done = done or (m.kind == "completed" and state == "completed")
     return rows
 

@@ -104,6 +104,17 @@ def _tagged(out: list[Milestone]) -> list[Milestone]:
     return out
 
 
+#: Rules whose line vLLM also prints when it shuts down after a job's normal end: fatal before the job's
+#: completion marker, a ``normal_shutdown`` info milestone after it.
+SHUTDOWN_RULES = frozenset({"engine_core_died"})
+
+
+def normal_shutdown_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a shutdown-time engine exit after completion: no error class, severity info."""
+    out = {k: v for k, v in fields.items() if k not in ("class", "severity")}
+    return out | {"severity": "info", "shutdown_of": fields.get("rule")}
+
+
 class MilestoneEngine:
     """Turns one already-split line at a time into milestones; see the module docstring."""
 
@@ -126,6 +137,7 @@ class MilestoneEngine:
         self._held: list[Milestone] = []
         self._fired: set[str] = set()  # names of ``once`` rules that already fired
         self._roots = RootCauses()
+        self._completed = False  # the job printed its completion marker: later shutdown noise is normal
 
     # ---- public API -------------------------------------------------------------------------------
     def feed(self, text: str, line: int) -> list[Milestone]:
@@ -249,7 +261,8 @@ class MilestoneEngine:
                         rule, fields, text, line, rank, plan.layout.proc(text) if rule.per_rank else ""
                     )
                     return self._roots.annotate(self._release())
-                ms = Milestone(rule.kind, line, rank, fields, text)
+                ms = self._milestone(rule, fields, text, line, rank)
+            self._completed = self._completed or ms.kind == "completed"
             if self._held:
                 self._held.append(ms)
                 return self._roots.annotate(self._release())
@@ -336,6 +349,7 @@ class MilestoneEngine:
             "held": [m.to_dict() for m in self._held],
             "fired": sorted(self._fired),
             "roots": self._roots.snapshot(),
+            "completed": self._completed,
         }
 
     @classmethod
@@ -359,6 +373,7 @@ class MilestoneEngine:
                 continue
         eng._fired = {f for f in snap.get("fired", []) if isinstance(f, str)}
         eng._roots.restore(snap.get("roots"))
+        eng._completed = snap.get("completed") is True
         return eng
 
     # ---- classification -----------------------------------------------------------------------------
@@ -382,7 +397,9 @@ class MilestoneEngine:
                         break
                     self._fired.add(rule.name)
                 if rule.marker:
-                    self._held.append(marker_milestone(rule, m.group("json"), text, line, parsed.rank))
+                    ms = marker_milestone(rule, m.group("json"), text, line, parsed.rank)
+                    self._completed = self._completed or ms.kind == "completed"
+                    self._held.append(ms)
                 else:
                     self._emit(rule, self._fields(rule, m), text, line, parsed.rank, parsed.proc)
                 break
@@ -405,11 +422,20 @@ class MilestoneEngine:
             ws = fields.get("world_size")
             if isinstance(ws, int) and ws > 0:
                 self.world_size = ws
-        ms = Milestone(rule.kind, line, rank, fields, text)
+        ms = self._milestone(rule, fields, text, line, rank)
+        self._completed = self._completed or ms.kind == "completed"
         if rule.per_rank:
             self._join(rule.name, ms, proc, rank)
         else:
             self._held.append(ms)
+
+    def _milestone(
+        self, rule: Rule, fields: dict[str, Any], text: str, line: int, rank: int | None
+    ) -> Milestone:
+        """``rule``'s milestone; an engine exit after the completion marker is normal_shutdown."""
+        if self._completed and rule.name in SHUTDOWN_RULES:
+            return Milestone("normal_shutdown", line, rank, normal_shutdown_fields(fields), text)
+        return Milestone(rule.kind, line, rank, fields, text)
 
     # ---- rank groups and tracebacks ------------------------------------------------------------------
     def _join(self, key: str, ms: Milestone, proc: str, rank: int | None) -> None:

@@ -53,7 +53,7 @@ KINDS = frozenset(
         "launched", "engine_config", "extension_injected", "weights_loaded", "kv_cache_ready",
         "cuda_graphs_captured", "engine_ready", "server_ready", "capture_configured", "batch_captured",
         "shape_check_passed", "shape_check_failed", "progress", "throughput", "warning", "error",
-        "completed", "failed", "forecast", "canary_checked",
+        "completed", "failed", "forecast", "canary_checked", "normal_shutdown",
     }
 )  # fmt: skip
 ERROR_CLASSES = frozenset(

@@ -27,6 +27,7 @@ import pytest
 from cli.demo import daemons_of
 from tests.extract.jobrun import IN_PROCESS_ENGINE
 from tests.helpers.agentproc import cleanup_runs
+from tests.web.conftest import browser  # noqa: F401 (the fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -212,16 +213,33 @@ def test_demo_starts_another_run_from_the_api_and_stops_everything(command_demo:
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(900)
-def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path) -> None:
+def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path, browser: Any) -> None:  # noqa: F811
     """The real thing: tiny model, vLLM on CPU, shape checks pass; the page's saved "broken" template, as
-    the New-run form turns it into a spec, drops a layer: its shape checks fail and raise an alert."""
+    the New-run form turns it into a spec, drops a layer: its shape checks fail and raise an alert. Chromium
+    watches each run's page from launch to end without a reload; it ends as the page loaded afresh."""
+    from tests.web.test_run_page_live import live_equals_reload
     from web.forms import check_form
     from web.run_templates import TemplateStore
 
     # the demo's runs, not vLLM's process layout, are the subject (tests/extract/jobrun.IN_PROCESS_ENGINE)
     for demo in start_demo(tmp_path / "demo", timeout=600, env=IN_PROCESS_ENGINE):
-        detail = wait_run(demo, demo.first_run, lambda d: d.get("state") in ("completed", "failed"), 600)
+        ctx = browser.new_context(base_url=demo.url, viewport={"width": 1280, "height": 900})
+        js_errors: list[str] = []
+        ctx.on("page", lambda p: p.on("pageerror", lambda e: js_errors.append(str(e))))  # noqa: B023
+        login = ctx.new_page()
+        login.goto("/login")
+        login.fill("#token", demo.token)
+        login.get_by_role("button", name="Log in").click()
+        login.wait_for_load_state()
+        live = ctx.new_page()
+        live.goto(f"/runs/{demo.first_run}")  # right after launch: the engine is still starting
+        live.evaluate("window.__noReload = 1")
+        good = live_equals_reload(live, demo.first_run, 600)
+        assert "completed" in good[0] and "files ok" in good[0], good[0]
+        assert "points=0" not in " ".join(good)  # the per-layer chart drew points
+        detail = wait_run(demo, demo.first_run, lambda d: d.get("state") in ("completed", "failed"), 60)
         assert detail["state"] == "completed", detail
+        assert "error" not in kinds(detail)  # vLLM's engine exit after completion is a normal_shutdown
         assert {"capture_configured", "shape_check_passed", "completed"} <= set(kinds(detail))
         assert "shape_check_failed" not in kinds(detail)
         form = TemplateStore(demo.home).get("demo broken - drops a layer") or {}
@@ -232,6 +250,9 @@ def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path) -> None:
             created = http.post("/api/runs", json=spec.model_dump(mode="json"), headers=origin)
             assert created.status_code == 201, created.text
             run = created.json()["id"]
+        live = ctx.new_page()
+        live.goto(f"/runs/{run}")
+        live.evaluate("window.__noReload = 1")
 
         def alerted(d: dict[str, Any]) -> bool:
             return bool(d.get("alerts")) and "shape_check_failed" in kinds(d)
@@ -244,6 +265,11 @@ def test_demo_real_extraction_and_broken_run_alert(tmp_path: Path) -> None:
         with demo.client() as http:
             stop = http.post(f"/api/runs/{run}/stop", headers=origin)
             assert stop.status_code == 200, stop.text
+        broken = live_equals_reload(live, run, 120)
+        checks = next(w for w in broken if w.startswith("#checks-card"))
+        assert "layer count mismatch" in checks and "[T, 3, 128]" in checks, checks  # the dropped layer
+        ctx.close()
+        assert js_errors == [], js_errors
 
 
 def test_demo_templates_fill_the_new_run_form(tmp_path: Path) -> None:

@@ -82,6 +82,22 @@ def snapshot(page: Any) -> list[str]:
     return list(page.evaluate(SNAPSHOT, list(PARTS)))
 
 
+def live_equals_reload(live: Any, run_id: str, timeout_s: float) -> list[str]:
+    """Wait until ``live`` (opened at launch, never reloaded) shows the run's end and equals the page loaded
+    afresh: header and verdict badge, capture card, charts, verdict, problems, milestones. The fresh parts."""
+    live.wait_for_selector("#verdict:not([hidden])", timeout=timeout_s * 1000)
+    fresh = live.context.new_page()
+    try:
+        fresh.goto(f"/runs/{run_id}")
+        fresh.wait_for_selector("#live-status[data-state=finished]", timeout=30000)
+        want = snapshot(fresh)
+    finally:
+        fresh.close()
+    wait_until(lambda: snapshot(live) == want, 20, what="the live page equal to the reloaded one")
+    assert live.evaluate("window.__noReload") == 1
+    return want
+
+
 def no_sideways_scroll(page: Any) -> bool:
     return bool(page.evaluate("document.documentElement.scrollWidth <= 1280"))
 
@@ -100,12 +116,11 @@ def test_live_page_ends_as_the_reloaded_one(
         run_id = launch(live_server, agent_host, tmp_path / "out", "--files", files, "--shutdown")
         live.goto(f"/runs/{run_id}")  # from launch to end, never reloaded
         live.evaluate("window.__noReload = 1")
-        live.wait_for_selector("#verdict:not([hidden])", timeout=60000)
+        want = live_equals_reload(live, run_id, 60)
         assert no_sideways_scroll(live)
         fresh = ctx.new_page()
         fresh.goto(f"/runs/{run_id}")
         fresh.wait_for_selector("#live-status[data-state=finished]", timeout=30000)
-        want = snapshot(fresh)
         head = want[0]
         assert head.startswith("#run-head: out") and "completed" in head, head
         assert ("files ok" if files == "good" else "problems") in head, head
@@ -115,8 +130,6 @@ def test_live_page_ends_as_the_reloaded_one(
         assert f"token_ids [T], {read} expected hidden_states [T, 2, 64]" in card, card
         assert read in next(w for w in want if w.startswith("#checks-card"))
         assert "No per-layer statistics yet" not in " ".join(want)
-        wait_until(lambda: snapshot(live) == want, 20, what="the live page equal to the reloaded one")
-        assert live.evaluate("window.__noReload") == 1
         for page in (live, fresh):  # what a person reads, watched live and reloaded
             readable_milestones(page, passed=4 if files == "good" else 0)
         screenshot(live, f"run-live-end-{files}")

@@ -38,3 +38,10 @@ def test_folded_rows_and_shutdown_noise() -> None:
 
 def test_an_error_after_completion_of_a_failed_run_is_not_normal() -> None:
     assert not any(r.normal for r in timeline_rows(RUN, "failed"))
+
+
+def test_a_normal_shutdown_milestone_is_marked_normal() -> None:
+    """The agent's normal_shutdown (an engine exit after the completion marker) reads as normal even when
+    a later check failed the run."""
+    rows = timeline_rows([M("completed"), M("normal_shutdown", {"severity": "info"})], "failed")
+    assert [r.normal for r in rows] == [False, True]

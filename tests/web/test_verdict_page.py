@@ -92,6 +92,11 @@ def test_dashboard_shows_the_verdict_in_the_warning_colour(seeded: LiveServer, b
     note = row.locator("[data-field=verdict]")
     assert note.inner_text().startswith("completed — 24 of 24 files failed shape checks")
     assert colour(page, 'tr[data-run="r-broken"] [data-field=verdict]') == WARN
+    badge = row.locator("[data-field=verdict-badge]")
+    assert badge.is_visible() and badge.inner_text() == "problems"
+    numa = page.locator('tr[data-run="r-numa"]')  # verdict "failed" = state: the state badge says it alone
+    assert numa.locator("[data-field=state]").inner_text() == "failed"
+    assert numa.locator("[data-field=verdict-badge]").is_hidden()
     assert page.js_errors == []
 
 
@@ -143,8 +148,14 @@ def test_live_run_ends_with_the_verdict_without_a_reload(
         run_id = c.post("/api/runs", json=spec).json()["id"]
         page = open_page(browser, live_server.url)
         page.goto(f"/runs/{run_id}")
+        dash = page.context.new_page()
+        dash.goto("/")
         assert c.get(f"/api/runs/{run_id}").json()["verdict"] is None  # not over yet
     page.evaluate("window.__noReload = 1")
+    dash.evaluate("window.__noReload = 1")
+    row_badge = f'tr[data-run="{run_id}"] [data-field=verdict-badge]'
+    dash.wait_for_selector(f"{row_badge}:not([hidden])", timeout=60000)  # the dashboard's row, over SSE
+    assert dash.locator(row_badge).inner_text() == "problems" and dash.evaluate("window.__noReload") == 1
     page.wait_for_selector("#verdict:not([hidden])", timeout=60000)
     page.wait_for_function("document.getElementById('verdict').dataset.verdict !== ''", timeout=10000)
     assert page.evaluate("window.__noReload") == 1

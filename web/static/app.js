@@ -112,6 +112,19 @@
     b.textContent = state;
     b.className = "state state-" + state + (verdict === "problems" ? " verdict-problems" : "");
   }
+  // The verdict beside the state badge, as web/templates/_state.html verdict_badge renders it.
+  function setVerdictBadge(container, state, verdict, text) {
+    let v = container.querySelector('[data-field="verdict-badge"]');
+    if (!v) {
+      v = el("span");
+      v.dataset.field = "verdict-badge";
+      container.querySelector('[data-field="state"]').after(" ", v);
+    }
+    v.className = "state verdict-" + (verdict || "none");
+    v.title = text || "";
+    v.textContent = verdict === "ok" ? "files ok" : verdict || "";
+    v.hidden = !verdict || verdict === state;
+  }
   // vLLM's JSON log records shown as the text line they stand for: web/filters.py log_text, and the agent's
   // agent/milestones/records.py json_record_lines.
   function logText(text) {
@@ -162,8 +175,11 @@
   // ---- dashboard
   function dashboard() {
     const tbody = document.querySelector("#runs tbody");
+    // a run not shown yet is new: it belongs on the first page only (older pages show older runs)
+    const firstPage = (new URLSearchParams(location.search).get("page") || "1") === "1";
     function runRow(r) {
       let tr = tbody.querySelector('tr[data-run="' + CSS.escape(r.id) + '"]');
+      if (!tr && !firstPage) return;
       if (!tr) {
         const empty = tbody.querySelector("tr.empty");
         if (empty) empty.remove();
@@ -182,11 +198,12 @@
         tbody.prepend(tr);
       }
       setState(tr, r.state, r.verdict);
+      setVerdictBadge(tr, r.state, r.verdict, r.verdict_text);
       let note = tr.querySelector('[data-field="verdict"]');
       if (!note) {
         note = el("div", "small verdict-note");
         note.dataset.field = "verdict";
-        tr.querySelector('[data-field="state"]').after(note);
+        tr.querySelector('[data-field="verdict-badge"]').after(note);
       }
       note.textContent = r.verdict === "problems" ? r.verdict_text || "" : "";
       note.hidden = r.verdict !== "problems";
