@@ -105,15 +105,21 @@ def test_is_moe() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cpus", "tp", "want"), [([0, 1], 2, "0|1"), (list(range(8)), 2, "0-3|4-7"), ([4, 2, 3, 5], 2, "2-3|4-5")]
+    ("cpus", "tp", "want"),
+    [
+        ([0, 1], 2, "0|1"),
+        (list(range(8)), 2, "0-3|4-7"),
+        ([4, 2, 3, 5], 2, "2-3|4-5"),
+        (list(range(5)), 2, "0-1|2-3"),  # a spare CPU stays unbound rather than unevenly shared
+        # fewer CPUs than ranks: round-robin, one CPU per rank, in CPU order
+        ([0, 1], 4, "0|1|0|1"),
+        ([0, 1], 8, "0|1|0|1|0|1|0|1"),
+        ([7, 3, 5], 4, "3|5|7|3"),
+        ([6], 2, "6|6"),
+    ],
 )
 def test_thread_binding(cpus: list[int], tp: int, want: str) -> None:
     assert thread_binding(cpus, tp) == want
-
-
-def test_thread_binding_needs_a_core_per_rank() -> None:
-    with pytest.raises(ValueError, match="tensor_parallel_size 4 needs at least 4 CPUs; this job may use 2"):
-        thread_binding([0, 1], 4)
 
 
 GIB = 1 << 30
@@ -124,6 +130,34 @@ def test_cpu_defaults_fill_what_the_user_left_unset() -> None:
     assert got.env == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
     assert got.args == ["--dtype", "float32"]
     assert set(got.reasons) == {"VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "--dtype"}
+
+
+@pytest.mark.parametrize(
+    ("env", "tp", "cpus", "bind", "warned"),
+    [
+        ({}, 8, [0, 1], "0|1|0|1|0|1|0|1", True),
+        ({}, 4, [2, 3], "2|3|2|3", True),
+        ({}, 2, [0, 1], "0|1", False),
+        ({}, 1, [0], None, False),
+        # the user's own binding wins, from the spec's env or the job's (an empty value counts as unset)
+        ({"VLLM_CPU_OMP_THREADS_BIND": "0|0|1|1|0|0|1|1"}, 8, [0, 1], None, False),
+        ({"VLLM_CPU_OMP_THREADS_BIND": ""}, 4, [0, 1], "0|1|0|1", True),
+    ],
+)
+def test_cpu_defaults_bind_more_ranks_than_cpus_round_robin_and_warn(
+    env: dict[str, str], tp: int, cpus: list[int], bind: str | None, warned: bool
+) -> None:
+    got = cpu_defaults(env, [], tp, cpus, {"avx2"}, 20 * GIB, "float32")
+    assert got.env.get("VLLM_CPU_OMP_THREADS_BIND") == bind
+    assert ("round-robin" in got.reasons.get("VLLM_CPU_OMP_THREADS_BIND", "")) == warned
+    if warned:
+        assert got.warnings == [
+            f"tensor_parallel_size {tp} on {len(cpus)} CPUs: ranks share CPUs (VLLM_CPU_OMP_THREADS_BIND={bind}) "
+            f"and run slower than on {tp}; set VLLM_CPU_OMP_THREADS_BIND in the spec's env to bind them yourself"
+        ]
+    else:
+        assert got.warnings == []
+    assert got.env["VLLM_CPU_KVCACHE_SPACE"] == ("1" if tp >= 4 else str(int(4 / tp)))
 
 
 def test_cpu_defaults_user_settings_win() -> None:

@@ -222,21 +222,28 @@ def has_arg(vllm_args: list[str], name: str) -> bool:
 
 
 def thread_binding(cpus: list[int], tp: int) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for tp CPU workers: contiguous core lists, one per rank, '|'-separated."""
-    if tp > len(cpus):
-        raise ValueError(f"tensor_parallel_size {tp} needs at least {tp} CPUs; this job may use {len(cpus)}")
-    ordered, per = sorted(cpus), len(cpus) // tp
+    """VLLM_CPU_OMP_THREADS_BIND for tp CPU workers: one core list per rank, '|'-separated.
+
+    Contiguous lists when there are CPUs enough; fewer CPUs than ranks bind the ranks round-robin, one CPU
+    each (`0|1|0|1` for 4 ranks on 2 CPUs): the engine runs, slower, where vLLM itself refuses to bind.
+    """
+    ordered = sorted(cpus)
+    if tp > len(ordered):
+        return "|".join(str(ordered[r % len(ordered)]) for r in range(tp))
+    per = len(ordered) // tp
     groups = [ordered[r * per : (r + 1) * per] for r in range(tp)]
     return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
 @dataclass(frozen=True)
 class CpuDefaults:
-    """What the job sets for the CPU engine (env and extra engine arguments), with the reason for each."""
+    """What the job sets for the CPU engine (env and extra engine arguments), the reason for each, and what
+    the user should know (one `warning` milestone each)."""
 
     env: dict[str, str]
     args: list[str]
     reasons: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
 
 
 def cpu_defaults(
@@ -252,17 +259,30 @@ def cpu_defaults(
     out_env: dict[str, str] = {}
     args: list[str] = []
     why: dict[str, str] = {}
-    if not env.get("VLLM_CPU_KVCACHE_SPACE"):  # empty counts as unset, as vLLM reads it
+    # empty counts as unset, as vLLM reads it; set, it would override the user's --kv-cache-memory-bytes
+    if not env.get("VLLM_CPU_KVCACHE_SPACE") and not has_arg(vllm_args, "--kv-cache-memory-bytes"):
         gib = max(1, min(32, int(mem_available * 0.2 / max(tp, 1) / 2**30)))
         out_env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
         why["VLLM_CPU_KVCACHE_SPACE"] = (
             f"{gib} GiB per worker (a fifth of available memory); unset, the engine reserves 92 % of RAM"
         )
+    warnings: list[str] = []
     if tp > 1 and not env.get("VLLM_CPU_OMP_THREADS_BIND"):
-        out_env["VLLM_CPU_OMP_THREADS_BIND"] = thread_binding(cpus, tp)
-        why["VLLM_CPU_OMP_THREADS_BIND"] = f"cores split between {tp} workers; vLLM cannot bind them itself"
+        bind = out_env["VLLM_CPU_OMP_THREADS_BIND"] = thread_binding(cpus, tp)
+        if tp > len(cpus):
+            why["VLLM_CPU_OMP_THREADS_BIND"] = (
+                f"{tp} workers bound round-robin to the {len(cpus)} CPUs this job may use; vLLM cannot bind "
+                "them itself"
+            )
+            warnings.append(
+                f"tensor_parallel_size {tp} on {len(cpus)} CPUs: ranks share CPUs "
+                f"(VLLM_CPU_OMP_THREADS_BIND={bind}) and run slower than on {tp}; set VLLM_CPU_OMP_THREADS_BIND "
+                "in the spec's env to bind them yourself"
+            )
+        else:
+            why["VLLM_CPU_OMP_THREADS_BIND"] = f"cores split between {tp} workers; vLLM cannot bind them itself"
     if not has_arg(vllm_args, "--dtype") and not cpu_flags & {"avx512_bf16", "amx_bf16"}:
         # vLLM's CPU engine picks bf16 for "auto" even for a float32 checkpoint
         args += ["--dtype", "float32"]
         why["--dtype"] = f"float32 (model: {model_dtype}): bf16 kills workers on CPUs lacking AVX512-BF16"
-    return CpuDefaults(out_env, args, why)
+    return CpuDefaults(out_env, args, why, warnings)

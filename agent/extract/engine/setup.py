@@ -63,6 +63,7 @@ def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
     defaults: dict[str, str] = {}
     reasons: dict[str, str] = {}
     args: list[str] = []
+    warnings: list[str] = []
     if platform == "cpu":
         cpu = runtime.cpu_defaults(
             user_env,
@@ -75,7 +76,7 @@ def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
         )
         defaults.update(cpu.env)
         reasons.update(cpu.reasons)
-        args = cpu.args
+        args, warnings = cpu.args, cpu.warnings
     elif platform == "cuda" and "VLLM_WORKER_MULTIPROC_METHOD" not in user_env:
         defaults["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         reasons["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn: forked workers can hang on CUDA"
@@ -133,7 +134,7 @@ def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
     if plan.version_note:
         signals.emit("warning", source="eaglewatch", message=plan.version_note)
     aux_warnings = plan.aux_warnings if capture.path == "aux" else ()
-    for message in (*plan.bug_warnings, *aux_warnings):
+    for message in (*warnings, *plan.bug_warnings, *aux_warnings):
         signals.emit("warning", source="eaglewatch", message=message)
     return args, capture
 
