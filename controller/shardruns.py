@@ -10,6 +10,7 @@ one sbatch, its task i being shard i; each shard row names that job and its task
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -87,9 +88,15 @@ class Jobs(Protocol):
         ...
 
     async def launch(
-        self, run_id: str, host: str, document: dict[str, Any], array: tuple[int, list[int]] | None = None
+        self,
+        run_id: str,
+        host: str,
+        document: dict[str, Any],
+        array: tuple[int, list[int]] | None = None,
+        discard_refused: bool = False,
     ) -> None:
-        """Launch a written job with its stored spec; a refusal fails it."""
+        """Launch a written job with its stored spec; a refusal fails it (a refused host path: SpecInvalid,
+        the job's row discarded, when ``discard_refused``)."""
         ...
 
     async def stop(self, run_id: str) -> dict[str, Any]:
@@ -162,19 +169,48 @@ class ShardOps:
                 crud.publish_run(tx=tx, run_id=run_id)
 
         await self.store.write(insert)
-        await asyncio.gather(
-            *(self.jobs.launch(job_id, job.host, job_document(job.spec)) for job_id, job in launch),
+        # A new run's refused host path is the caller's spec error, as for an unsharded run: the whole run
+        # is forgotten (a resumed one keeps its history: the refused shard fails instead).
+        fresh = resumed_from is None
+        results = await asyncio.gather(
+            *(
+                self.jobs.launch(job_id, job.host, job_document(job.spec), discard_refused=fresh)
+                for job_id, job in launch
+            ),
             *(
                 self.jobs.launch(
                     job_id,
                     host,
                     job_document(array_spec(parsed, host)),
                     array=(parsed.shards, [j.index for j in tasks]),
+                    discard_refused=fresh,
                 )
                 for job_id, host, tasks in array_jobs
             ),
+            return_exceptions=True,
         )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        refused = [r for r in errors if isinstance(r, SpecInvalid)]
+        if refused:
+            await self._discard(run_id, [job_id for job_id, _ in launch] + [j for j, _, _ in array_jobs])
+            raise refused[0]
+        if errors:
+            raise errors[0]
         return run_id
+
+    async def _discard(self, run_id: str, job_ids: list[str]) -> None:
+        """Stop the jobs of a refused new run that did launch, then forget the run, its shards and jobs."""
+        for job_id in job_ids:
+            # a refused, finished or unreachable job: the run is forgotten either way
+            with contextlib.suppress(Exception):
+                await self.jobs.stop(job_id)
+
+        def forget(tx: Tx) -> None:
+            tx.conn.execute("DELETE FROM run_shards WHERE run_id=?", (run_id,))
+            for rid in [*job_ids, run_id]:
+                crud.discard_run(tx=tx, run_id=rid)
+
+        await self.store.write(forget)
 
     def _insert_job(
         self, tx: Tx, run_id: str, job_id: str, job: ShardJob, count: int, resumed_from: str | None

@@ -2,8 +2,9 @@
 
 The daemon never imports torch or numpy: checks that need them (value scans, torch files) run in a child
 that reads one JSON request per line on stdin — {"path", "layers"?, "hidden_size"?, "model"?, "layer_ids"?,
-"deep"? (default true)} — and writes one report per line on stdout, until stdin closes.  A ``CheckPool``
-keeps at most a few such children for the run it serves and hands each request to an idle one.
+"deep"? (default true)} — and writes one report per line on stdout, until stdin closes.  One ``CheckPool``
+per daemon (``shared_pool``) keeps at most ``pool_size()`` such children for all its runs and hands each
+request to an idle one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import json
 import os
 import sys
+import weakref
 from typing import Any, TextIO
 
 #: A check that takes longer than this is given up (its child killed) and the file left unchecked.
@@ -23,8 +25,22 @@ STDERR_TAIL = 300
 
 
 def pool_size() -> int:
-    """Children for one run's value scans: scans read at disk speed, and the host's CPUs are the job's."""
+    """Children for the daemon's value scans, all runs together: scans read at disk speed, and the host's
+    CPUs are the jobs'."""
     return max(1, min(2, (os.cpu_count() or 1) // 4))
+
+
+#: The daemon's one pool, per event loop (its semaphore and pipes belong to the loop that made them).
+_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CheckPool] = weakref.WeakKeyDictionary()
+
+
+def shared_pool() -> CheckPool:
+    """The one pool of this daemon's event loop, shared by every run: 8 runs still hold ``pool_size()``
+    children at most (idle ones stay for the next file; they exit with the daemon, when stdin closes)."""
+    loop = asyncio.get_running_loop()
+    if (pool := _POOLS.get(loop)) is None:
+        pool = _POOLS[loop] = CheckPool(pool_size())
+    return pool
 
 
 def expectation(arg: dict[str, Any]) -> Any:

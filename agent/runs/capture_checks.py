@@ -1,7 +1,7 @@
 """The watcher's output checks: each capture file once it is complete, then the index gaps at the end.
 
 A safetensors file whose check reads its header alone is checked in the daemon's process (in a worker
-thread, a batch at a time); a file that needs numpy or torch (a value scan, a torch file) goes to the run's
+thread, a batch at a time); a file that needs numpy or torch (a value scan, a torch file) goes to the daemon's
 ``CheckPool`` of long-lived children, and its result comes back while the watcher goes on reading the log.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.checks.child import CheckPool, expectation, pool_size
+from agent.checks.child import expectation, shared_pool
 from agent.runs.jobspec import JobSpec
 from agent.runs.outputs import check_events, complete_files, shard_gaps, shard_window
 
@@ -55,7 +55,6 @@ class OutputChecks:
             "layer_ids": spec.layers,
         }
         self._expect: Any = None  # read from the model's config.json at the first check
-        self._pool: CheckPool | None = None
         self._inflight: dict[str, asyncio.Task[None]] = {}
 
     @property
@@ -99,11 +98,9 @@ class OutputChecks:
         return reports
 
     async def _check_in_child(self, out: str, batch: list[tuple[str, tuple[int, int]]]) -> None:
-        if self._pool is None:
-            self._pool = CheckPool(pool_size())
         args = [{**self._arg, "path": os.path.join(out, name), "deep": True} for name, _sig in batch]
         try:
-            reports = await self._pool.check(args)
+            reports = await shared_pool().check(args)
         finally:
             for name, _sig in batch:
                 self._inflight.pop(name, None)
@@ -129,14 +126,12 @@ class OutputChecks:
             await asyncio.gather(*set(self._inflight.values()), return_exceptions=True)
 
     async def close(self) -> None:
-        """Give up the checks under way and end the children."""
+        """Give up the checks under way (the daemon's pool keeps its children for the other runs)."""
         tasks = set(self._inflight.values())
         for task in tasks:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._pool is not None:
-            await self._pool.close()
 
     async def check_index_gaps(self) -> None:
         """Once, at the end: the whole output dir's file names, for missing hs_N/data_N indices."""

@@ -125,12 +125,14 @@ class RunWatcher:
             self.paths.cursor,
             self.journal,
             self.outbox.commit,
-            lambda: {**self.ingest.position(), "checked": self.checks.checked},
+            lambda: {**self.ingest.position(), "checked": self.checks.checked, "held": self._held},
         )
         self._last_data = self._dirty_since = self._active = time.monotonic()
         self._flushed = True
         self._checks_came = False  # results from the check children are queued: save the cursor
-        self._held: list[dict[str, Any]] = []  # the scheduler's task_ended events, once the job is over
+        # The scheduler's task_ended events once the job is over, kept in the cursor: sched.json already
+        # marks them seen, so a daemon killed before the final state would otherwise never send them.
+        self._held: list[dict[str, Any]] = list(saved.get("held") or [])
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -200,13 +202,17 @@ class RunWatcher:
         """Journal events from outside the log (the scheduler's word on the job) and look again soon."""
         if self.summary.terminal is not None:
             return
+        held: list[dict[str, Any]] = []
         if self.paths.exit.exists():
             # The job is over: its tasks' ends go out with the final state, after the merge and every
             # check, so that no shard (nor the sharded run) looks ended while its files are being checked.
-            self._held += [e for e in events if e.get("kind") == "task_ended"]
+            held = [e for e in events if e.get("kind") == "task_ended"]
             events = [e for e in events if e.get("kind") != "task_ended"]
+            self._held += held
         self.outbox.add(events)
         self.outbox.commit()
+        if held:
+            self.cursor.save(force=True)
         self.wake()
 
     # --- the loop --------------------------------------------------------------------------------
