@@ -152,8 +152,9 @@ def test_cpu_defaults_bind_more_ranks_than_cpus_round_robin_and_warn(
     assert ("round-robin" in got.reasons.get("VLLM_CPU_OMP_THREADS_BIND", "")) == warned
     if warned:
         assert got.warnings == [
-            f"tensor_parallel_size {tp} on {len(cpus)} CPUs: ranks share CPUs (VLLM_CPU_OMP_THREADS_BIND={bind}) "
-            f"and run slower than on {tp}; set VLLM_CPU_OMP_THREADS_BIND in the spec's env to bind them yourself"
+            f"tensor_parallel_size {tp} on {len(cpus)} CPUs: ranks share CPUs "
+            f"(VLLM_CPU_OMP_THREADS_BIND={bind}) and run slower than on {tp}; "
+            "set VLLM_CPU_OMP_THREADS_BIND in the spec's env to bind them yourself"
         ]
     else:
         assert got.warnings == []

@@ -69,7 +69,14 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     log.write_text(job.output)
     one = write_spec(tmp / "tp1.json", output_dir=str(tmp / "tp1"), canary_samples=0, **common)
     ref = run_job(one, env={**BARE_ENV, **IN_PROCESS_ENGINE})
-    return {"samples": samples, "job": job, "log": log, "out": tmp / "tp8", "ref": ref, "ref_out": tmp / "tp1"}
+    return {
+        "samples": samples,
+        "job": job,
+        "log": log,
+        "out": tmp / "tp8",
+        "ref": ref,
+        "ref_out": tmp / "tp1",
+    }
 
 
 def _files(out: Path) -> dict[int, dict[str, Any]]:
@@ -115,7 +122,17 @@ def test_files_hold_tokens_by_layers_by_7168_never_flat_or_sharded(seed: dict[st
     assert doc["hidden_size"] == HIDDEN and doc["layer_ids"] == LAYERS
     assert doc["tokens_total"] == sum(LENGTHS) and doc["samples_written"] == len(LENGTHS)
     layers = ",".join(map(str, LAYERS))
-    cmd = [sys.executable, "-m", "agent", "check", str(seed["out"]), "--layers", layers, "--hidden-size", str(HIDDEN)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent",
+        "check",
+        str(seed["out"]),
+        "--layers",
+        layers,
+        "--hidden-size",
+        str(HIDDEN),
+    ]
     check = subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     assert json.loads(check.stdout)["files"] == len(LENGTHS)
@@ -138,7 +155,9 @@ def test_tp8_is_finite_and_each_layers_rms_is_near_tp1(seed: dict[str, Any]) -> 
         want = torch.cat([one[i]["hidden_states"][:, slot] for i in one]).double()
         assert bool(got.isfinite().all()), f"layer {k}: non-finite values at TP=8"
         rms, ref = float(got.square().mean().sqrt()), float(want.square().mean().sqrt())
-        assert ref > 0 and abs(rms - ref) <= RMS_BOUND * ref, f"layer {k}: RMS {rms:.4g} at TP=8, {ref:.4g} at TP=1"
+        assert ref > 0 and abs(rms - ref) <= RMS_BOUND * ref, (
+            f"layer {k}: RMS {rms:.4g} at TP=8, {ref:.4g} at TP=1"
+        )
 
 
 def _err(seed: dict[str, Any], rows: slice) -> list[str]:

@@ -9,7 +9,7 @@ The worker-extension run uses tests/extract/aux_ext.py, which also records vLLM'
 states on the same steps: the capture must equal them bit for bit, and HF transformers within 1e-4.
 The vllm-native backend (vLLM's extract_hidden_states and our connector: a synchronous CPU write, loaded
 through kv_connector_module_path) runs at TP=8 too, with layer ids in the "output" convention: it must equal
-the worker extension's files and HF transformers. MLA under TP is covered by tests/extract/test_seed_shape_tp8.py.
+the worker extension's files and HF transformers. MLA under TP: tests/extract/test_seed_shape_tp8.py.
 """
 
 from __future__ import annotations
@@ -130,7 +130,17 @@ def test_tp8_has_one_writer_and_a_right_manifest(runs: dict[str, Any]) -> None:
     doc = json.loads((out / "manifest.json").read_text())
     assert doc["layer_ids"] == LAYERS and doc["hidden_size"] == HIDDEN and doc["dtype"] == "float32"
     assert doc["tokens_total"] == sum(LENGTHS) and doc["samples_written"] == len(LENGTHS)
-    cmd = [sys.executable, "-m", "agent", "check", str(out), "--layers", "2,4,5,8", "--hidden-size", str(HIDDEN)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent",
+        "check",
+        str(out),
+        "--layers",
+        "2,4,5,8",
+        "--hidden-size",
+        str(HIDDEN),
+    ]
     check = subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     assert json.loads(check.stdout)["files"] == len(LENGTHS)
