@@ -319,8 +319,9 @@ class Daemon:
         if err is not None:
             raise OpError(ErrorCode.BAD_ARGS, f"spec.{err}")
 
-    async def _launch(self, run: str, spec: Any, view: JobSpec, opts: SlurmOptions | None) -> dict[str, Any]:
-        argv, env = launch_argv(run, view, self.state_dir)
+    def _new_run_dir(self, run: str, spec: Any, view: JobSpec) -> RunPaths:
+        """The run's own rules checked, its directory made (a second launch of ``run`` is a conflict) and its
+        spec written: what a launched and an attached run share before they differ."""
         try:
             load_rules(extra=view.rules)
         except (RuleError, TypeError) as exc:
@@ -331,6 +332,11 @@ class Daemon:
         except FileExistsError:
             raise OpError(ErrorCode.CONFLICT, f"run {run!r} already exists on this host") from None
         atomic_write_json(paths.spec, spec)
+        return paths
+
+    async def _launch(self, run: str, spec: Any, view: JobSpec, opts: SlurmOptions | None) -> dict[str, Any]:
+        argv, env = launch_argv(run, view, self.state_dir)
+        paths = self._new_run_dir(run, spec, view)
         journal = Journal(paths.events)
         if opts is not None:
             return await self._submit(paths, journal, view, argv, env, opts)
@@ -370,16 +376,7 @@ class Daemon:
         unusable = await asyncio.to_thread(attach_error, spec, attach)
         if unusable is not None:
             raise OpError(ErrorCode.BAD_ARGS, f"spec.{unusable[0]}: {unusable[1]}")
-        try:
-            load_rules(extra=view.rules)
-        except (RuleError, TypeError) as exc:
-            raise OpError(ErrorCode.BAD_ARGS, f"spec.rules: {exc}") from None
-        paths = run_paths(self.state_dir, run)
-        try:
-            paths.dir.mkdir(mode=0o700)
-        except FileExistsError:
-            raise OpError(ErrorCode.CONFLICT, f"run {run!r} already exists on this host") from None
-        atomic_write_json(paths.spec, spec)
+        paths = self._new_run_dir(run, spec, view)
         journal = Journal(paths.events)
         record = attached.record(attach)
         if attach.log is not None:
