@@ -1,7 +1,7 @@
 """Check captured hidden-state files (or a directory of them) and report problems with stable codes.
 
-How it works: a file's format comes from its name (hs_N / *.safetensors, data_N.pt, data_N.ckpt[.gz]) or,
-for other names, its first bytes. safetensors files are checked from the header alone (stdlib); torch files
+How it works: a file's format comes from its name (hs_N / *.safetensors, *.pt, data_N.ckpt[.gz]) or, for
+other names, its first bytes. safetensors files are checked from the header alone (stdlib); torch files
 are loaded with torch when it is importable, else listed as unchecked; *.safetensors.zst files need the
 optional zstandard package (else unchecked) and are decompressed end to end (truncation shows at the end).
 With deep=True, hidden states are scanned for NaN/Inf and all-zero layers (numpy, else torch; skipped with
@@ -36,7 +36,7 @@ from agent.checks.dirs import (
     read_sample_lengths,
     walk,
 )
-from agent.checks.formats import EAGLE, SAFETENSORS, SPECFORGE, SPECULATORS_PT, check_sample, classify
+from agent.checks.formats import SAFETENSORS, SPECULATORS_PT, SPLIT_KEYS, check_sample, classify
 from agent.checks.safetensors_header import Header, HeaderError, read_header
 from agent.checks.shapes import (
     Expectation,
@@ -241,13 +241,15 @@ def _value_layers(fmt: str, obj: dict[str, Any]) -> list[tuple[str, list[Any]]]:
             else [hs]
         )
         out.append(("hidden_states", items))
-    if fmt in (SPECFORGE, EAGLE):
-        out.append(("hidden_state", [obj.get("hidden_state")]))
-    aux, last = obj.get("aux_hidden_state"), obj.get("hidden_state")
-    if fmt == SPECFORGE and isinstance(aux, torch.Tensor):
-        h = last.shape[-1] if isinstance(last, torch.Tensor) and last.dim() >= 1 else 0
-        k = aux.shape[-1] // h if h and aux.dim() >= 1 and aux.shape[-1] % h == 0 else 1
-        out.append(("aux_hidden_state", list(aux.split(aux.shape[-1] // k, dim=-1)) if k > 1 else [aux]))
+    if fmt in SPLIT_KEYS:
+        last_key, aux_key = SPLIT_KEYS[fmt]
+        last = obj.get(last_key)
+        out.append((last_key, [last]))
+        aux = obj.get(aux_key) if aux_key is not None else None
+        if aux_key is not None and isinstance(aux, torch.Tensor):
+            h = last.shape[-1] if isinstance(last, torch.Tensor) and last.dim() >= 1 else 0
+            k = aux.shape[-1] // h if h and aux.dim() >= 1 and aux.shape[-1] % h == 0 else 1
+            out.append((aux_key, list(aux.split(aux.shape[-1] // k, dim=-1)) if k > 1 else [aux]))
     float_types = (torch.float32, torch.float16, torch.bfloat16)
     return [
         (key, items)
@@ -258,7 +260,7 @@ def _value_layers(fmt: str, obj: dict[str, Any]) -> list[tuple[str, list[Any]]]:
 
 def _check_torch(path: Path, expect: Expectation, deep: bool) -> _Result:
     file = str(path)
-    guess = SPECULATORS_PT if path.name.endswith(".pt") else SPECFORGE
+    guess = classify(path.name, set())
     if tensorfiles.optional_module("torch") is None:
         return _Result(guess, unchecked=_NO_TORCH)
     try:

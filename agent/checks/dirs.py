@@ -15,7 +15,8 @@ from agent.checks.shapes import Problem
 CAPTURE = re.compile(
     r"^(?:(?P<hs>hs)_(?P<hs_i>\d+)\.safetensors(?:\.zst)?"
     r"|(?P<data>data)_(?P<data_i>\d+)\.(?P<ext>pt|ckpt|ckpt\.gz)"
-    r"|[^/]+\.safetensors(?:\.zst)?)\Z"
+    r"|[^/]+\.safetensors(?:\.zst)?"
+    r"|[^/]+\.pt)\Z"  # Model-Optimizer: {conversation_id}.pt
 )
 SAMPLE_LENGTHS = "sample_lengths.json"  # speculators: {"<idx>": tokens} beside data_<idx>.pt
 MERGED_MANIFEST = "manifest.json"
@@ -25,7 +26,7 @@ _MAX_LENGTHS_BYTES = 64 << 20
 
 
 def is_capture_file(name: str) -> bool:
-    """True for file names a capture run writes: hs_N/*.safetensors[.zst], data_N.pt, data_N.ckpt[.gz]."""
+    """True for file names a capture run writes: hs_N/*.safetensors[.zst], data_N.ckpt[.gz], *.pt."""
     base = os.path.basename(name)
     return not base.startswith(".") and CAPTURE.match(base) is not None
 

@@ -1,7 +1,9 @@
-"""Pure rules for the torch-saved capture formats (old speculators .pt, SpecForge and EAGLE ge_data .ckpt)."""
+"""Pure rules for the torch-saved capture formats: old speculators and Model-Optimizer .pt, SpecForge and
+EAGLE ge_data .ckpt."""
 
 from __future__ import annotations
 
+from agent.checks.dirs import family
 from agent.checks.shapes import (
     MLA_LATENT_HINT,
     Described,
@@ -20,8 +22,13 @@ from agent.checks.shapes import (
 
 SPECULATORS_PT = "speculators-pt"
 SPECFORGE = "specforge-ckpt"
-#: aux_hidden_state of SpecForge's EAGLE-3 capture fuses three layers (scripts/prepare_hidden_states.py)
-SPECFORGE_AUX_LAYERS = 3
+#: NVIDIA Model-Optimizer's examples/speculative_decoding compute_hidden_states_{hf,vllm,trtllm}.py: one
+#: {conversation_id}.pt per conversation
+MODELOPT = "modelopt-pt"
+#: The fused auxiliary layers of an EAGLE-3 capture when no layer count is given: SpecForge's
+#: aux_hidden_state (scripts/prepare_hidden_states.py) and Model-Optimizer's aux_hidden_states (its default
+#: --aux-layers eagle) both hold three
+EAGLE3_AUX_LAYERS = 3
 EAGLE = "eagle-ckpt"
 SAFETENSORS = "safetensors"
 
@@ -29,18 +36,29 @@ REQUIRED = {
     SPECULATORS_PT: ("input_ids", "hidden_states", "loss_mask"),
     SPECFORGE: ("input_ids", "loss_mask", "aux_hidden_state", "hidden_state"),
     EAGLE: ("input_ids", "hidden_state", "loss_mask"),
+    # loss_mask is optional: Model-Optimizer's offline loader takes a file without one (all tokens count)
+    MODELOPT: ("input_ids", "hidden_states", "aux_hidden_states"),
+}
+#: (the last layer's key, the fused auxiliary layers' key or None) of the formats that keep them apart
+SPLIT_KEYS: dict[str, tuple[str, str | None]] = {
+    SPECFORGE: ("hidden_state", "aux_hidden_state"),
+    EAGLE: ("hidden_state", None),
+    MODELOPT: ("hidden_states", "aux_hidden_states"),
 }
 
 
 def classify(name: str, keys: set[str]) -> str:
-    """Which torch format a loaded dict is: by its keys first, then by the file name's extension."""
-    if "hidden_states" in keys:
-        return SPECULATORS_PT
+    """Which torch format a loaded dict is: by its keys first, then by the file name."""
+    if "aux_hidden_states" in keys:
+        return MODELOPT
     if "aux_hidden_state" in keys:
         return SPECFORGE
     if "hidden_state" in keys:
         return EAGLE
-    return SPECULATORS_PT if name.endswith(".pt") else SPECFORGE
+    # old speculators numbered its files data_N.pt; Model-Optimizer names them after the conversation
+    if name.endswith(".pt") and family(name) is None:
+        return MODELOPT
+    return SPECULATORS_PT if "hidden_states" in keys or name.endswith(".pt") else SPECFORGE
 
 
 def _tensor(file: str, key: str, value: Described) -> tuple[TensorMeta | None, list[Problem]]:
@@ -82,39 +100,37 @@ def check_sample(file: str, fmt: str, sample: dict[str, Described], expect: Expe
                 Problem("hidden_dim_lost", file, f"hidden_states is a {hs}, expected a list of tensors"),
             ]
         problems += check_layer_list(file, "hidden_states", items, t, expect)
-    elif fmt in (SPECFORGE, EAGLE):
+    elif fmt in SPLIT_KEYS:
         problems += _check_single_and_aux(file, fmt, sample, t, expect)
     return problems
 
 
 def _last_layer(
-    file: str, meta: TensorMeta, t: int | None, expect: Expectation
+    file: str, key: str, meta: TensorMeta, t: int | None, expect: Expectation
 ) -> tuple[int | None, list[Problem]]:
     shape = squeeze_batch(meta.shape)
-    problems = float_check(file, "hidden_state", meta.dtype)
+    problems = float_check(file, key, meta.dtype)
     want = f"[{t if t is not None else 'T'}, {expect.hidden_size or 'hidden'}]"
     if len(shape) < 2 or (len(shape) == 2 and t is not None and shape[-1] == t and shape[0] != t):
         problems.append(
             Problem(
                 "hidden_dim_lost",
                 file,
-                f"hidden dimension lost: hidden_state is {dims(meta.shape)}, expected {want}",
+                f"hidden dimension lost: {key} is {dims(meta.shape)}, expected {want}",
             )
         )
         return None, problems
     if len(shape) != 2:
         problems.append(
-            Problem("layer_count_mismatch", file, f"hidden_state is {dims(meta.shape)}, expected {want}")
+            Problem("layer_count_mismatch", file, f"{key} is {dims(meta.shape)}, expected {want}")
         )
         return None, problems
     if t is not None and shape[0] != t:
         problems.append(
-            Problem("seq_len_mismatch", file, f"hidden_state has {shape[0]} tokens but input_ids has {t}")
+            Problem("seq_len_mismatch", file, f"{key} has {shape[0]} tokens but input_ids has {t}")
         )
     if expect.hidden_size is not None and shape[1] != expect.hidden_size:
-        problems.append(
-            Problem("hidden_size_mismatch", file, width_mismatch("hidden_state", shape[1], expect))
-        )
+        problems.append(Problem("hidden_size_mismatch", file, width_mismatch(key, shape[1], expect)))
     return shape[1], problems
 
 
@@ -130,40 +146,52 @@ def _check_single_and_aux(
 ) -> list[Problem]:
     problems: list[Problem] = []
     hidden = expect.hidden_size
-    if "hidden_state" in sample:
-        last, p = _tensor(file, "hidden_state", sample["hidden_state"])
+    last_key, aux_key = SPLIT_KEYS[fmt]
+    if last_key in sample:
+        last, p = _tensor(file, last_key, sample[last_key])
         problems += p
         if last is not None:
-            got_h, p = _last_layer(file, last, t, expect)
+            got_h, p = _last_layer(file, last_key, last, t, expect)
             problems += p
             hidden = hidden or got_h
-    if fmt != SPECFORGE or "aux_hidden_state" not in sample:
+    if aux_key is None or aux_key not in sample:
         return problems
-    aux, p = _tensor(file, "aux_hidden_state", sample["aux_hidden_state"])
+    aux, p = _tensor(file, aux_key, sample[aux_key])
     if aux is None:
         return problems + p
-    problems += float_check(file, "aux_hidden_state", aux.dtype)
+    # no layer count given: both formats capture EAGLE-3's three auxiliary layers by default
+    want_aux = EAGLE3_AUX_LAYERS if expect.layers is None else expect.layers - 1
+    # Model-Optimizer's vLLM dump writes torch.empty(0) when it kept no auxiliary layer
+    if aux.shape == (0,):
+        return [
+            *problems,
+            Problem(
+                "layer_count_mismatch",
+                file,
+                f"layer count mismatch: {aux_key} is empty ({dims(aux.shape)}): no auxiliary layer captured, "
+                f"expected {want_aux}",
+            ),
+        ]
+    problems += float_check(file, aux_key, aux.dtype)
     shape = squeeze_batch(aux.shape)
-    # no layer count given: SpecForge's offline capture is EAGLE-3's, aux_hidden_state = 3 × hidden
-    want_aux = SPECFORGE_AUX_LAYERS if expect.layers is None else expect.layers - 1
     want = f"[{t if t is not None else 'T'}, {want_aux or 'k'} × {hidden or 'hidden'}]"
     if len(shape) < 2:
         problems.append(
             Problem(
                 "hidden_dim_lost",
                 file,
-                f"hidden dimension lost: aux_hidden_state is {dims(aux.shape)}, expected {want}",
+                f"hidden dimension lost: {aux_key} is {dims(aux.shape)}, expected {want}",
             )
         )
         return problems
     if len(shape) != 2:
         problems.append(
-            Problem("layer_count_mismatch", file, f"aux_hidden_state is {dims(aux.shape)}, expected {want}")
+            Problem("layer_count_mismatch", file, f"{aux_key} is {dims(aux.shape)}, expected {want}")
         )
         return problems
     if t is not None and shape[0] != t:
         problems.append(
-            Problem("seq_len_mismatch", file, f"aux_hidden_state has {shape[0]} tokens but input_ids has {t}")
+            Problem("seq_len_mismatch", file, f"{aux_key} has {shape[0]} tokens but input_ids has {t}")
         )
     if hidden:
         if shape[1] % hidden:
@@ -171,18 +199,18 @@ def _check_single_and_aux(
                 Problem(
                     "hidden_size_mismatch",
                     file,
-                    f"hidden size mismatch: aux_hidden_state's last axis {shape[1]} "
+                    f"hidden size mismatch: {aux_key}'s last axis {shape[1]} "
                     f"is not a multiple of {hidden}" + _latent_multiple(shape[1], expect),
                 )
             )
-        elif want_aux is not None and shape[1] // hidden != want_aux:
+        elif shape[1] // hidden != want_aux:
             k = shape[1] // hidden
             problems.append(
                 Problem(
                     "layer_count_mismatch",
                     file,
-                    f"layer count mismatch: aux_hidden_state has {k} layers ({shape[1]} = {k} × {hidden}), "
-                    f"expected {want_aux} (+ hidden_state as layer {want_aux + 1})",
+                    f"layer count mismatch: {aux_key} has {k} layers ({shape[1]} = {k} × {hidden}), "
+                    f"expected {want_aux} (+ {last_key} as layer {want_aux + 1})",
                 )
             )
     return problems

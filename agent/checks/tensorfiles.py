@@ -6,6 +6,8 @@ import gzip
 import importlib
 import io
 import os
+import pickle
+import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -215,8 +217,27 @@ def load_torch_file(path: Path) -> Any:
         KeyError,
     ) as e:
         raise LoadError(f"torch.load failed (truncated or corrupt?): {_short(e)}") from None
-    except Exception as e:  # pickle.UnpicklingError (e.g. a global weights_only refuses) and the like
+    except pickle.UnpicklingError as e:
+        if str(e).startswith(_NOT_WEIGHTS_ONLY):
+            raise LoadError(_refusal(str(e))) from None
         raise LoadError(f"torch.load failed: {type(e).__name__}: {_short(e)}") from None
+    except Exception as e:  # anything else torch's unpickler raises on a hostile or corrupt file
+        raise LoadError(f"torch.load failed: {type(e).__name__}: {_short(e)}") from None
+
+
+#: How torch's weights-only unpickler starts the message of every refusal.
+_NOT_WEIGHTS_ONLY = "Weights only load failed"
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def _refusal(message: str) -> str:
+    """The words for a file the weights-only unpickler refused, naming the global it asked for."""
+    found = _GLOBAL.search(message)
+    what = f"it asks for {found.group(1)}" if found else "it holds pickle instructions beyond plain data"
+    return (
+        f"refused: not a weights-only torch file ({what}); only tensors, numbers, strings, lists and dicts "
+        "are loaded, and nothing else in it was unpickled or run"
+    )
 
 
 def _meta(torch: Any, value: Any) -> Described:

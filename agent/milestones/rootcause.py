@@ -26,9 +26,12 @@ GENERIC_CLASSES = frozenset({"engine_failed", "traceback"})
 _POINTERS = ("see root cause above", "see stack trace for root cause", "for the root cause")
 GROUP_GAP = 500
 MAX_ROOT_TEXT = 500
-# A log header anywhere in the line: a tqdm bar rewritten with \r often sits before the real record.
+# A log header anywhere in the line: a tqdm bar rewritten with \r often sits before the real record. vLLM's
+# ("ERROR 05-01 12:00:00 [file.py:12] ") or glog's, as torch's own C++ and torchrun logs print
+# ("E0501 12:00:00.123000 4242 torch/distributed/run.py:766] ").
 _HEADER_ANYWHERE = re.compile(
-    r"(?:ERROR|CRITICAL|WARNING|INFO) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? \[?[^\s\]]+:\d+\] ?"
+    r"(?:(?:ERROR|CRITICAL|WARNING|INFO) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? \[?"
+    r"|[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ )[^\s\]]+:\d+\] ?"
 )
 
 

@@ -369,7 +369,8 @@ def test_weights_only_refusal_is_reported_not_executed(tmp_path: Path) -> None:
     pt(spec_pt(extra=Gadget()))(path)
     (problem,) = check_path(path, EXPECT).problems
     assert problem.code == "unreadable"
-    assert problem.message.startswith("torch.load failed: UnpicklingError: Weights only load failed")
+    assert problem.message.startswith("refused: not a weights-only torch file (it asks for ")
+    assert "Gadget); only tensors" in problem.message
 
 
 def test_value_scan_failure_keeps_the_shape_result(tmp_path: Path) -> None:

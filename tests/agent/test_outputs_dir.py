@@ -52,7 +52,8 @@ def sf_file(path: Path) -> None:
         ("hs_1.safetensors.lock", False),
         ("hs_1.safetensors.tmp", False),
         (".hs_1.safetensors", False),
-        ("data_x.pt", False),
+        ("data_x.pt", True),  # Model-Optimizer names its files after the conversation
+        ("data_x.ckpt", False),
         ("sample_lengths.json", False),
         ("data_config.json", False),
         ("output.log", False),

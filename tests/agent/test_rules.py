@@ -776,6 +776,29 @@ TABLE: list[tuple[str, str, str, dict[str, Any]]] = [
     ("Fatal Python error: Segmentation fault", "segfault", "error", {"class": "segfault"}),
     ("*** SIGSEGV received at time=1700000000 on cpu 3 ***", "segfault", "error", {"class": "segfault"}),
     (
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "torchrun_child_failed",
+        "error",
+        {
+            "class": "engine_failed",
+            "exc_type": "torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
+        },
+    ),
+    (
+        "E1203 23:22:35.781000 7612 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+        "(exitcode: -9) local_rank: 1 (pid: 7616) of binary: /usr/bin/python3",
+        "torchrun_worker_failed",
+        "error",
+        {"class": "worker_died", "exit_code": -9, "local_rank": 1, "pid": 7616},
+    ),
+    (
+        "/usr/bin/python3: can't open file '/opt/SpecForge/scripts/prepare_hidden_states.py': [Errno 2] "
+        "No such file or directory",
+        "script_not_found",
+        "error",
+        {"class": "import", "path": "/opt/SpecForge/scripts/prepare_hidden_states.py", "errno": 2},
+    ),
+    (
         'EAGLEWATCH {"kind": "progress", "samples_done": 8, "samples_total": 64}',
         "eaglewatch_marker",
         "progress",

@@ -10,6 +10,7 @@ and ``aux_hidden_state`` [1, T, 3·H] (torch.save). torchrun itself, the agent a
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 
 from agent.milestones.engine import MilestoneEngine, load_rules
 from agent.spec import parse_spec
-from tests.helpers.agentproc import AgentClient, AgentProc, agent_daemon, terminal_event
+from tests.helpers.agentproc import AgentClient, AgentError, AgentProc, agent_daemon, terminal_event
 
 __all__ = ["agent_daemon"]
 
@@ -105,6 +106,95 @@ def test_specforge_run_is_launched_watched_and_its_files_checked(
     assert failed["layer_count_mismatch"]["file"] == str(out / "rows_0-2000" / "data_2.ckpt")
     assert "2 layers (32 = 2 × 16), expected 3" in failed["layer_count_mismatch"]["message"]
     assert failed["index_gap"]["message"].endswith("data_0.ckpt … data_4.ckpt: data_3")
+
+
+FAILING = """
+import os
+assert os.environ["LOCAL_RANK"] == "0"  # started by torchrun
+print("rank 0: Dataset prepared with 2 samples", flush=True)
+def load_target(path):
+    raise ValueError(f"stand-in: no tokenizer in {path}")
+load_target("/models/target")
+"""
+
+
+def _specforge_spec(tmp_path: Path, scripts: Path, name: str) -> dict[str, Any]:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "hidden_size": HIDDEN}))
+    (tmp_path / "data.jsonl").write_text('{"conversations": []}\n' * 2)
+    return {"name": name, "host": "local", "backend": "specforge", "model": str(model),
+            "dataset": str(tmp_path / "data.jsonl"), "output_dir": str(tmp_path / "hs"),
+            "env": {"OMP_NUM_THREADS": "1"},
+            "specforge": {"scripts_dir": str(scripts), "python": sys.executable}}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_failed_torchrun_child_is_the_reason_not_childfailederror(
+    agent_daemon: AgentProc, tmp_path: Path
+) -> None:
+    """The child's exception, not torchrun's ChildFailedError summary after it, is the failure reason."""
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "prepare_hidden_states.py").write_text(FAILING)
+    with AgentClient(agent_daemon.socket) as c:
+        c.result("launch", run="sffail", spec=_specforge_spec(tmp_path, scripts, "sffail"))
+        c.result("follow", run="sffail", after_seq=0)
+        got = c.wait_for(lambda m: terminal_event(m) and m["run"] == "sffail", timeout=120)
+    events = [m["event"] for m in got if m.get("type") == "event" and m.get("run") == "sffail"]
+    end = events[-1]
+    assert end["state"] == "failed", events[-4:]
+    error = end["reason"].split("; error: ", 1)[1]
+    assert error.startswith("ValueError: stand-in: no tokenizer in /models/target"), end["reason"]
+    (wrapper,) = [e for e in _ms(events, "error") if "ChildFailedError" in e["text"]]
+    assert wrapper["fields"]["root_cause"] == "ValueError: stand-in: no tokenizer in /models/target"
+
+
+@pytest.mark.parametrize("child", ["missing", "killed"])
+def test_torchrun_ends_named_by_the_worker_not_childfailederror(tmp_path: Path, child: str) -> None:
+    """Real torchrun of a script that is not there (Python's "can't open file" line is the cause) and of one
+    killed by SIGKILL as the kernel's OOM killer does (torchrun's exit line for that worker is the cause)."""
+    import subprocess
+
+    from agent.milestones.cli import scan
+    from agent.runs.summary import RunSummary, final_state
+
+    script = tmp_path / "SpecForge" / "scripts" / "prepare_hidden_states.py"
+    if child == "killed":
+        script.parent.mkdir(parents=True)
+        script.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    log = tmp_path / "output.log"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    with log.open("wb") as out:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        code = subprocess.run(
+            [*torchrun, str(script)], stdout=out, stderr=subprocess.STDOUT, env=env
+        ).returncode
+    assert "ChildFailedError" in log.read_text()
+    events = [{"type": "milestone", **m.to_dict()} for m in scan(log, load_rules())]
+    state, reason = final_state({"code": code}, None, RunSummary.from_events(events), "specforge")
+    error, last = reason.split("; error: ", 1)[1].split("; last error: ")
+    assert state == "failed" and "ChildFailedError" in last and "ChildFailedError" not in error, reason
+    if child == "missing":
+        assert error.startswith(f"import: {sys.executable}: can't open file '{script}': [Errno 2]"), reason
+    else:
+        assert error.startswith("worker_died: failed (exitcode: -9) local_rank: 0 (pid: "), reason
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lacks", ["dir", "script"])
+def test_a_scripts_dir_that_cannot_run_is_refused_naming_its_path(
+    agent_daemon: AgentProc, tmp_path: Path, lacks: str
+) -> None:
+    scripts = tmp_path / "scripts"
+    if lacks == "script":
+        scripts.mkdir()
+        (scripts / "prepare_data.py").touch()
+    with AgentClient(agent_daemon.socket) as c, pytest.raises(AgentError) as err:
+        c.result("launch", run="sfpath", spec=_specforge_spec(tmp_path, scripts, "sfpath"))
+    why = "does not exist on this host" if lacks == "dir" else "has no prepare_hidden_states.py"
+    assert str(err.value) == f"bad_args: spec.specforge.scripts_dir: scripts_dir {scripts} {why}"
+    assert not (agent_daemon.state_dir / "runs" / "sfpath").exists()
 
 
 def test_specforge_log_lines_become_milestones() -> None:
