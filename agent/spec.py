@@ -210,7 +210,7 @@ class SpeculatorsOptions(_Fields):
         default_factory=list,
         max_length=limits.MAX_ARGS,
         description="argv starting the server, before its options, in place of "
-        "[python, -m, vllm.entrypoints.cli.main, serve, MODEL] (without scripts_dir)",
+        "[python, -m, vllm.entrypoints.openai.api_server, --model, MODEL] (without scripts_dir)",
     )
     port: StrictInt = Field(default=8000, ge=1, le=65535, description="the server's port on 127.0.0.1")
     ready_timeout_s: StrictInt = Field(

@@ -2,8 +2,10 @@
 
 The stand-ins take the places of a speculators checkout's ``scripts/launch_vllm.py`` (a real HTTP server on
 127.0.0.1 answering ``/health``, printing vLLM's readiness lines) and ``scripts/data_generation_offline.py``
-(printing speculators' log lines): they start in a second, where the real server needs a minute on CPU. The
-real speculators client against the real vLLM server is tests/extract/test_speculators_backend.py.
+(printing speculators' log lines): they start in a second, where the real server needs a minute on CPU. A
+stand-in ``vllm.platforms`` (first on the job's PYTHONPATH) answers the job's question which platform vLLM
+runs on, so the CUDA route runs here too and no test pays for importing vLLM. The real speculators client
+against the real vLLM server, on the real platform, is tests/extract/test_speculators_backend.py.
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ from typing import Any
 
 import pytest
 
-from agent.extract.pipelines.plan import speculators_plan
+from agent.extract.engine.runtime import EngineDefaults
+from agent.extract.pipelines.plan import API_SERVER, server_defaults, speculators_plan
+from agent.extract.pipelines.run import PlatformUnknown, server_platform
 from agent.paths import run_paths
-from agent.spec import parse_spec
+from agent.spec import RunSpec, parse_spec
 from tests.helpers.agentproc import AgentClient, AgentProc, agent_daemon, terminal_event
 
 __all__ = ["agent_daemon"]
 
 _RECORD = (
-    'open(os.environ["STANDIN_DIR"] + "/{}.json", "w")'
-    '.write(json.dumps({{"pid": os.getpid(), "argv": sys.argv}}))'
+    'open(os.environ["STANDIN_DIR"] + "/{}.json", "w").write(json.dumps({{"pid": os.getpid(), '
+    '"argv": sys.argv, "env": {{k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE", '
+    '"VLLM_WORKER_MULTIPROC_METHOD")}}}}))'
 )
 _READY = "(APIServer pid=7) INFO 11-30 15:00:00 [api_server.py:1] Starting vLLM API server 0 on http://127.0.0.1:{}"
 SERVER = (
@@ -86,9 +91,23 @@ sys.stdout.write(END)
 )
 
 
+#: vLLM's platform as the stand-in reports it: STANDIN_PLATFORM, "cuda" unless set
+PLATFORMS = """
+import os
+class _Platform:
+    device_type = os.environ.get("STANDIN_PLATFORM", "cuda")
+    def is_cpu(self):
+        return self.device_type == "cpu"
+current_platform = _Platform()
+"""
+
+
 def _scripts(tmp: Path) -> Path:
     scripts = tmp / "scripts"
     scripts.mkdir()
+    (tmp / "standin" / "vllm").mkdir(parents=True)
+    (tmp / "standin" / "vllm" / "__init__.py").write_text("")
+    (tmp / "standin" / "vllm" / "platforms.py").write_text(PLATFORMS)
     (scripts / "launch_vllm.py").write_text(f"READY = {_READY!r}\n" + SERVER)
     (scripts / "data_generation_offline.py").write_text(
         f"OUT = {CLIENT_OUT!r}\nEND = {CLIENT_END!r}\n" + CLIENT
@@ -120,7 +139,7 @@ def _spec(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
         "dataset": str(tmp / "data"),
         "output_dir": str(tmp / "out"),
         "max_samples": 2,
-        "env": {"STANDIN_DIR": str(tmp), **env},
+        "env": {"STANDIN_DIR": str(tmp), "PYTHONPATH": str(tmp / "standin"), **env},
         "speculators": {"scripts_dir": str(_scripts(tmp)), "python": sys.executable, "port": _port(),
                         "ready_timeout_s": 60, "client_args": ["--validate-outputs"]},
     }  # fmt: skip
@@ -162,11 +181,16 @@ def test_server_then_client_tagged_milestones_and_the_server_ended(
     server = json.loads((tmp_path / "server.json").read_text())
     client = json.loads((tmp_path / "client.json").read_text())
     port = str(spec["speculators"]["port"])
+    # on CUDA the launcher's own line and connector, and the platform's default in the server's env
     assert server["argv"][1:] == [
         spec["model"], "--hidden-states-path", str(tmp_path / "out" / ".staging-speculators"),
         "--target-layer-ids", "2", "4", "5", "8", "--", "--host", "127.0.0.1", "--port", port,
         "--tensor-parallel-size", "1",
     ]  # fmt: skip
+    assert server["env"] == {"VLLM_CPU_KVCACHE_SPACE": None, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    (config,) = [m for m in _ms(events, "engine_config") if m["fields"].get("source") == "eaglewatch"]
+    assert config["fields"]["platform"] == "cuda" and config["fields"]["process"] == "server"
+    assert config["fields"]["defaults"] == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     assert client["argv"][1:] == [
         "--endpoint", f"http://127.0.0.1:{port}/v1", "--preprocessed-data", spec["dataset"],
         "--output", spec["output_dir"], "--max-samples", "2", "--validate-outputs",
@@ -208,27 +232,52 @@ def test_a_server_that_exits_before_ready_fails_the_job_and_no_client_starts(
     agent_daemon: AgentProc, tmp_path: Path
 ) -> None:
     with AgentClient(agent_daemon.socket) as c:
-        events = _run(c, "p3", _spec(tmp_path, {"SERVER_EXIT": "3"}))
+        events = _run(c, "p3", _spec(tmp_path, {"SERVER_EXIT": "3", "STANDIN_PLATFORM": "cpu"}))
     assert events[-1]["state"] == "failed"
+    # on CPU the server got the CPU defaults and, after the launcher's stock connector, eaglewatch's (the
+    # later --kv_transfer_config wins)
+    server = json.loads((tmp_path / "server.json").read_text())
+    staging = str(tmp_path / "out" / ".staging-speculators")
+    rest = server["argv"][server["argv"].index("--tensor-parallel-size") + 2 :]
+    assert "--enforce-eager" in rest and server["env"]["VLLM_CPU_KVCACHE_SPACE"] is not None
+    transfer = json.loads(rest[rest.index("--kv_transfer_config") + 1])
+    assert transfer["kv_connector"] == "EagleWatchHiddenStatesConnector"
+    assert transfer["kv_connector_extra_config"] == {"shared_storage_path": staging}
+    (config,) = [m for m in _ms(events, "engine_config") if m["fields"].get("source") == "eaglewatch"]
+    assert config["fields"]["platform"] == "cpu"
+    assert config["fields"]["defaults"]["VLLM_CPU_KVCACHE_SPACE"] == server["env"]["VLLM_CPU_KVCACHE_SPACE"]
     (failed,) = _ms(events, "failed")
     assert failed["fields"]["reason"] == "the server exited with status 3 before it was ready"
     assert failed["fields"]["process"] == "server"
     assert not (tmp_path / "client.json").exists()
 
 
-def test_installed_package_route_builds_vllm_serve_and_the_speculators_cli() -> None:
-    spec = parse_spec({
+def _pkg_spec(vllm_args: list[str]) -> RunSpec:
+    return parse_spec({
         "host": "h", "backend": "speculators", "model": "/m", "dataset": "/d", "output_dir": "/o",
         "layers": [1, 3, 4, 7], "layer_convention": "output", "tensor_parallel_size": 2,
-        "vllm_args": ["--dtype", "float32"], "speculators": {"port": 9000, "client_args": ["--rank", "1"]},
+        "vllm_args": vllm_args, "speculators": {"port": 9000, "client_args": ["--rank", "1"]},
     })  # fmt: skip
-    plan = speculators_plan(spec, "/py", 8, "/o/.staging-speculators")
+
+
+def test_installed_package_route_on_cuda_builds_the_api_server_with_vllms_connector() -> None:
+    spec = _pkg_spec(["--dtype", "float32"])
+    spawn = EngineDefaults(
+        {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, [], {"VLLM_WORKER_MULTIPROC_METHOD": "x"}
+    )
+    defaults = server_defaults("cuda", spec.vllm_args, spawn)
+    plan = speculators_plan(spec, "/py", 8, "/o/.staging-speculators", "cuda", defaults)
     argv = plan.server.argv
-    assert argv[:5] == ["/py", "-m", "vllm.entrypoints.cli.main", "serve", "/m"]
+    # one command for both vLLM builds (the CPU build has no `vllm` metadata for `vllm serve` to read)
+    assert argv[:5] == ["/py", "-m", API_SERVER, "--model", "/m"]
     speculative = json.loads(argv[argv.index("--speculative_config") + 1])
     assert speculative["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5, 8]
     transfer = json.loads(argv[argv.index("--kv_transfer_config") + 1])
-    assert transfer["kv_connector_extra_config"] == {"shared_storage_path": "/o/.staging-speculators"}
+    assert transfer == {
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": "/o/.staging-speculators"},
+    }
     assert argv[-8:] == [
         "--host",
         "127.0.0.1",
@@ -239,9 +288,43 @@ def test_installed_package_route_builds_vllm_serve_and_the_speculators_cli() -> 
         "--dtype",
         "float32",
     ]
+    assert plan.server.env == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     assert plan.client.argv[:4] == ["/py", "-m", "speculators", "generate-offline-data"]
     assert plan.client.argv[-2:] == ["--rank", "1"] and plan.client.env == {"COLUMNS": "400"}
     assert plan.health_url == "http://127.0.0.1:9000/health"
+
+
+def test_on_cpu_the_server_gets_the_cpu_defaults_and_eaglewatchs_connector_and_the_user_wins() -> None:
+    cpu = EngineDefaults(
+        {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}, ["--dtype", "float32"], {}
+    )
+    spec = _pkg_spec(["--max-model-len", "512"])
+    defaults = server_defaults("cpu", spec.vllm_args, cpu)
+    plan = speculators_plan(spec, "/py", 8, "/o/.st", "cpu", defaults)
+    argv = plan.server.argv
+    transfer = json.loads(argv[argv.index("--kv_transfer_config") + 1])
+    assert transfer["kv_connector"] == "EagleWatchHiddenStatesConnector"
+    assert transfer["kv_connector_module_path"] == "agent.extract.engine.native_connector"
+    assert transfer["kv_connector_extra_config"] == {"shared_storage_path": "/o/.st"}
+    # the defaults come after the common flags and before the user's, so the user's win
+    tp = argv.index("--tensor-parallel-size")
+    assert argv[tp:] == [
+        "--tensor-parallel-size",
+        "2",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "512",
+    ]
+    assert plan.server.env == cpu.env
+    assert defaults.reasons["kv_connector"].startswith("EagleWatchHiddenStatesConnector")
+    # the user's own engine arguments: no eager added, their connector named as theirs (it comes last: wins)
+    theirs = ["--no-enforce-eager", "--kv-transfer-config", "{}"]
+    mine = server_defaults("cpu", theirs, cpu)
+    assert "--enforce-eager" not in mine.args and mine.reasons["kv_connector"].startswith("your")
+    argv = speculators_plan(_pkg_spec(theirs), "/py", 8, "/o/.st", "cpu", mine).server.argv
+    assert argv[-3:] == theirs
 
 
 def test_a_program_that_cannot_start_fails_the_job_naming_it(agent_daemon: AgentProc, tmp_path: Path) -> None:
@@ -281,3 +364,14 @@ def test_real_speculators_client_failure_is_reported_from_its_own_log(
     assert ("failed", "speculators_failed") in rules
     (error,) = [m for m in client if m["kind"] == "error"]
     assert error["fields"]["exc_type"].endswith("NotFoundError")  # openai's 404 for /v1/models
+
+
+def test_the_platform_probe_on_a_python_without_vllm_names_why(tmp_path: Path) -> None:
+    """A Python that cannot import vLLM (ours without site-packages): the job fails with this reason."""
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    with pytest.raises(PlatformUnknown) as got:
+        server_platform(str(python))
+    assert str(got.value).startswith(f"{python} cannot import vLLM to tell its platform (exit 1): ")
+    assert str(got.value).endswith("No module named 'vllm'")

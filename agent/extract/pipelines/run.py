@@ -7,7 +7,9 @@ torchrun is our child in our process group, its output going straight to the job
 is this process plus two children in its process group (so the agent's stop, which
 signals the job's group and every process carrying the run id, ends both). Each child's output is copied
 to the job log line by line behind its tag, ``[server] `` or ``[client] `` (a tqdm bar's ``\\r`` updates
-become lines of their own), so the milestone rules see both logs and tell them apart. The client starts
+become lines of their own), so the milestone rules see both logs and tell them apart. Before the server
+starts, the job asks the server's Python which platform vLLM runs on and reports the defaults the server
+gets for it (one ``engine_config``; agent/extract/pipelines/plan.py `server_defaults`). The client starts
 once the server's ``/health`` answers 200; the job ends with the client's exit status, the server is then
 terminated (what it prints from then on goes to ``server-teardown.log``: the outcome is already known). A
 server that exits first, or is not ready in time, fails the job with a ``failed`` line.
@@ -29,15 +31,18 @@ from typing import IO
 
 from agent.backends import Backend
 from agent.extract import signals
+from agent.extract.engine.runtime import EngineDefaults
+from agent.extract.engine.setup import platform_defaults
 from agent.extract.pipelines.disk import PROGRESS_INTERVAL_S, DiskWatch
 from agent.extract.pipelines.forecast import forecast_pipeline, specforge_total
-from agent.extract.pipelines.plan import PairPlan, Process, specforge_argv, speculators_plan
+from agent.extract.pipelines.plan import PairPlan, Process, server_defaults, specforge_argv, speculators_plan
 from agent.extract.planning.forecast import Forecast, refuse_overrun
 from agent.extract.planning.preflight import SpecError, text_config
 from agent.spec import RunSpec
 
 STAGING = ".staging-speculators"  # inside output_dir: one filesystem, so speculators' move is a rename
 POLL_S = 1.0
+PROBE_TIMEOUT_S = 300.0  # importing vLLM on a loaded host; the server itself gets ready_timeout_s
 STOP_GRACE_S = 30.0
 MAX_LINE_BYTES = 1 << 20
 TEARDOWN_LOG = "server-teardown.log"  # in the job's directory (the run's directory under the agent)
@@ -63,12 +68,71 @@ def run_pipeline(spec: RunSpec) -> int:
         signals.say(f"starting SpecForge: {' '.join(argv)}")
         return ChildRunner(argv, disk).run()
     try:
-        layers = int(text_config(Path(spec.model or ""))["num_hidden_layers"])
+        config = text_config(Path(spec.model or ""))
+        layers = int(config["num_hidden_layers"])
     except (SpecError, KeyError, TypeError, ValueError) as e:
         signals.emit("failed", reason=f"cannot read num_hidden_layers of {spec.model}: {e}")
         return 2
-    plan = speculators_plan(spec, python, layers, os.path.join(out, STAGING))
+    try:
+        platform = server_platform(python)
+    except PlatformUnknown as e:
+        signals.emit("failed", reason=str(e), process="server")
+        return 2
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    engine = platform_defaults(platform, os.environ, spec.vllm_args, spec.tensor_parallel_size, dtype)
+    defaults = server_defaults(platform, spec.vllm_args, engine)
+    _report(platform, defaults)
+    plan = speculators_plan(spec, python, layers, os.path.join(out, STAGING), platform, defaults)
     return PairRunner(plan, disk=disk).run()
+
+
+#: Asks the server's Python which platform vLLM will run on, as the server will (its own plugin order).
+_PLATFORM_PROBE = (
+    "from vllm.platforms import current_platform as p; print('cpu' if p.is_cpu() else p.device_type)"
+)
+
+
+class PlatformUnknown(RuntimeError):
+    """The server's Python cannot tell which platform vLLM runs on (so neither could the server start)."""
+
+
+def server_platform(python: str) -> str:
+    """vLLM's device type as ``python`` sees it on this host: "cuda", "cpu", …"""
+    try:
+        done = subprocess.run(
+            [python, "-c", _PLATFORM_PROBE],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+        )
+    except OSError as e:  # the same words as for any program of the job that cannot start
+        raise PlatformUnknown(f"cannot start {e.filename or python}: {e.strerror or e}") from None
+    except subprocess.TimeoutExpired:
+        raise PlatformUnknown(f"{python} did not tell vLLM's platform within {PROBE_TIMEOUT_S:g} s") from None
+    words = done.stdout.split()
+    if done.returncode != 0 or not words:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PlatformUnknown(
+            f"{python} cannot import vLLM to tell its platform (exit {done.returncode}): {last}"
+        )
+    return words[-1]
+
+
+def _report(platform: str, defaults: EngineDefaults) -> None:
+    """One engine_config milestone for the server's defaults, a line per reason, a warning each."""
+    signals.emit(
+        "engine_config",
+        source="eaglewatch",
+        process="server",
+        platform=platform,
+        defaults={**defaults.env, **({"vllm_args": defaults.args} if defaults.args else {})},
+        reasons=defaults.reasons,
+    )
+    for key, why in defaults.reasons.items():
+        signals.say(f"server default {key}: {why}")
+    for message in defaults.warnings:
+        signals.emit("warning", source="eaglewatch", message=message, process="server")
 
 
 def _forecast(spec: RunSpec) -> Forecast | None:
