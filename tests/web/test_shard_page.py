@@ -1,7 +1,8 @@
 """A sharded run from the New-run form (host multi-select, Shards) and its shard table, in headless Chromium.
 
-The shards' jobs fail at once (no model at the path given: no engine starts), which is all the table
-needs: two rows with host and state, one verdict, and a Resume button per failed shard.
+The shards' jobs fail at once (the model directory's config.json is empty: no engine starts; a path the host
+lacks would be refused before launch), which is all the table needs: two rows with host and state, one
+verdict, and a Resume button per failed shard.
 """
 
 from __future__ import annotations
@@ -28,10 +29,14 @@ def test_sharded_run_from_the_form_and_its_shard_table(
         c.headers["x-csrf-token"] = c.get("/api/csrf").json()["csrf_token"]
         second = {"name": "local2", "ssh": "local", "state_dir": str(agent_host.state_dir)}
         assert c.post("/api/hosts", json=second).status_code == 201
+    model = tmp_path / "no-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (tmp_path / "data.jsonl").write_text('{"token_ids": [1, 2, 3]}\n')
     page.goto("/runs/new")
     page.fill("#f-name", "sharded")
     page.select_option("#f-host", ["local", "local2"])
-    page.fill("#f-model", str(tmp_path / "no-model"))
+    page.fill("#f-model", str(model))
     page.fill("#f-dataset", str(tmp_path / "data.jsonl"))
     page.fill("#f-output_dir", str(tmp_path / "out"))
     page.fill("#f-shards", "1")
