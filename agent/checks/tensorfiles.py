@@ -295,7 +295,16 @@ class _NumpyOps:
     def __init__(self, np: Any, dtype: str, elems: int) -> None:
         self.np = np
         self.view = np.dtype(_BITS[dtype][0])
+        self.signed = np.dtype(_BITS[dtype][0].replace("u", "i"))
         self.scratch = np.empty(elems, dtype=self.view)
+
+    def all_finite(self, buf: bytearray, count: int, exp_mask: int, mag_mask: int) -> bool:
+        """Two reductions over the raw bits, nothing written: a positive NaN/Inf is the largest signed value
+        at or above the exponent mask, a negative one an unsigned value at or above sign bit + mask."""
+        sign = mag_mask + 1
+        if int(self.np.frombuffer(buf, dtype=self.signed, count=count).max()) >= exp_mask:
+            return False
+        return int(self.np.frombuffer(buf, dtype=self.view, count=count).max()) < sign | exp_mask
 
     def magnitude(self, buf: bytearray, count: int, mask: int) -> Any:
         a = self.np.frombuffer(buf, dtype=self.view, count=count)
@@ -323,6 +332,10 @@ class _TorchOps:
     def magnitude(self, buf: bytearray, count: int, mask: int) -> Any:
         a = self.torch.frombuffer(buf, dtype=self.view, count=count)
         return self.torch.bitwise_and(a, mask, out=self.scratch[:count])
+
+    def all_finite(self, buf: bytearray, count: int, exp_mask: int, mag_mask: int) -> bool:
+        """torch has no unsigned max for these widths: the masked magnitude's max."""
+        return self.max(self.magnitude(buf, count, mag_mask)) < exp_mask
 
     def max(self, mag: Any) -> int:
         return int(mag.max().item())
@@ -360,8 +373,10 @@ def scan_safetensors(path: Path, offset: int, nbytes: int, shape: tuple[int, ...
 def scan_stream(f: Reader, nbytes: int, shape: tuple[int, ...], dtype: str) -> ValueStats:
     """Scan the next nbytes of f (one tensor) for NaN/Inf and all-zero layers, chunk by chunk.
 
-    Works on the magnitude bits (sign masked off): NaN/Inf iff they reach the all-ones exponent, zero iff
-    they are 0 — one AND and one max per chunk, no float conversion (so bf16 needs no bf16 type).
+    Works on the raw bits, no float conversion (so bf16 needs no bf16 type).  A chunk is all finite when
+    its largest signed and its largest unsigned value stay below a NaN/Inf's (two reductions, nothing
+    written); only a chunk that is not, and the first chunks until every layer has shown a non-zero value,
+    get their magnitude bits (sign masked off) to count and place the NaN/Inf and to see the zeros.
     """
     backend = value_backend()
     if backend is None:
@@ -388,10 +403,15 @@ def scan_stream(f: Reader, nbytes: int, shape: tuple[int, ...], dtype: str) -> V
         if got != n * row_bytes:
             missing = nbytes - done * row_bytes - got
             raise LoadError(f"file ended {missing} bytes early while reading values (truncated?)")
-        mag = ops.magnitude(buf, n * row_elems, mag_mask)
         if all(nonzero):
+            if ops.all_finite(buf, n * row_elems, exp_mask, mag_mask):  # the usual chunk: nothing to count
+                done += n
+                continue
+            mag = ops.magnitude(buf, n * row_elems, mag_mask)
             top = ops.max(mag)
-        else:  # only until every layer has shown a non-zero value: usually the first chunk
+        else:
+            # only until every layer has shown a non-zero value: usually the first chunk
+            mag = ops.magnitude(buf, n * row_elems, mag_mask)
             maxes = ops.layer_max(mag, n, layers)
             nonzero = [seen or m > 0 for seen, m in zip(nonzero, maxes, strict=True)]
             top = max(maxes)

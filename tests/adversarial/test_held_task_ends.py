@@ -22,9 +22,6 @@ import pytest
 
 from tests.helpers.agentproc import AgentClient, cleanup_runs, start_agent, terminal_event
 from tests.helpers.sshd import children_of
-from tests.slurm.conftest import slurm_cluster
-
-__all__ = ["slurm_cluster"]
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
