@@ -15,6 +15,7 @@ from agent import __version__, protocol
 from agent.backends import Backend
 from agent.daemon.launch_paths import path_error
 from agent.daemon.streams import stream_events, stream_log
+from agent.jobs import attached
 from agent.jobs import control as jobs
 from agent.logs.tail import read_from
 from agent.protocol import ErrorCode, Op, ProtocolError, Request
@@ -267,7 +268,7 @@ class Connection:
     async def op_read_log(self, args: dict[str, Any]) -> dict[str, Any]:
         """Raw log bytes from an offset (decoded with replacement)."""
         watcher = self.daemon.watcher(args)
-        offset = _int_arg(args, "offset", 0, 0, 1 << 62)
+        offset = max(_int_arg(args, "offset", 0, 0, 1 << 62), attached.log_floor(watcher.paths))
         limit = _int_arg(args, "limit", 65536, 1, 4 << 20)
         res = read_from(watcher.paths.log, offset, limit)
         return {

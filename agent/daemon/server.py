@@ -379,9 +379,14 @@ class Daemon:
         paths = self._new_run_dir(run, spec, view)
         journal = Journal(paths.events)
         record = attached.record(attach)
+        start = None
         if attach.log is not None:
             # Streams, read_log and the rules read output.log: the user's log is followed by its name.
             os.symlink(attach.log, paths.log)
+            if not attach.from_start:
+                # from now on: rules, streams and reads start past the log's last complete line
+                start = await asyncio.to_thread(attached.log_start, attach.log)
+                record["log_from"] = start
         if record.get("scheduler") == "slurm":
             atomic_write_json(paths.sched, {"job_id": attach.slurm_job, "phase": "running"}, fsync=False)
         atomic_write_json(paths.job, record)
@@ -400,9 +405,7 @@ class Daemon:
         journal.append({"type": "state", "state": "running"})
         seq = journal.last_seq
         journal.close()
-        if attach.log is not None and not attach.from_start:
-            # from now on: the rules start past the log's last complete line (seq: what is journaled)
-            start = await asyncio.to_thread(attached.log_start, attach.log)
+        if start is not None:  # the rules' cursor (seq: what is journaled)
             atomic_write_json(paths.cursor, {"offset": start, "line": 0, "seq": seq})
         self._adopt(paths)
         return {

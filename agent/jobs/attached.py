@@ -62,6 +62,13 @@ def slurm_refusal(job_id: str) -> str | None:
     return f"Slurm knows no job {job_id}"
 
 
+def log_floor(paths: RunPaths) -> int:
+    """The first log offset a run shows: past what a log attached "from now" already held (0 otherwise)."""
+    rec = read_json(paths.job)
+    start = rec.get("log_from") if isinstance(rec, dict) else None
+    return start if isinstance(start, int) and not isinstance(start, bool) and start > 0 else 0
+
+
 def log_start(path: str) -> int:
     """Where a log followed "from now" starts: just past its last complete line (a partial one is read
     whole once it ends)."""

@@ -196,10 +196,12 @@ def test_attach_by_log_from_now_then_stop_only_detaches(
     with AgentClient(agent[-1].socket) as c:
         c.result("launch", run="l1", spec=_spec(attach={"log": str(log), "from_start": False}))
         job = user_jobs(tmp_path / "writer.out", argv=[sys.executable, "-c", writer])
-        c.result("follow", run="l1", after_seq=0)
+        c.result("follow", run="l1", after_seq=0, log_offset=0)
         msgs = c.wait_for(
             lambda m: m.get("type") == "event" and m["event"].get("fields", {}).get("samples_done") == 9
         )
+        msgs += c.wait_for(lambda m: m.get("type") == "log_block" and '"samples_done": 9' in m["text"])
+        read = c.result("read_log", run="l1", offset=0)
         stopped = c.result("stop", run="l1")
         msgs += c.wait_for(terminal_event, timeout=20)
     events = [m["event"] for m in msgs if m.get("type") == "event"]
@@ -209,6 +211,13 @@ def test_attach_by_log_from_now_then_stop_only_detaches(
     done = [e["fields"]["samples_done"] for e in events if e.get("kind") == "progress"]
     assert done == list(range(2, 10))
     assert events[-1]["state"] == "stopped" and "detached, the job was not signalled" in events[-1]["reason"]
+    # the log shown starts where watching did: followed from offset 0, or read from there
+    start = len(f"{old}\n{marker('progress', samples_done=1, samples_total=9)}\n".encode())
+    shown = [m for m in msgs if m.get("type") == "log_block"]
+    assert shown[0]["offset"] == start and read["offset"] == start, (shown[0]["offset"], read["offset"])
+    text = "\n".join(m["text"] for m in shown) + read["data"]
+    assert "OutOfMemoryError" not in text and '"samples_done": 1,' not in text
+    assert [f'"samples_done": {i},' in text for i in range(2, 10)] == [True] * 8
 
 
 def test_allow_stop_stops_the_attached_tree(agent: list[AgentProc], tmp_path: Path, user_jobs: Start) -> None:
