@@ -155,10 +155,14 @@ _ATTACHED_ENDS = {
 
 def _attached_outcome(how: str, summary: RunSummary) -> tuple[str, str]:
     """An attached job's end, judged by its log alone: the agent is not its parent and cannot know its
-    exit status, and says so rather than invent one."""
+    exit status, and says so rather than invent one.  A job gone without its completion marker is lost;
+    watching ended by the idle timeout or a detach keeps what the log said."""
     unknown = f"{_ATTACHED_ENDS.get(how, how)}; exit status unknown (attached: not started by eaglewatch)"
     if summary.first_fatal is not None or summary.failed_seen:
         return "failed", f"{unknown}{_errors(summary)}"
     if summary.completed_seen:
         return "completed", f"{unknown}; it printed its completion marker"
+    if how == "gone":
+        # Killed midway (the OOM killer, a kill -9) looks just like this: never call it a success.
+        return "lost", f"{unknown}; it printed no completion marker"
     return "completed", unknown

@@ -152,7 +152,8 @@ def test_a_child_that_outlives_the_attached_pid_keeps_the_run_going(
         assert c.result("status", run="tree")["state"] == "running"
         os.kill(child, signal.SIGKILL)
         final = c.wait_for(terminal_event, timeout=20)[-1]["event"]
-    assert final["state"] == "completed" and "the job ended; exit status unknown" in final["reason"]
+    assert final["state"] == "lost" and "the job ended; exit status unknown" in final["reason"]
+    assert "no completion marker" in final["reason"]
 
 
 def test_killed_midway_ends_the_run_with_what_it_wrote(
@@ -170,8 +171,9 @@ def test_killed_midway_ends_the_run_with_what_it_wrote(
         events = [m["event"] for m in c.wait_for(terminal_event, timeout=20) if m.get("type") == "event"]
     assert job.wait(5) == -signal.SIGKILL
     final = events[-1]
-    assert final["state"] == "completed" and final["exit"] == {"code": None, "signal": None}
-    assert "exit status unknown" in final["reason"] and "completion marker" not in final["reason"]
+    # never a success: the agent is not its parent, and the log has no completion marker
+    assert final["state"] == "lost" and final["exit"] == {"code": None, "signal": None}
+    assert "exit status unknown" in final["reason"] and "printed no completion marker" in final["reason"]
     checked = set(json.loads(run_paths(agent[-1].state_dir, "k1").cursor.read_text())["checked"])
     assert checked and checked <= {p.name for p in out.iterdir()}
     done = [e["fields"]["samples_done"] for e in events if e.get("kind") == "progress"]
