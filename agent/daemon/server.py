@@ -18,7 +18,7 @@ from agent import __version__, protocol, settings
 from agent.backends import OWN, Backend
 from agent.daemon.connection import Connection, OpError
 from agent.daemon.launch_paths import attach_error, path_error
-from agent.jobs import attached
+from agent.jobs import attached, procfs
 from agent.jobs import control as jobs
 from agent.jobs.procfs import boot_id
 from agent.logs.tail import POLL_INTERVAL_S, Inotify
@@ -379,19 +379,26 @@ class Daemon:
         paths = self._new_run_dir(run, spec, view)
         journal = Journal(paths.events)
         record = attached.record(attach)
+        followed, found = attach.log, None
+        if followed is None and attach.pid is not None:
+            # a job started by hand as "cmd > log 2>&1 &": its log is where its output goes
+            followed = found = await asyncio.to_thread(procfs.output_file, attach.pid)
         start = None
-        if attach.log is not None:
+        if followed is not None:
             # Streams, read_log and the rules read output.log: the user's log is followed by its name.
-            os.symlink(attach.log, paths.log)
+            os.symlink(followed, paths.log)
             if not attach.from_start:
                 # from now on: rules, streams and reads start past the log's last complete line
-                start = await asyncio.to_thread(attached.log_start, attach.log)
+                start = await asyncio.to_thread(attached.log_start, followed)
                 record["log_from"] = start
         if record.get("scheduler") == "slurm":
             atomic_write_json(paths.sched, {"job_id": attach.slurm_job, "phase": "running"}, fsync=False)
         atomic_write_json(paths.job, record)
         watched = {k: v for k, v in vars(attach).items() if v is not None}
+        if found is not None:
+            watched["log"] = found
         what = ", ".join(f"{k} {v}" for k, v in watched.items() if k in ("pid", "log", "slurm_job"))
+        what += " (its output)" if found is not None else ""
         journal.append(
             {
                 "type": "milestone",
@@ -402,6 +409,18 @@ class Daemon:
                 "text": f"attached to {what or 'output_dir ' + str(view.output_dir)}"[:400],
             }
         )
+        if attach.pid is not None and followed is None:
+            journal.append(
+                {
+                    "type": "milestone",
+                    "kind": "warning",
+                    "line": 0,
+                    "rank": None,
+                    "fields": {"rule": "attach_no_log", "pid": attach.pid},
+                    "text": f"pid {attach.pid} writes its output to a terminal or a pipe, not a file: only "
+                    "its process tree is followed; give attach.log to read its log",
+                }
+            )
         journal.append({"type": "state", "state": "running"})
         seq = journal.last_seq
         journal.close()

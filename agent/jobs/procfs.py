@@ -1,4 +1,5 @@
-"""Small readers of /proc: process start time, state, group, environment, command line; the boot id."""
+"""Small readers of /proc: process start time, state, group, environment, command line, output file; the
+boot id."""
 
 from __future__ import annotations
 
@@ -100,3 +101,16 @@ def cmdline(pid: int) -> str:
     except OSError:
         return ""
     return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:500]
+
+
+def output_file(pid: int) -> str | None:
+    """The regular file ``pid``'s stdout (else its stderr) is written to: a job started by hand as
+    ``cmd > log 2>&1 &``.  None for a terminal, a pipe or a socket, or a process this user may not read."""
+    for fd in (1, 2):
+        try:
+            target = os.readlink(_PROC / str(pid) / "fd" / str(fd))
+            if target.startswith("/") and os.path.isfile(target):  # "pipe:[…]", "/dev/pts/3" fail here
+                return target
+        except OSError:
+            continue
+    return None

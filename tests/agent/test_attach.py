@@ -121,6 +121,47 @@ def test_attach_by_pid_and_log_watches_like_a_launched_run(
     assert job.wait(5) == 0
 
 
+def test_a_pid_alone_is_followed_with_the_log_its_output_goes_to(
+    agent: list[AgentProc], tmp_path: Path, user_jobs: Start
+) -> None:
+    """`cmd > log 2>&1 &`, then attach by pid alone: the log is found from the process's stdout."""
+    out, log = tmp_path / "out", tmp_path / "job.log"
+    out.mkdir()
+    job = user_jobs(log, str(out), "--progress", "2", "--delay", "0.3", "--files", "good", "--capture")
+    with AgentClient(agent[-1].socket) as c:
+        c.result("launch", run="p1", spec=_spec(attach={"pid": job.pid}))
+    events = _follow_to_end(agent[-1].socket, "p1")
+    launched = events[0]
+    assert launched["kind"] == "launched" and launched["fields"]["attached"]["log"] == str(log)
+    assert f"log {log} (its output)" in launched["text"]
+    kinds = _kinds(events)
+    assert {"engine_ready", "progress", "completed"} <= set(kinds) and "warning" not in kinds, kinds
+    assert events[-1]["state"] == "completed" and "printed its completion marker" in events[-1]["reason"]
+
+
+def test_a_pid_writing_to_a_pipe_is_followed_and_the_missing_log_named(
+    agent: list[AgentProc], tmp_path: Path
+) -> None:
+    job = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('hello', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        with AgentClient(agent[-1].socket) as c:
+            c.result("launch", run="p2", spec=_spec(attach={"pid": job.pid}))
+            c.result("follow", run="p2", after_seq=0)
+            got = c.wait_for(lambda m: m.get("type") == "event" and m["event"].get("kind") == "warning")
+        warning = got[-1]["event"]
+        assert warning["fields"] == {"rule": "attach_no_log", "pid": job.pid}
+        assert "terminal or a pipe" in warning["text"] and "attach.log" in warning["text"]
+        assert "log" not in got[0]["event"]["fields"]["attached"]
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate(timeout=10)
+
+
 def test_a_child_that_outlives_the_attached_pid_keeps_the_run_going(
     agent: list[AgentProc], tmp_path: Path, user_jobs: Start
 ) -> None:
