@@ -71,12 +71,13 @@ def sharded_whole(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 #: Test files that share one xdist worker under ``-n N --dist loadfile`` (every other file is a scope of its
-#: own): the Slurm tests share the session's one cluster, the sharded runs the one unsharded capture, and the
-#: two TP=8 modules run one after the other (eight ranks each: two at once would want about 17 GiB).
+#: own): the Slurm tests share the session's one cluster, and with the sharded runs the one unsharded capture
+#: (``sharded_whole``, made once a worker); the two TP=8 modules run one after the other (eight ranks each:
+#: the Kimi-like one alone peaks near 20 GiB on a 24-GiB machine).
 SHARED_WORKER = {
     "tests/adversarial/test_held_task_ends.py": "slurm",
-    "tests/controller/test_sharded_runs.py": "sharded",
-    "tests/extract/test_sharded_capture.py": "sharded",
+    "tests/controller/test_sharded_runs.py": "slurm",
+    "tests/extract/test_sharded_capture.py": "slurm",
     "tests/extract/test_tensor_parallel.py": "tp8",
     "tests/extract/test_seed_shape_tp8.py": "tp8",
 }
