@@ -243,9 +243,9 @@ class Connection:
         after_seq = int(args.get("after_seq", 0))
         tasks = [loop.create_task(self._guard(stream_events(self.send_bytes, watcher, after_seq)))]
         if args.get("log_offset") is not None:
-            tasks.append(
-                loop.create_task(self._guard(stream_log(self.send, watcher, int(args["log_offset"]))))
-            )
+            # an attached log followed "from now" starts where watching did
+            start = max(int(args["log_offset"]), attached.log_floor(watcher.paths))
+            tasks.append(loop.create_task(self._guard(stream_log(self.send, watcher, start))))
         self.follows[args["run"]] = tasks
 
     async def _guard(self, coro: Awaitable[None]) -> None:

@@ -6,7 +6,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent import protocol
-from agent.jobs import attached
 from agent.logs.splitter import LineSplitter
 from agent.runs.journal import read_raw
 from agent.runs.watcher import RunWatcher
@@ -78,7 +77,7 @@ async def stream_log(send: Send, watcher: RunWatcher, log_offset: int) -> None:
     line is sent as a line, as the watcher ends it.
     """
     run = watcher.paths.run
-    pos = max(log_offset, attached.log_floor(watcher.paths))
+    pos = log_offset
     disk: _DiskReader | None = None
     while True:
         generation = watcher.log_changed.generation
