@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.backends import Backend
+from agent.jobs import attached
 
 TERMINAL = ("completed", "failed", "stopped", "lost")
 #: ``error`` classes after which exit code 0 still means the run failed.
@@ -147,9 +148,9 @@ def _outcome(
 
 #: How watching an attached job ended, in words (agent/jobs/attached.py writes the word).
 _ATTACHED_ENDS = {
-    "gone": "the job ended",
-    "idle": "watching ended after the attach's idle timeout",
-    "detached": "watching ended",
+    attached.GONE: "the job ended",
+    attached.IDLE: "watching ended after the attach's idle timeout",
+    attached.DETACHED: "watching ended",
 }
 
 
@@ -162,7 +163,7 @@ def _attached_outcome(how: str, summary: RunSummary) -> tuple[str, str]:
         return "failed", f"{unknown}{_errors(summary)}"
     if summary.completed_seen:
         return "completed", f"{unknown}; it printed its completion marker"
-    if how == "gone":
+    if how == attached.GONE:
         # Killed midway (the OOM killer, a kill -9) looks just like this: never call it a success.
         return "lost", f"{unknown}; it printed no completion marker"
     return "completed", unknown
