@@ -99,7 +99,8 @@ def test_tp8_run_completes_and_its_milestones_read_right(seed: dict[str, Any]) -
     assert captured["hidden_size"] == HIDDEN and captured["tensor_parallel_size"] == TP
     assert captured["layers"] == LAYERS and captured["layer_class"] == "DeepseekV2DecoderLayer"
     assert sorted(e["file"] for e in job.of("shape_check_passed")) == ["hs_0.safetensors", "hs_1.safetensors"]
-    assert [(c["samples"], c["ok"]) for c in job.of("canary_checked")] == [(1, True)]
+    canaries = job.of("canary_checked")
+    assert [(c["samples"], c["ok"]) for c in canaries] == [(1, True)], canaries
     done = job.of("completed")[0]
     assert (done["samples"], done["files"], done["tokens"]) == (2, 2, sum(LENGTHS))
     res = subprocess.run(

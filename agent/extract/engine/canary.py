@@ -1,9 +1,13 @@
 """Canary re-capture: a few samples captured again alone (batch size 1), compared with their batched capture.
 
 Batch-dependent wrong states (speculators #279: right shapes, wrong contents with batch > 1) pass every shape
-check; the same prompt captured alone shows them. The difference is the relative L2 error per layer slot,
-max over slots and samples, against a tolerance that follows the dtype: a different batch composition changes
-reduction order and kernels, so some difference is normal, more so in bf16 than in float32.
+check; the same prompt captured alone shows them. The difference is the median over tokens of each token's
+relative L2 error, per layer slot, max over slots and samples, against a tolerance that follows the dtype:
+a different batch composition changes reduction order and kernels, so some difference is normal, more so in
+bf16 than in float32. The median, not the whole slot's error, because in a mixture-of-experts model that
+rounding flips the routing of a few near-tie tokens, which then differ by ~1 (a random-weight Kimi-like
+model, bf16 against float32: 0.22 over the whole 4th-layer slot, 0.054 for its median token); a wrong
+capture moves most tokens.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ if TYPE_CHECKING:
     import torch
 
 CANARY_KEY = "eaglewatch_canary"  # in SamplingParams.extra_args: capture for comparison, do not write
-#: Relative L2 error per layer allowed between a batched capture and the same prompt alone. Unit roundoff is
-#: 2^-24 (float32), 2^-11 (float16), 2^-8 (bfloat16); differences compound over the layers, so the bounds sit
-#: well above what reordering gives and far below a misattributed token (relative error ~1).
-TOLERANCE = {"float32": 1e-3, "float16": 1e-2, "bfloat16": 5e-2}
+#: Median per-token relative L2 error allowed between a batched capture and the same prompt alone. Unit
+#: roundoff is 2^-24 (float32), 2^-11 (float16), 2^-8 (bfloat16); differences compound over the layers, so the
+#: bounds sit well above what reordering gives (bf16's above the 0.054 of bf16 against float32 above) and far
+#: below a misattributed token (relative error ~1).
+TOLERANCE = {"float32": 1e-3, "float16": 1e-2, "bfloat16": 1e-1}
 T = TypeVar("T")
 
 
@@ -50,16 +55,18 @@ def pick(items: Sequence[T], k: int) -> list[T]:
 
 
 def rel_diff(batched: torch.Tensor, alone: torch.Tensor) -> float | None:
-    """Max over layer slots of ||batched - alone|| / ||alone|| of [T, L, H] tensors; None if shapes differ."""
+    """Max over layer slots of the median over tokens of ||batched - alone|| / ||alone|| (per token) of
+    [T, L, H] tensors; None if shapes differ, inf if either holds a NaN or Inf (a mismatch)."""
     import torch
 
     if batched.shape != alone.shape or batched.dim() != 3:
         return None
     a, b = alone.float(), batched.float()
-    diff = torch.linalg.vector_norm(b - a, dim=(0, 2))
-    ref = torch.linalg.vector_norm(a, dim=(0, 2)).clamp_min(1e-12)
-    out = float((diff / ref).max())
-    return out if out == out else float("inf")  # NaN (a non-finite capture) counts as a mismatch
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+        return float("inf")
+    diff = torch.linalg.vector_norm(b - a, dim=2)
+    ref = torch.linalg.vector_norm(a, dim=2).clamp_min(1e-12)
+    return float(torch.quantile(diff / ref, 0.5, dim=0).max())
 
 
 def compare_with_file(path: Path, alone: torch.Tensor) -> float | None:

@@ -289,7 +289,8 @@ def report_canary(plan: Plan, diffs: list[float | None], dtype: str, when: str) 
         return
     message = (
         f"canary ({when}): samples captured alone differ from their batched capture by up to "
-        f"{result['max_rel_diff']:.3g} (relative L2, tolerance {result['tolerance']} for {dtype})"
+        f"{result['max_rel_diff']:.3g} (median token's relative L2, tolerance {result['tolerance']} "
+        f"for {dtype})"
     )
     signals.say(message)
     if plan.spec.on_shape_failure == "stop":
