@@ -58,15 +58,20 @@ class SlurmPoller:
 
     async def poll_once(self) -> None:
         """One squeue call for all tracked runs; sacct only for a job squeue no longer lists."""
+        # Only runs tracked before squeue is asked: a job submitted while the call is under way is missing
+        # from its answer, and would read as gone.
+        asked = dict(self.jobs)
         try:
             rows = await asyncio.to_thread(slurm.query)
         except slurm.SlurmError as exc:
-            for run in list(self.jobs):
+            for run in asked:
                 self.on_look(run, None, str(exc))
             return
         finally:
             self.calls += 1
-        for run, (job_id, array) in list(self.jobs.items()):
+        for run, (job_id, array) in asked.items():
+            if self.jobs.get(run) != (job_id, array):
+                continue  # untracked (ended, or re-tracked) while squeue ran
             view = combine(job_id, rows, array)
             if view is None:  # past MinJobAge: only accounting, where the cluster keeps it, still knows
                 view = await asyncio.to_thread(slurm.accounted, job_id)
