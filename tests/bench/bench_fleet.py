@@ -5,31 +5,40 @@ directory; ``--runs`` jobs per host, each writing a realistic steady-state vLLM 
 lines, a progress milestone every couple of seconds; tests/helpers/vllm_log.py) at ``--rate`` lines/s, every
 fifth line a timestamped stamp.  Measured while it runs: line -> stored (committed) p50/p99 from the stamps,
 the controller process's CPU (cores) and RSS, the lines/s actually reached; afterwards every run's stored
-stamps are read back (lost or duplicated), and SQLite bytes per stored line.
-Restart: the controller stops, the jobs go on writing for ``--backlog`` seconds, a fresh controller starts:
-the time until every run's stored log reaches what its job had written when it started again.
+stamps are read back (lost or duplicated), and SQLite bytes per stored line.  The first run's page is open in
+Chromium all along, served by uvicorn on the controller's loop: line -> browser DOM from its stamps.
+Restart: the controller, run as a process of its own, is SIGKILLed while it stores lines; the jobs go on
+writing for ``--backlog`` seconds, a fresh controller starts: the time until every run's stored log reaches
+what its job had written when it started again.
 History: the dashboard with 10,000 runs and the run page of a run with 1,000,000 lines (in-process ASGI).
 
 Run: ``.venv/bin/python tests/bench/bench_fleet.py [--hosts 8] [--runs 8] [--rate 50] [--duration 60]``
-``--history-only`` times just the history pages.  Prints BENCH lines for ``run_all.py``; exits 77 without
-``/usr/sbin/sshd``.
+``--history-only`` times just the history pages, ``--load-only`` just the load.  Prints BENCH lines for
+``run_all.py``; exits 77 without ``/usr/sbin/sshd``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import resource
+import signal
+import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+from playwright.async_api import Page, async_playwright  # noqa: E402
 
 from agent.spec import parse_spec  # noqa: E402
 from controller.models import HostCreate  # noqa: E402
@@ -40,6 +49,21 @@ from tests.bench.run_all import SKIP_EXIT, bench_line  # noqa: E402
 from tests.helpers.history import seed_log, seed_runs  # noqa: E402
 from tests.helpers.sshd import SSHD, SSHD_BIN, kill_tree_matching  # noqa: E402
 from tests.helpers.vllm_log import steady_lines  # noqa: E402
+from tests.web.conftest import CHROMIUM_ARGS  # noqa: E402
+from web.app import create_app  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+#: Each stamp line's first appearance in the run page's log view: page clock minus the stamp's write time.
+DOM_OBSERVER = """() => {
+  window.__dom = []; const seen = new Set();
+  new MutationObserver((muts) => {
+    const t = performance.timeOrigin + performance.now();
+    for (const m of muts) for (const n of m.addedNodes) {
+      const got = /^fleetstamp (\\d+) ([\\d.]+)/.exec(n.textContent || "");
+      if (got && !seen.has(got[1])) { seen.add(got[1]); window.__dom.push(t - Number(got[2]) * 1000); }
+    }
+  }).observe(document.getElementById('log-inner'), {childList: true});
+}"""
 
 # The job: the template's lines at ``rate`` lines/s; every STAMP-th line "fleetstamp <i> <time>".
 JOB = """\
@@ -161,6 +185,80 @@ async def check_stamps(ctl: Controller, run_ids: list[str]) -> tuple[int, int, i
     return lines, lost, dup
 
 
+CONTROLLER = """\
+import asyncio
+from controller.service import Controller
+async def main():
+    async with Controller():
+        await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+async def sigkill_mid_ingest(settings: Settings) -> None:
+    """Start the controller as a process of its own, wait until it stores lines, SIGKILL it."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        EAGLEWATCH_HOME=str(settings.home),
+        EAGLEWATCH_KNOWN_HOSTS=str(settings.known_hosts),
+        EAGLEWATCH_SSH_CONFIG=str(settings.ssh_config),
+        EAGLEWATCH_REMOTE_BASE=settings.remote_base,
+        EAGLEWATCH_STALL_MIN_S=str(settings.stall_min_s),
+    )
+    db = settings.database
+    with open(settings.home / "killed.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CONTROLLER], env=env, start_new_session=True, stderr=log
+        )
+    try:
+        before = _frontier(db)
+        deadline = time.time() + 120
+        while _frontier(db) <= before and time.time() < deadline:
+            await asyncio.sleep(0.1)
+        if time.time() >= deadline:
+            raise RuntimeError(f"the controller stored nothing in 120 s: see {settings.home / 'killed.log'}")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _frontier(db: Path) -> int:
+    """The sum of every run's stored log offset, read beside the controller."""
+    conn = sqlite3.connect(db)
+    try:
+        return int(conn.execute("SELECT coalesce(sum(log_offset), 0) FROM runs").fetchone()[0])
+    finally:
+        conn.close()
+
+
+@contextlib.asynccontextmanager
+async def run_page(ctl: Controller, run_id: str) -> AsyncIterator[Page]:
+    """The run page of ``run_id`` in Chromium, served by uvicorn on the controller's own loop (as `eaglewatch
+    serve` does), its log view observed (DOM_OBSERVER)."""
+    app = create_app(ctl, manage_controller=False)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", ws="none", lifespan="on")
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page(base_url=f"http://127.0.0.1:{port}")
+                await page.goto(f"/runs/{run_id}")
+                await page.wait_for_selector("#live-status[data-state=live]")
+                await page.evaluate(DOM_OBSERVER)
+                yield page
+            finally:
+                await browser.close()
+    finally:
+        server.should_exit = True
+        await serving
+
+
 async def load(args: argparse.Namespace) -> None:
     """The fleet load, its read-back, and the restart."""
     tmp = Path(tempfile.mkdtemp(prefix="ew-bench-fleet-"))
@@ -202,17 +300,19 @@ async def load(args: argparse.Namespace) -> None:
                         lat.append(now - float(text.split()[2]))
 
         task = asyncio.create_task(consume())
-        await asyncio.sleep(3)  # the follows start
-        fleet.go.write_text("")
-        await asyncio.sleep(5)  # warm-up: every job writing
-        lat.clear()
-        c0, t0, n0 = time.process_time(), time.time(), committed
-        peak = 0.0
-        while time.time() - t0 < args.duration:
-            await asyncio.sleep(1)
-            peak = max(peak, rss_mb())
-        cores = (time.process_time() - c0) / (time.time() - t0)
-        rate = (committed - n0) / (time.time() - t0)
+        async with run_page(ctl, next(iter(runs))) as page:
+            fleet.go.write_text("")
+            await asyncio.sleep(5)  # warm-up: every job writing
+            lat.clear()
+            await page.evaluate("window.__dom.length = 0")
+            c0, t0, n0 = time.process_time(), time.time(), committed
+            peak = 0.0
+            while time.time() - t0 < args.duration:
+                await asyncio.sleep(1)
+                peak = max(peak, rss_mb())
+            cores = (time.process_time() - c0) / (time.time() - t0)
+            rate = (committed - n0) / (time.time() - t0)
+            dom: list[float] = await page.evaluate("window.__dom")
         task.cancel()
         sub.close()
         ms = [v * 1000 for v in lat]
@@ -220,14 +320,23 @@ async def load(args: argparse.Namespace) -> None:
         note = f"{args.hosts} hosts x {args.runs} runs x {args.rate:.0f} lines/s, {args.duration:.0f}s"
         print(f"fleet {note}: reached {rate:,.0f} of {target:,.0f} lines/s stored")
         print(f"  line -> stored: p50 {pct(ms, 50):.1f} ms  p99 {pct(ms, 99):.1f} ms  max {max(ms):.1f} ms")
-        print(f"  controller: {cores:.2f} cores, RSS peak {peak:.0f} MB")
+        print(f"  line -> DOM of one run page: p50 {pct(dom, 50):.1f} ms  p99 {pct(dom, 99):.1f} ms")
+        print(f"  controller (with the page's server): {cores:.2f} cores, RSS peak {peak:.0f} MB")
         bench_line("fleet", "lines/s stored", round(rate), "lines/s", note=f"{note}; target {target:.0f}")
         bench_line("fleet", "line -> stored p50", round(pct(ms, 50), 1), "ms", note=note)
         bench_line("fleet", "line -> stored p99", round(pct(ms, 99), 1), "ms", goal="<= 250", note=note)
+        bench_line(
+            "fleet", "line -> DOM p50", round(pct(dom, 50), 1), "ms", note=f"{note}; one run page open"
+        )
+        bench_line(
+            "fleet", "line -> DOM p99", round(pct(dom, 99), 1), "ms", note=f"{note}; one run page open"
+        )
         bench_line("fleet", "controller CPU", round(cores, 2), "cores", goal="<= 1", note=note)
         bench_line("fleet", "controller RSS", round(peak), "MB", goal="<= 500", note=note)
-        # Restart: stop, let the jobs build a backlog, start afresh, time the catch-up.
+        # Restart: the controller is SIGKILLed mid-ingest (a process of its own, as `eaglewatch serve` runs),
+        # the jobs build a backlog, a fresh controller starts: time its catch-up.
         await ctl.stop()
+        await sigkill_mid_ingest(fleet.settings)
         await asyncio.sleep(args.backlog)
         sizes = {rid: fleet.log_of(h, rid).stat().st_size for rid, h in runs.items()}
         t0 = time.time()
@@ -244,7 +353,7 @@ async def load(args: argparse.Namespace) -> None:
             f"  restart after {args.backlog:.0f}s of backlog:"
             f" caught up in {catch_up:.1f}s ({len(behind)} behind)"
         )
-        why = f"{note}; {args.backlog:.0f}s backlog per run, clean stop; {len(behind)} runs behind"
+        why = f"{note}; {args.backlog:.0f}s backlog per run after SIGKILL; {len(behind)} runs behind"
         bench_line("fleet", "catch-up after restart", round(catch_up, 1), "s", goal="<= 30", note=why)
         await ctl.stop()
         kill_tree_matching(str(fleet.job))
@@ -275,10 +384,12 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=20 if quick else 60)
     ap.add_argument("--backlog", type=float, default=20 if quick else 300)
     ap.add_argument("--history-only", action="store_true")
+    ap.add_argument("--load-only", action="store_true")
     args = ap.parse_args()
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard > 0 else 4096, hard))  # 32 links, 256 runs
-    asyncio.run(history())
+    if not args.load_only:
+        asyncio.run(history())
     if not args.history_only:
         asyncio.run(load(args))
 
