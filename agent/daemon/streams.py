@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,10 @@ BLOCK_BYTES = 512 * 1024
 READ_CHUNK = 1 << 20
 #: Safety net in case a wake-up is missed (e.g. a log written while no watcher runs).
 RECHECK_S = 5.0
+#: A live log's lines go out at most this often per follower: a job logging 50 lines a second sends blocks of
+#: a few lines, not one each, and every block costs the controller a message and a commit (tests/bench/
+#: bench_fleet.py). Milestones do not wait for it: they stream apart (stream_events).
+LOG_SEND_GAP_S = 0.05
 
 
 async def stream_events(send_bytes: SendBytes, watcher: RunWatcher, after_seq: int) -> None:
@@ -79,6 +84,8 @@ async def stream_log(send: Send, watcher: RunWatcher, log_offset: int) -> None:
     run = watcher.paths.run
     pos = log_offset
     disk: _DiskReader | None = None
+    loop = asyncio.get_running_loop()
+    sent_at = -LOG_SEND_GAP_S
     while True:
         generation = watcher.log_changed.generation
         got = watcher.lines.read(pos, BLOCK_LINES, BLOCK_BYTES)
@@ -87,7 +94,7 @@ async def stream_log(send: Send, watcher: RunWatcher, log_offset: int) -> None:
             lines, nxt = got
             if lines:
                 await send(log_message(run, lines, nxt))
-                pos = nxt
+                pos, sent_at = nxt, loop.time()
                 continue
         else:
             if disk is None or disk.pos != pos:
@@ -97,6 +104,9 @@ async def stream_log(send: Send, watcher: RunWatcher, log_offset: int) -> None:
             if moved:
                 continue
         await watcher.log_changed.wait_past(generation, RECHECK_S)
+        gap = sent_at + LOG_SEND_GAP_S - loop.time()
+        if gap > 0:  # a line soon after the last block waits for the lines behind it
+            await asyncio.sleep(gap)
 
 
 class _DiskReader:

@@ -126,3 +126,41 @@ async def test_a_follower_in_range_never_reads_the_log() -> None:
     task.cancel()
     assert [t for _, t in got] == [f"line {i}" for i in range(2000)]
     assert reads == [0]  # only the 10 lines before the buffer came from the log
+
+
+async def test_a_live_log_goes_out_in_blocks_at_most_every_send_gap() -> None:
+    """A job logging a line every 5 ms: its follower gets the lines in order, in blocks at least
+    LOG_SEND_GAP_S apart (each block costs the controller a message and a commit), not a block a line."""
+    import asyncio
+    import itertools
+    from types import SimpleNamespace
+
+    from agent.daemon.streams import LOG_SEND_GAP_S, stream_log
+    from agent.logs.tail import Broadcast
+
+    buf, changed = LineBuffer(), Broadcast()
+    buf.reset(0)
+    watcher = SimpleNamespace(paths=SimpleNamespace(run="r"), lines=buf, log_changed=changed)
+    loop = asyncio.get_running_loop()
+    got: list[tuple[int, str]] = []
+    sent_at: list[float] = []
+    all_in = asyncio.Event()
+
+    async def send(msg: dict[str, object]) -> None:
+        sent_at.append(loop.time())
+        got.extend(log_lines(msg))
+        if len(got) == 40:
+            all_in.set()
+
+    task = asyncio.create_task(stream_log(send, watcher, 0))  # type: ignore[arg-type]
+    sp = LineSplitter(start_offset=0)
+    for i in range(40):
+        buf.append(sp.feed(f"line {i}\n".encode()), sp.pending_offset)
+        changed.notify()
+        await asyncio.sleep(0.005)
+    await asyncio.wait_for(all_in.wait(), 10)
+    task.cancel()
+    assert [t for _, t in got] == [f"line {i}" for i in range(40)]
+    gaps = [b - a for a, b in itertools.pairwise(sent_at)]
+    assert min(gaps) >= LOG_SEND_GAP_S * 0.9, gaps
+    assert len(sent_at) < 40
