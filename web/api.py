@@ -157,7 +157,7 @@ async def list_runs(
     ctl: ControllerDep,
     response: Response,
     limit: Annotated[int, Query(ge=1, le=RUNS_PAGE_MAX)] = RUNS_PAGE,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
 ) -> list[RunPublic]:
     """Runs, newest first, ``limit`` of them from ``offset``; header X-Total-Count: how many in all."""
     response.headers["X-Total-Count"] = str(await ctl.count_runs())

@@ -22,6 +22,7 @@ async def test_api_pages_through_runs(ctl: Controller, client: httpx.AsyncClient
     r = await client.get("/api/runs", params={"limit": 1001})
     assert r.status_code == 422 and "limit" in r.text
     assert (await client.get("/api/runs", params={"offset": -1})).status_code == 422
+    assert (await client.get("/api/runs", params={"offset": 2**63})).status_code == 422  # beyond SQLite's int
 
 
 async def test_dashboard_pages_through_runs(ctl: Controller, client: httpx.AsyncClient) -> None:
