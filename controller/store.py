@@ -7,10 +7,11 @@ takes everything queued (up to a batch), runs each function inside its own SAVEP
 ``BEGIN IMMEDIATE`` transaction, commits, and only then resolves the futures and publishes the BusEvents
 the functions emitted (in commit order).  A failing function rolls back to its savepoint and gets its
 exception; the others in the batch still commit.
-A short write asked for ``now_if_idle`` (a log block from a link) skips the queue while the writer is idle:
-it runs at once on the event loop's thread, on the writer's own connection (lent under a lock, so still one
-writer), and its events are published before ``submit`` returns; the hand-over to the writer thread and the
-call back to the loop were two thread wake-ups on every line's way to its commit.
+A short write asked for ``now_if_idle`` (a log block or events from a link) skips the queue while the writer
+is idle: it runs on the event loop's thread, on the writer's own connection (lent under a lock, so still one
+writer), at the end of the loop's current round, in one transaction with every other such write of that
+round (the links' blocks that came in together: one commit, not one each); the hand-over to the writer
+thread and the call back to the loop were two thread wake-ups on every line's way to its commit.
 The writer never checkpoints the WAL itself: a checkpoint fsyncs the database file, tens of milliseconds on
 the commit path of whatever line or milestone waits behind it.  A thread of its own checkpoints
 (PASSIVE: it never blocks the writer) every ``CHECKPOINT_S``.
@@ -169,6 +170,8 @@ class Store:
         self._conn: sqlite3.Connection | None = None
         self._conn_lock = threading.Lock()
         self.pending = 0
+        #: ``now_if_idle`` writes of the loop's current round, committed together when it ends
+        self._soon: list[_Item] = []
 
     async def open(self) -> None:
         """Create/upgrade the schema and start the writer thread."""
@@ -186,6 +189,7 @@ class Store:
     async def close(self) -> None:
         """Finish queued writes, stop the writer, close every connection."""
         if self._thread is not None:
+            self._queue_soon()
             self._queue.put(None)
             await asyncio.to_thread(self._thread.join)
             self._thread = None
@@ -201,16 +205,34 @@ class Store:
 
     def submit(self, fn: WriteFn[T], *, now_if_idle: bool = False) -> asyncio.Future[T]:
         """Queue a write without waiting; the future resolves after commit.  ``now_if_idle``: a short write
-        (a log block) runs at once, on this thread, when the writer has nothing queued: no hand-over to the
-        writer thread and back, the two wake-ups that were most of a line's time from link to commit."""
+        (a log block) runs on this thread when the loop's current round ends, with the round's other such
+        writes, if the writer has nothing queued then: no hand-over to the writer thread and back, the two
+        wake-ups that were most of a line's time from link to commit."""
         if self._loop is None or self._thread is None:
             raise RuntimeError("store is not open")
         fut: asyncio.Future[T] = self._loop.create_future()
-        if now_if_idle and self._write_now(fn, fut):
+        if now_if_idle:
+            self._soon.append((fn, fut))
+            if len(self._soon) == 1:
+                self._loop.call_soon(self._write_soon)
             return fut
+        self._queue_soon()  # the round's earlier writes go first: writes commit in the order submitted
         self.pending += 1
         self._queue.put((fn, fut))
         return fut
+
+    def _write_soon(self) -> None:
+        """Commit the round's ``now_if_idle`` writes at once if the writer is idle, else queue them."""
+        batch, self._soon = self._soon, []
+        if batch and not self._write_now(batch):
+            self._soon = batch + self._soon
+            self._queue_soon()
+
+    def _queue_soon(self) -> None:
+        batch, self._soon = self._soon, []
+        for item in batch:
+            self.pending += 1
+            self._queue.put(item)
 
     async def write(self, fn: WriteFn[T]) -> T:
         """Run ``fn(tx=tx)`` in the writer's transaction; returns its result after commit."""
@@ -290,8 +312,8 @@ class Store:
                 self._conn = None
                 conn.close()
 
-    def _write_now(self, fn: WriteFn[T], fut: asyncio.Future[T]) -> bool:
-        """Run one write at once on the event loop's thread, on the writer's connection, if the writer is
+    def _write_now(self, batch: list[_Item]) -> bool:
+        """Run ``batch`` at once on the event loop's thread, on the writer's connection, if the writer is
         idle (nothing queued, and no other process holds SQLite's write lock); False when it is not."""
         conn = self._conn
         if self.pending or conn is None or not self._conn_lock.acquire(blocking=False):
@@ -306,10 +328,10 @@ class Store:
                 return False
             finally:
                 conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            results, events = self._transact(conn, [(fn, fut)], begun=True)
+            results, events = self._transact(conn, batch, begun=True)
         finally:
             self._conn_lock.release()
-        self.pending += 1
+        self.pending += len(batch)
         self._deliver(results, events)
         return True
 

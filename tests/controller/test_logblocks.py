@@ -225,13 +225,23 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
 
 
 async def test_a_block_commits_at_once_while_the_writer_is_idle_and_queues_otherwise(store: Store) -> None:
-    """``now_if_idle``: committed and published before submit returns when nothing waits; behind what is
-    queued (commit order kept) or when another process holds SQLite's write lock (then it waits its turn)."""
+    """``now_if_idle``: committed and published when the loop's round ends, in one transaction with the
+    round's other such blocks, when nothing waits; behind what is queued (commit order kept) or when another
+    process holds SQLite's write lock (then it waits its turn)."""
     await store.write(_run)
     sub = store.bus.subscribe()
     lines = _lines(0, 30)
-    fut = store.submit(partial(crud.add_log_block, run_id="r-1", block=_block(lines[:10])), now_if_idle=True)
-    assert fut.done() and fut.result() == 10 and not sub._queue.empty()
+    commits: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    add = partial(crud.add_log_block, run_id="r-1")
+    fut = store.submit(partial(add, block=_block(lines[:4])), now_if_idle=True)
+    fut2 = store.submit(partial(add, block=_block(lines[4:10])), now_if_idle=True)
+    assert not fut.done() and sub._queue.empty()
+    await asyncio.sleep(0)  # the round ends
+    assert fut.done() and (fut.result(), fut2.result()) == (4, 6) and not sub._queue.empty()
+    assert len(commits) == 1  # the round's two blocks: one transaction
+    store._conn.set_trace_callback(None)
     queued = store.submit(partial(crud.add_log_block, run_id="r-1", block=_block(lines[10:20])))
     behind = store.submit(
         partial(crud.add_log_block, run_id="r-1", block=_block(lines[20:])), now_if_idle=True
