@@ -29,7 +29,7 @@ from controller.models import HostCreate, parse_run_spec
 from controller.service import Controller
 from controller.store import Tx
 from tests.helpers.agentproc import AgentClient, AgentError, cleanup_runs, start_agent, terminal_event
-from tests.web.conftest import client, ctl  # noqa: F401 (the fixtures)
+from tests.web.conftest import client, ctl, wait_until  # noqa: F401 (the fixtures)
 from web.filters import is_secret_name
 from web.run_templates import TemplateError, TemplateStore
 
@@ -160,7 +160,9 @@ def test_a_full_agent_home_ends_the_run_naming_enospc(full_home: Path, tmp_path:
             assert last["state"] == "failed", last
             assert f"no space left on device in {run_dir}" in last["reason"]
             assert "exit code 3" in last["reason"]
-            assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+            # the watcher writes its last cursor after the final state goes out: wait for that write
+            tmp_files = lambda: [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]  # noqa: E731
+            wait_until(lambda: not tmp_files(), 10, what="no temporary file left")
             with pytest.raises(AgentError) as refused:  # still full: a new run is refused, saying why
                 c.result("launch", run="next", spec={"backend": "command", "command": ["/bin/true"]})
             assert f"no space left on device in {state / 'runs' / 'next'}" in str(refused.value)
