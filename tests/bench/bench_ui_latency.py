@@ -7,7 +7,7 @@ Everything is real: uvicorn on loopback, the Controller, an agent daemon, the jo
 that prints a progress marker line each time the benchmark bumps a counter file), and Chromium.  The
 latency is measured twice: with the agent reached over local pipes, and through the real SSH link (a
 loopback OpenSSH sshd, the agent uploaded and started by the controller's bootstrap, as on a GPU host).
-Latency = DOM insertion time (MutationObserver, page clock) − the moment the job wrote the line (its
+Latency = DOM insertion time (the ew:milestone event, page clock) − the moment the job wrote the line (its
 ``t_line_ms`` field; same machine clock).  The controller runs in a process of its own, as ``eaglewatch
 serve`` does (serve_apart.py).  The goal is the SSH figure: p99 <= 50 ms at ten milestones a second.
 The job waits for each line on a named pipe the benchmark writes to (no polling); the time from that
@@ -50,14 +50,16 @@ from tests.web.conftest import (  # noqa: E402
 
 JOB = str(ROOT / "tests" / "web" / "fake_vllm_job.py")
 CHROMIUM = "/usr/bin/chromium"
+#: The page appends a live milestone's row to the timeline, then dispatches ``ew:milestone``
+#: (web/static/app.js): the time of that event is the row's DOM insertion, whatever part of the page was
+#: swapped for a newer render meanwhile (which adds again the rows newer than that render: counted once).
 OBSERVER = """() => {
-  window.__seen = [];
-  const tl = document.getElementById('timeline');
-  new MutationObserver((muts) => {
-    const t = performance.timeOrigin + performance.now();
-    for (const m of muts) for (const n of m.addedNodes)
-      if (n.classList && n.classList.contains('ms-progress')) window.__seen.push(t);
-  }).observe(tl, {childList: true});
+  window.__seen = []; const seqs = new Set();
+  document.addEventListener('ew:milestone', (e) => {
+    if (e.detail.kind !== 'progress' || seqs.has(e.detail.seq)) return;
+    seqs.add(e.detail.seq);
+    window.__seen.push(performance.timeOrigin + performance.now());
+  });
 }"""
 
 
