@@ -26,7 +26,6 @@ import os
 import resource
 import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ from controller.service import Controller  # noqa: E402
 from controller.settings import Settings  # noqa: E402
 from tests.bench.bench_link import pct  # noqa: E402
 from tests.bench.run_all import SKIP_EXIT, bench_line  # noqa: E402
+from tests.helpers.controllerproc import spawn_controller  # noqa: E402
 from tests.helpers.history import seed_log, seed_runs  # noqa: E402
 from tests.helpers.sshd import SSHD, SSHD_BIN, kill_tree_matching  # noqa: E402
 from tests.helpers.vllm_log import steady_lines  # noqa: E402
@@ -185,39 +185,17 @@ async def check_stamps(ctl: Controller, run_ids: list[str]) -> tuple[int, int, i
     return lines, lost, dup
 
 
-CONTROLLER = """\
-import asyncio
-from controller.service import Controller
-async def main():
-    async with Controller():
-        await asyncio.Event().wait()
-asyncio.run(main())
-"""
-
-
 async def sigkill_mid_ingest(settings: Settings) -> None:
     """Start the controller as a process of its own, wait until it stores lines, SIGKILL it."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(ROOT),
-        EAGLEWATCH_HOME=str(settings.home),
-        EAGLEWATCH_KNOWN_HOSTS=str(settings.known_hosts),
-        EAGLEWATCH_SSH_CONFIG=str(settings.ssh_config),
-        EAGLEWATCH_REMOTE_BASE=settings.remote_base,
-        EAGLEWATCH_STALL_MIN_S=str(settings.stall_min_s),
-    )
     db = settings.database
-    with open(settings.home / "killed.log", "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", CONTROLLER], env=env, start_new_session=True, stderr=log
-        )
+    proc = spawn_controller(settings, EAGLEWATCH_STALL_MIN_S=str(settings.stall_min_s))
     try:
         before = _frontier(db)
         deadline = time.time() + 120
         while _frontier(db) <= before and time.time() < deadline:
             await asyncio.sleep(0.1)
         if time.time() >= deadline:
-            raise RuntimeError(f"the controller stored nothing in 120 s: see {settings.home / 'killed.log'}")
+            raise RuntimeError(f"the controller stored nothing in 120 s: see {settings.home / 'ctl.log'}")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -10,8 +10,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,10 +20,10 @@ from controller.models import HostCreate
 from controller.service import Controller
 from controller.settings import Settings
 from tests.controller.conftest import wait_for
+from tests.helpers.controllerproc import spawn_controller
 from tests.helpers.sshd import SSHD
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow, pytest.mark.timeout(240)]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _assert_complete(db: Path, run_id: str, agent_state: Path) -> None:
@@ -104,36 +102,6 @@ async def test_link_killed_20_times_mid_run(
     _assert_complete(ssh_settings.database, run_id, tmp_path / "agent")
 
 
-CONTROLLER = """\
-import asyncio
-from controller.service import Controller
-async def main():
-    async with Controller():
-        await asyncio.Event().wait()
-asyncio.run(main())
-"""
-
-
-def _spawn_controller(settings: Settings) -> subprocess.Popen[bytes]:
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(ROOT),
-        EAGLEWATCH_HOME=str(settings.home),
-        EAGLEWATCH_KNOWN_HOSTS=str(settings.known_hosts),
-        EAGLEWATCH_SSH_CONFIG=str(settings.ssh_config),
-        EAGLEWATCH_REMOTE_BASE=settings.remote_base,
-        EAGLEWATCH_RECONNECT_MAX_S="0.5",
-    )
-    with open(settings.home / "ctl.log", "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-c", CONTROLLER],
-            env=env,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-
-
 def _milestone_count(db: Path, run_id: str) -> int:
     conn = sqlite3.connect(db)
     try:
@@ -162,7 +130,7 @@ async def test_controller_sigkilled_and_restarted_mid_run(
         )
         assert (await ctl.get_run(run_id)).state == "running"
     db = ssh_settings.database
-    proc = _spawn_controller(ssh_settings)
+    proc = spawn_controller(ssh_settings, EAGLEWATCH_RECONNECT_MAX_S="0.5")
     try:
 
         async def some() -> bool:
@@ -173,7 +141,7 @@ async def test_controller_sigkilled_and_restarted_mid_run(
         proc.wait()
         before = _milestone_count(db, run_id)
         await wait_for(lambda: _sleep_true(1.0), what="job running on")
-        proc = _spawn_controller(ssh_settings)
+        proc = spawn_controller(ssh_settings, EAGLEWATCH_RECONNECT_MAX_S="0.5")
 
         async def more() -> bool:
             return _milestone_count(db, run_id) > before + 20
