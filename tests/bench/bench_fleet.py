@@ -3,9 +3,11 @@
 Fleet load: ``--hosts`` host entries (aliases of one sshd on 127.0.0.1), each an agent with its own state
 directory; ``--runs`` jobs per host, each writing a realistic steady-state vLLM log (debug chatter, stats
 lines, a progress milestone every couple of seconds; tests/helpers/vllm_log.py) at ``--rate`` lines/s, every
-fifth line a timestamped stamp.  Measured while it runs: line -> stored (committed) p50/p99 from the stamps,
-the controller process's CPU (cores) and RSS, the lines/s actually reached; afterwards every run's stored
-stamps are read back (lost or duplicated), and SQLite bytes per stored line.  The first run's page is open in
+fifth line a timestamped stamp, and a small capture file every 100 lines into its output_dir (checked by its
+agent: file written -> checked, from each file's mtime and its shape check's time).  Measured while it runs:
+line -> stored (committed) p50/p99 from the stamps, the controller process's CPU (cores) and RSS, the lines/s
+actually reached; afterwards every run's stored stamps are read back (lost or duplicated), and SQLite bytes
+per stored line.  The first run's page is open in
 Chromium all along, served by uvicorn on the controller's loop: line -> browser DOM from its stamps.
 Restart: the controller, run as a process of its own, is SIGKILLed while it stores lines; the jobs go on
 writing for ``--backlog`` seconds, a fresh controller starts: the time until every run's stored log reaches
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import resource
 import signal
@@ -65,26 +68,42 @@ DOM_OBSERVER = """() => {
   }).observe(document.getElementById('log-inner'), {childList: true});
 }"""
 
-# The job: the template's lines at ``rate`` lines/s; every STAMP-th line "fleetstamp <i> <time>".
+# The job: the template's lines at ``rate`` lines/s; every STAMP-th line "fleetstamp <i> <time>"; every
+# FILE_EVERY-th line a capture file hs_<k>.safetensors (16 tokens x 4 layers x 64, bf16) written atomically
+# into ``out``, as an extraction's writer does.
 JOB = """\
-import os, sys, time
-go, template, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
+import json, os, struct, sys, time
+go, template, rate, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+T, L, H, FILE_EVERY = 16, 4, 64, 100
+states = b"\\x80\\x3f" * (T * L * H)  # 1.0 in bf16
+header = json.dumps({
+    "hidden_states": {"dtype": "BF16", "shape": [T, L, H], "data_offsets": [0, len(states)]},
+    "token_ids": {"dtype": "I64", "shape": [T], "data_offsets": [len(states), len(states) + 8 * T]},
+}).encode()
+header += b" " * (-len(header) % 8)
+body = struct.pack("<Q", len(header)) + header + states + struct.pack(f"<{T}q", *range(T))
 lines = open(template).read().splitlines()
 while not os.path.exists(go):
     time.sleep(0.05)
 start = time.time()
-out = sys.stdout
-i = stamp = 0
+log = sys.stdout
+i = stamp = files = 0
 while True:
     delay = start + i / rate - time.time()
     if delay > 0:
         time.sleep(delay)
     if i % 5 == 0:
-        out.write(f"fleetstamp {stamp} {time.time():.6f}\\n")
+        log.write(f"fleetstamp {stamp} {time.time():.6f}\\n")
         stamp += 1
     else:
-        out.write(lines[i % len(lines)] + "\\n")
-    out.flush()
+        log.write(lines[i % len(lines)] + "\\n")
+    log.flush()
+    if i % FILE_EVERY == FILE_EVERY - 1:
+        tmp = os.path.join(out, f".hs_{files}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(body)
+        os.replace(tmp, os.path.join(out, f"hs_{files}.safetensors"))
+        files += 1
     i += 1
 """
 
@@ -170,6 +189,25 @@ async def stored_offsets(ctl: Controller) -> dict[str, int]:
     return {r[0]: r[1] for r in rows}
 
 
+def check_lag(db: Path, outs: dict[str, Path]) -> tuple[list[float], int, int]:
+    """Each checked capture file's lag (its shape check's time minus the file's mtime, seconds), the files
+    checked and the files written (``outs``: each run's output_dir)."""
+    conn = sqlite3.connect(db)
+    try:
+        rows = conn.execute(
+            "SELECT run_id, at, fields_json, kind FROM milestones WHERE kind LIKE 'shape_check_%'"
+        ).fetchall()
+    finally:
+        conn.close()
+    lags = []
+    for run_id, at, fields, kind in rows:
+        name = json.loads(fields).get("file")
+        if name and run_id in outs and kind in ("shape_check_passed", "shape_check_failed"):
+            lags.append(at - (outs[run_id] / name).stat().st_mtime)
+    written = sum(len(list(out.glob("hs_*.safetensors"))) for out in outs.values())
+    return lags, len(lags), written
+
+
 async def check_stamps(ctl: Controller, run_ids: list[str]) -> tuple[int, int, int]:
     """Stored stamps of every run read back: (stored lines, lost stamps, duplicated stamps)."""
     lines = lost = dup = 0
@@ -242,6 +280,7 @@ async def load(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ew-bench-fleet-"))
     fleet = Fleet(tmp, args.hosts)
     runs: dict[str, str] = {}  # run id -> host
+    names: dict[str, str] = {}  # run id -> run name (its output_dir's)
     try:
         ctl = Controller(fleet.settings)
         await ctl.start()
@@ -256,12 +295,15 @@ async def load(args: argparse.Namespace) -> None:
         )
         for name in fleet.names:
             for j in range(args.runs):
+                out = tmp / "out" / f"{name}-{j}"
+                out.mkdir(parents=True)
                 spec = {
-                    "host": name, "backend": "command", "name": f"{name}-{j}",
+                    "host": name, "backend": "command", "name": f"{name}-{j}", "output_dir": str(out),
                     "command": ["/usr/bin/python3", str(fleet.job), str(fleet.go), str(fleet.template),
-                                str(args.rate)],
+                                str(args.rate), str(out)],
                 }  # fmt: skip
-                runs[await ctl.create_run(parse_spec(spec))] = name
+                rid = await ctl.create_run(parse_spec(spec))
+                runs[rid], names[rid] = name, f"{name}-{j}"
         lat: list[float] = []
         committed = 0
         sub = ctl.bus.subscribe()
@@ -339,6 +381,14 @@ async def load(args: argparse.Namespace) -> None:
         await ctl.start()
         lines, lost, dup = await check_stamps(ctl, list(runs))
         await ctl.stop()
+        lags, checked, written = check_lag(
+            fleet.settings.database, {rid: tmp / "out" / r for rid, r in names.items()}
+        )
+        ms_lag = [v * 1000 for v in lags]
+        print(f"  capture files: {checked:,} of {written:,} checked; file written -> checked"
+              f" p50 {pct(ms_lag, 50):.0f} ms, p99 {pct(ms_lag, 99):.0f} ms")  # fmt: skip
+        files = f"{note}; {checked} of {written} files"
+        bench_line("fleet", "file written -> checked p99", round(pct(ms_lag, 99)), "ms", note=files)
         size = fleet.settings.database.stat().st_size
         print(f"  stored {lines:,} lines; lost {lost}, duplicated {dup}; database {size / 1e6:.1f} MB,"
               f" {size / max(lines, 1):.0f} bytes/line")  # fmt: skip
