@@ -225,13 +225,15 @@ class Store:
         """Commit the round's ``now_if_idle`` writes at once if the writer is idle, else queue them."""
         batch, self._soon = self._soon, []
         if batch and not self._write_now(batch):
-            self._soon = batch + self._soon
-            self._queue_soon()
+            self._enqueue(batch)
 
     def _queue_soon(self) -> None:
         batch, self._soon = self._soon, []
+        self._enqueue(batch)
+
+    def _enqueue(self, batch: list[_Item]) -> None:
+        self.pending += len(batch)
         for item in batch:
-            self.pending += 1
             self._queue.put(item)
 
     async def write(self, fn: WriteFn[T]) -> T:

@@ -161,8 +161,8 @@ def test_a_full_agent_home_ends_the_run_naming_enospc(full_home: Path, tmp_path:
             assert f"no space left on device in {run_dir}" in last["reason"]
             assert "exit code 3" in last["reason"]
             # the watcher writes its last cursor after the final state goes out: wait for that write
-            tmp_files = lambda: [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]  # noqa: E731
-            wait_until(lambda: not tmp_files(), 10, what="no temporary file left")
+            left = lambda: not any(p.name.endswith(".tmp") for p in run_dir.iterdir())  # noqa: E731
+            wait_until(left, 10, what="no temporary file left")
             with pytest.raises(AgentError) as refused:  # still full: a new run is refused, saying why
                 c.result("launch", run="next", spec={"backend": "command", "command": ["/bin/true"]})
             assert f"no space left on device in {state / 'runs' / 'next'}" in str(refused.value)

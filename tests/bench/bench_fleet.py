@@ -7,8 +7,8 @@ fifth line a timestamped stamp, and a small capture file every 100 lines into it
 agent: file written -> checked, from each file's mtime and its shape check's time).  Measured while it runs:
 line -> stored (committed) p50/p99 from the stamps, the controller process's CPU (cores) and RSS, the lines/s
 actually reached; afterwards every run's stored stamps are read back (lost or duplicated), and SQLite bytes
-per stored line.  The first run's page is open in
-Chromium all along, served by uvicorn on the controller's loop: line -> browser DOM from its stamps.
+per stored line.  The first run's page is open in Chromium all along, served by uvicorn on the controller's
+loop: line -> browser DOM from its stamps.
 Restart: the controller, run as a process of its own, is SIGKILLed while it stores lines; the jobs go on
 writing for ``--backlog`` seconds, a fresh controller starts: the time until every run's stored log reaches
 what its job had written when it started again.
@@ -52,10 +52,9 @@ from tests.helpers.controllerproc import spawn_controller  # noqa: E402
 from tests.helpers.history import seed_log, seed_runs  # noqa: E402
 from tests.helpers.sshd import SSHD, SSHD_BIN, kill_tree_matching  # noqa: E402
 from tests.helpers.vllm_log import steady_lines  # noqa: E402
-from tests.web.conftest import CHROMIUM_ARGS  # noqa: E402
+from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from web.app import create_app  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
 #: Each stamp line's first appearance in the run page's log view: page clock minus the stamp's write time.
 DOM_OBSERVER = """() => {
   window.__dom = []; const seen = new Set();
@@ -195,14 +194,15 @@ def check_lag(db: Path, outs: dict[str, Path]) -> tuple[list[float], int, int]:
     conn = sqlite3.connect(db)
     try:
         rows = conn.execute(
-            "SELECT run_id, at, fields_json, kind FROM milestones WHERE kind LIKE 'shape_check_%'"
+            "SELECT run_id, at, fields_json FROM milestones"
+            " WHERE kind IN ('shape_check_passed', 'shape_check_failed')"
         ).fetchall()
     finally:
         conn.close()
     lags = []
-    for run_id, at, fields, kind in rows:
+    for run_id, at, fields in rows:
         name = json.loads(fields).get("file")
-        if name and run_id in outs and kind in ("shape_check_passed", "shape_check_failed"):
+        if name and run_id in outs:
             lags.append(at - (outs[run_id] / name).stat().st_mtime)
     written = sum(len(list(out.glob("hs_*.safetensors"))) for out in outs.values())
     return lags, len(lags), written
@@ -280,7 +280,7 @@ async def load(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ew-bench-fleet-"))
     fleet = Fleet(tmp, args.hosts)
     runs: dict[str, str] = {}  # run id -> host
-    names: dict[str, str] = {}  # run id -> run name (its output_dir's)
+    outs: dict[str, Path] = {}  # run id -> its output_dir
     try:
         ctl = Controller(fleet.settings)
         await ctl.start()
@@ -303,7 +303,7 @@ async def load(args: argparse.Namespace) -> None:
                                 str(args.rate), str(out)],
                 }  # fmt: skip
                 rid = await ctl.create_run(parse_spec(spec))
-                runs[rid], names[rid] = name, f"{name}-{j}"
+                runs[rid], outs[rid] = name, out
         lat: list[float] = []
         committed = 0
         sub = ctl.bus.subscribe()
@@ -345,12 +345,9 @@ async def load(args: argparse.Namespace) -> None:
         bench_line("fleet", "lines/s stored", round(rate), "lines/s", note=f"{note}; target {target:.0f}")
         bench_line("fleet", "line -> stored p50", round(pct(ms, 50), 1), "ms", note=note)
         bench_line("fleet", "line -> stored p99", round(pct(ms, 99), 1), "ms", goal="<= 250", note=note)
-        bench_line(
-            "fleet", "line -> DOM p50", round(pct(dom, 50), 1), "ms", note=f"{note}; one run page open"
-        )
-        bench_line(
-            "fleet", "line -> DOM p99", round(pct(dom, 99), 1), "ms", note=f"{note}; one run page open"
-        )
+        paged = f"{note}; one run page open"
+        bench_line("fleet", "line -> DOM p50", round(pct(dom, 50), 1), "ms", note=paged)
+        bench_line("fleet", "line -> DOM p99", round(pct(dom, 99), 1), "ms", note=paged)
         bench_line("fleet", "controller CPU", round(cores, 2), "cores", goal="<= 1", note=note)
         bench_line("fleet", "controller RSS", round(peak), "MB", goal="<= 500", note=note)
         # Restart: the controller is SIGKILLed mid-ingest (a process of its own, as `eaglewatch serve` runs),
@@ -381,9 +378,7 @@ async def load(args: argparse.Namespace) -> None:
         await ctl.start()
         lines, lost, dup = await check_stamps(ctl, list(runs))
         await ctl.stop()
-        lags, checked, written = check_lag(
-            fleet.settings.database, {rid: tmp / "out" / r for rid, r in names.items()}
-        )
+        lags, checked, written = check_lag(fleet.settings.database, outs)
         ms_lag = [v * 1000 for v in lags]
         print(f"  capture files: {checked:,} of {written:,} checked; file written -> checked"
               f" p50 {pct(ms_lag, 50):.0f} ms, p99 {pct(ms_lag, 99):.0f} ms")  # fmt: skip

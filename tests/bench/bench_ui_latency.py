@@ -42,6 +42,7 @@ from tests.bench.run_all import SKIP_EXIT, bench_line  # noqa: E402
 from tests.bench.serve_apart import ApartServer  # noqa: E402
 from tests.helpers.sshd import SSHD, SSHD_BIN, kill_tree_matching  # noqa: E402
 from tests.web.conftest import (  # noqa: E402
+    CHROMIUM,
     CHROMIUM_ARGS,
     AgentHost,
     settings_for,
@@ -49,7 +50,6 @@ from tests.web.conftest import (  # noqa: E402
 )
 
 JOB = str(ROOT / "tests" / "web" / "fake_vllm_job.py")
-CHROMIUM = "/usr/bin/chromium"
 #: The page appends a live milestone's row to the timeline, then dispatches ``ew:milestone``
 #: (web/static/app.js): the time of that event is the row's DOM insertion, whatever part of the page was
 #: swapped for a newer render meanwhile (which adds again the rows newer than that render: counted once).

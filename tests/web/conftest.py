@@ -145,6 +145,7 @@ def wait_until(pred: Any, timeout: float = 30.0, interval: float = 0.1, what: st
     raise AssertionError(f"timed out waiting for {what}")
 
 
+CHROMIUM = "/usr/bin/chromium"  # Debian's
 CHROMIUM_ARGS = [
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -158,7 +159,7 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             yield b
         finally:
