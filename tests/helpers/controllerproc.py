@@ -26,7 +26,7 @@ def spawn_controller(settings: Settings, **env: str) -> subprocess.Popen[bytes]:
     a new session; its stderr goes to ``<home>/ctl.log``."""
     full = dict(
         os.environ,
-        PYTHONPATH=str(ROOT),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         EAGLEWATCH_HOME=str(settings.home),
         EAGLEWATCH_KNOWN_HOSTS=str(settings.known_hosts),
         EAGLEWATCH_SSH_CONFIG=str(settings.ssh_config),
