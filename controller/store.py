@@ -9,8 +9,8 @@ the functions emitted (in commit order).  A failing function rolls back to its s
 exception; the others in the batch still commit.
 A short write asked for ``now_if_idle`` (a log block or events from a link) skips the queue while the writer
 is idle: it runs on the event loop's thread, on the writer's own connection (lent under a lock, so still one
-writer), at the end of the loop's current round, in one transaction with every other such write of that
-round (the links' blocks that came in together: one commit, not one each); the hand-over to the writer
+writer), ``SOON_S`` after the first of them, in one transaction with every other such write that came in
+meanwhile (the links' blocks of those milliseconds: one commit, not one each); the hand-over to the writer
 thread and the call back to the loop were two thread wake-ups on every line's way to its commit.
 The writer never checkpoints the WAL itself: a checkpoint fsyncs the database file, tens of milliseconds on
 the commit path of whatever line or milestone waits behind it.  A thread of its own checkpoints
@@ -47,6 +47,9 @@ BATCH_MAX = 512
 FEED_KINDS = frozenset({"run", "milestone", "check", "alert", "log", "host"})
 BUSY_TIMEOUT_MS = 30000
 CHECKPOINT_S = 1.0
+#: How long a ``now_if_idle`` write waits for others to share its commit: at 8 hosts x 8 runs it cut the
+#: commits from about 340 a second to under 100, and the controller's CPU by a fifth (docs/benchmarks.md).
+SOON_S = 0.01
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -170,7 +173,7 @@ class Store:
         self._conn: sqlite3.Connection | None = None
         self._conn_lock = threading.Lock()
         self.pending = 0
-        #: ``now_if_idle`` writes of the loop's current round, committed together when it ends
+        #: ``now_if_idle`` writes waiting for their shared commit (SOON_S after the first of them)
         self._soon: list[_Item] = []
 
     async def open(self) -> None:
@@ -205,8 +208,8 @@ class Store:
 
     def submit(self, fn: WriteFn[T], *, now_if_idle: bool = False) -> asyncio.Future[T]:
         """Queue a write without waiting; the future resolves after commit.  ``now_if_idle``: a short write
-        (a log block) runs on this thread when the loop's current round ends, with the round's other such
-        writes, if the writer has nothing queued then: no hand-over to the writer thread and back, the two
+        (a log block) runs on this thread ``SOON_S`` later, with the other such writes of that window, if the
+        writer has nothing queued then: no hand-over to the writer thread and back, the two
         wake-ups that were most of a line's time from link to commit."""
         if self._loop is None or self._thread is None:
             raise RuntimeError("store is not open")
@@ -214,15 +217,15 @@ class Store:
         if now_if_idle:
             self._soon.append((fn, fut))
             if len(self._soon) == 1:
-                self._loop.call_soon(self._write_soon)
+                self._loop.call_later(SOON_S, self._write_soon)
             return fut
-        self._queue_soon()  # the round's earlier writes go first: writes commit in the order submitted
+        self._queue_soon()  # the waiting writes go first: writes commit in the order submitted
         self.pending += 1
         self._queue.put((fn, fut))
         return fut
 
     def _write_soon(self) -> None:
-        """Commit the round's ``now_if_idle`` writes at once if the writer is idle, else queue them."""
+        """Commit the waiting ``now_if_idle`` writes at once if the writer is idle, else queue them."""
         batch, self._soon = self._soon, []
         if batch and not self._write_now(batch):
             self._enqueue(batch)

@@ -25,7 +25,7 @@ RECHECK_S = 5.0
 #: A live log's lines go out at most this often per follower: a job logging 50 lines a second sends blocks of
 #: a few lines, not one each, and every block costs the controller a message and a commit (tests/bench/
 #: bench_fleet.py). Milestones do not wait for it: they stream apart (stream_events).
-LOG_SEND_GAP_S = 0.05
+LOG_SEND_GAP_S = 0.1
 
 
 async def stream_events(send_bytes: SendBytes, watcher: RunWatcher, after_seq: int) -> None:

@@ -2,7 +2,9 @@
 
 1. Latency: a job appends 10k timestamped lines (at a steady rate) to its log; we measure, per line, the time
    until the controller has committed it (the BusEvent is published right after the commit), and in the same
-   run the time until the same line comes out of a raw ``ssh -F cfg host tail -F output.log``.
+   run the time until the same line comes out of a raw ``ssh -F cfg host tail -F output.log``.  The goal is
+   p99 <= 150 ms.  The ratio to raw tail is shown, with no goal: the agent sends a busy live log in blocks at
+   most every LOG_SEND_GAP_S (agent/daemon/streams.py), so a line waits for its block by design.
 2. Sustained ingestion: a job writes 200k lines as fast as it can; lines/s from first to last committed,
    checking that every line arrived exactly once; in the same run, lines/s of a raw ``ssh host cat`` of
    the same log (the ceiling of moving those bytes through the same sshd).
@@ -136,7 +138,7 @@ async def latency(ctl: Controller, sshd: SSHD, tmp: Path, job: Path, n: int, rat
     )
     print(
         f"  ratio controller/raw: p50 {pct(o, 50) / pct(r, 50):.2f}x, p99 {pct(o, 99) / pct(r, 99):.2f}x"
-        "   (goal: p99 <= 1.5x raw, p50 <= 2x raw)"
+        "   (no goal: lines wait for their block)"
     )
     note = f"{len(o)} lines at {rate:.0f} lines/s; baseline = raw ssh tail -F"
     for q in (50, 99):
@@ -149,9 +151,9 @@ async def latency(ctl: Controller, sshd: SSHD, tmp: Path, job: Path, n: int, rat
             baseline=round(pct(r, q), 2),
             note=note,
         )
-    for q, goal in ((99, "<= 1.5"), (50, "<= 2.0")):
+    for q in (99, 50):
         ratio = round(pct(o, q) / pct(r, q), 3)
-        bench_line("link", f"latency p{q} ratio to raw tail", ratio, "x", goal=goal, note=note)
+        bench_line("link", f"latency p{q} ratio to raw tail", ratio, "x", note=note)
 
 
 async def raw_cat(sshd: SSHD, log: Path) -> tuple[int, float]:
