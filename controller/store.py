@@ -9,9 +9,10 @@ the functions emitted (in commit order).  A failing function rolls back to its s
 exception; the others in the batch still commit.
 A short write asked for ``now_if_idle`` (a log block or events from a link) skips the queue while the writer
 is idle: it runs on the event loop's thread, on the writer's own connection (lent under a lock, so still one
-writer), ``SOON_S`` after the first of them, in one transaction with every other such write that came in
-meanwhile (the links' blocks of those milliseconds: one commit, not one each); the hand-over to the writer
-thread and the call back to the loop were two thread wake-ups on every line's way to its commit.
+writer), ``SOON_S`` after the first of them (a milestone: at the end of the loop's round), in one
+transaction with every other such write that came in meanwhile (the links' blocks of those milliseconds: one
+commit, not one each); the hand-over to the writer thread and the call back to the loop were two thread
+wake-ups on every line's way to its commit.
 The writer never checkpoints the WAL itself: a checkpoint fsyncs the database file, tens of milliseconds on
 the commit path of whatever line or milestone waits behind it.  A thread of its own checkpoints
 (PASSIVE: it never blocks the writer) every ``CHECKPOINT_S``.
@@ -47,8 +48,8 @@ BATCH_MAX = 512
 FEED_KINDS = frozenset({"run", "milestone", "check", "alert", "log", "host"})
 BUSY_TIMEOUT_MS = 30000
 CHECKPOINT_S = 1.0
-#: How long a ``now_if_idle`` write waits for others to share its commit: at 8 hosts x 8 runs it cut the
-#: commits from about 340 a second to under 100, and the controller's CPU by a fifth (docs/benchmarks.md).
+#: How long a ``now_if_idle`` write waits for others to share its commit: at 8 hosts x 8 runs this alone
+#: took the controller from 0.35 to 0.28 cores (docs/benchmarks.md, Fleet).
 SOON_S = 0.01
 
 
@@ -206,17 +207,22 @@ class Store:
                 conn.close()
             self._reader_conns.clear()
 
-    def submit(self, fn: WriteFn[T], *, now_if_idle: bool = False) -> asyncio.Future[T]:
+    def submit(
+        self, fn: WriteFn[T], *, now_if_idle: bool = False, at_once: bool = False
+    ) -> asyncio.Future[T]:
         """Queue a write without waiting; the future resolves after commit.  ``now_if_idle``: a short write
         (a log block) runs on this thread ``SOON_S`` later, with the other such writes of that window, if the
         writer has nothing queued then: no hand-over to the writer thread and back, the two
-        wake-ups that were most of a line's time from link to commit."""
+        wake-ups that were most of a line's time from link to commit.  ``at_once`` (a milestone, which a
+        user waits for): at the end of the loop's current round instead, with the writes already waiting."""
         if self._loop is None or self._thread is None:
             raise RuntimeError("store is not open")
         fut: asyncio.Future[T] = self._loop.create_future()
         if now_if_idle:
             self._soon.append((fn, fut))
-            if len(self._soon) == 1:
+            if at_once:
+                self._loop.call_soon(self._write_soon)
+            elif len(self._soon) == 1:
                 self._loop.call_later(SOON_S, self._write_soon)
             return fut
         self._queue_soon()  # the waiting writes go first: writes commit in the order submitted

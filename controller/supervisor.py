@@ -234,11 +234,12 @@ class HostSupervisor:
         if mtype == "event" and isinstance(msg.get("event"), dict):
             queue = self._events
             if queue.put(run_id, msg["event"]):
-                # like a log block: committed at once on this thread while the writer is idle (two thread
-                # hand-offs fewer on a milestone's way to the page)
+                # committed on this thread while the writer is idle (two thread hand-offs fewer on a
+                # milestone's way to the page), and without the log blocks' wait for company
                 fut = self.store.submit(
                     lambda tx: crud.apply_event_batch(tx=tx, events=queue.take(), policy=self.policy),
                     now_if_idle=True,
+                    at_once=True,
                 )
                 fut.add_done_callback(lambda f: self._after_events(queue, f))
         elif mtype == "log_block":

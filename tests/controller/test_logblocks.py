@@ -226,8 +226,9 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
 
 async def test_a_block_commits_at_once_while_the_writer_is_idle_and_queues_otherwise(store: Store) -> None:
     """``now_if_idle``: committed and published SOON_S after the first such block, in one transaction with
-    the others that came meanwhile, when nothing waits; behind what is queued (commit order kept) or when
-    another process holds SQLite's write lock (then it waits its turn)."""
+    the others that came meanwhile (``at_once``: when the loop's round ends, with those waiting), when
+    nothing waits; behind what is queued (commit order kept) or when another process holds SQLite's write
+    lock (then it waits its turn)."""
     await store.write(_run)
     sub = store.bus.subscribe()
     lines = _lines(0, 30)
@@ -241,13 +242,18 @@ async def test_a_block_commits_at_once_while_the_writer_is_idle_and_queues_other
     await asyncio.wait_for(fut, 5)
     assert fut2.done() and (fut.result(), fut2.result()) == (4, 6) and not sub._queue.empty()
     assert len(commits) == 1  # the two blocks: one transaction
+    waits = store.submit(partial(add, block=_block(lines[10:12])), now_if_idle=True)
+    urgent = store.submit(partial(add, block=_block(lines[12:14])), now_if_idle=True, at_once=True)
+    await asyncio.sleep(0)  # the round ends: the urgent write commits, with the one waiting before it
+    assert (waits.done(), urgent.done(), len(commits)) == (True, True, 2)
+    assert (waits.result(), urgent.result()) == (2, 2)
     store._conn.set_trace_callback(None)
-    queued = store.submit(partial(crud.add_log_block, run_id="r-1", block=_block(lines[10:20])))
+    queued = store.submit(partial(crud.add_log_block, run_id="r-1", block=_block(lines[14:20])))
     behind = store.submit(
         partial(crud.add_log_block, run_id="r-1", block=_block(lines[20:])), now_if_idle=True
     )
     assert not behind.done()
-    assert (await queued, await behind) == (10, 10)
+    assert (await queued, await behind) == (6, 10)
     other = connect(store.path)  # another process's writer
     other.execute("BEGIN IMMEDIATE")
     more = _lines(30, 5, lines[-1][0] + len(lines[-1][1]) + 1)
