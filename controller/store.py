@@ -254,10 +254,6 @@ class Store:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._readers, self._read, fn, args)
 
-    def read_sync(self, fn: Callable[..., T], *args: Any) -> T:
-        """Blocking read for code already off the event loop."""
-        return self._read(fn, args)
-
     def _read(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         conn = getattr(self._local, "conn", None)
         if conn is None:

@@ -209,17 +209,3 @@ def query(timeout_s: float = DEFAULT_TIMEOUT_S, nvidia_smi: str | None = None) -
     if errors:
         result["errors"] = errors
     return result
-
-
-def gpu_pids(timeout_s: float = DEFAULT_TIMEOUT_S) -> set[int] | None:
-    """Pids holding GPU memory now, or None where that cannot be known (no GPU, nvidia-smi failed).
-
-    nvidia-smi reports pids of the host's pid namespace; inside a container with its own namespace they
-    do not match the job's pids, so run the agent in the host's namespace (as the systemd unit does).
-    """
-    result = query(timeout_s)
-    if not result["gpus"] or any(
-        e["query"] == "process" and e["line"] is None for e in result.get("errors", [])
-    ):
-        return None
-    return {p["pid"] for p in result["processes"]}

@@ -8,7 +8,7 @@ agent: file written -> checked, from each file's mtime and its shape check's tim
 line -> stored (committed) p50/p99 from the stamps, the controller process's CPU (cores) and RSS, the lines/s
 actually reached; afterwards every run's stored stamps are read back (lost or duplicated), and SQLite bytes
 per stored line.  The first run's page is open in Chromium all along, served by uvicorn on the controller's
-loop: line -> browser DOM from its stamps.
+loop: line -> browser DOM from its stamps (on a machine without Chromium: line -> the page's event stream).
 Restart: the controller, run as a process of its own, is SIGKILLed while it stores lines; the jobs go on
 writing for ``--backlog`` seconds, a fresh controller starts: the time until every run's stored log reaches
 what its job had written when it started again.

@@ -156,7 +156,6 @@ def test_query_without_nvidia_smi_is_empty(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.delenv("EAGLEWATCH_NVIDIA_SMI", raising=False)
     assert gpus.find_nvidia_smi() is None
     assert gpus.query() == {"gpus": [], "processes": []}
-    assert gpus.gpu_pids() is None
 
 
 def test_query_replays_real_h200_output(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -171,7 +170,6 @@ def test_query_replays_real_h200_output(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert set(result) == {"gpus", "processes"}
     assert result["gpus"][0]["name"] == "NVIDIA H200"
     assert result["processes"] == [{"pid": 420, "gpu_uuid": H200_UUID, "used_memory_mib": 20998}]
-    assert gpus.gpu_pids() == {420}
 
 
 def test_query_reports_a_failing_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

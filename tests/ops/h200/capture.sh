@@ -21,10 +21,10 @@ nvidia-smi > "$OUT/nvidia-smi-busy.txt" 2>&1
 nvidia-smi "$q_gpu" "$fmt" > "$OUT/query-gpu-busy.csv" 2>&1
 nvidia-smi "$q_app" "$fmt" > "$OUT/query-apps-busy.csv" 2>&1
 echo "holder pid (shell) $holder"
-python3 -c 'import json, agent.gpus as g; print(json.dumps(g.query(), indent=1)); print("gpu_pids", g.gpu_pids())'
+python3 -c 'import json, agent.jobs.gpus as g; print(json.dumps(g.query(), indent=1))'
 kill "$holder"; wait "$holder" 2>/dev/null
 sleep 1
-python3 -c 'import json, agent.gpus as g; print(json.dumps(g.query())); print("gpu_pids", g.gpu_pids())'
+python3 -c 'import json, agent.jobs.gpus as g; print(json.dumps(g.query()))'
 nvidia-smi "$q_gpu" "$fmt"
 # Older formats the parser should know: full CSV with header and units.
 nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu,temperature.gpu --format=csv > "$OUT/query-gpu-header-units.csv" 2>&1
