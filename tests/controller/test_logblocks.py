@@ -266,6 +266,30 @@ async def test_a_block_commits_at_once_while_the_writer_is_idle_and_queues_other
     assert await _all(store) == lines + more
 
 
+async def test_blocks_of_later_loop_rounds_share_one_commit_within_soon_s(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block that comes a few loop rounds after another, inside SOON_S, joins its commit (links' blocks
+    arrive in different rounds; one commit each was most of the controller's CPU at 8 hosts x 8 runs).
+    SOON_S is widened so that a busy test machine cannot close the window between the rounds."""
+    import controller.store
+
+    monkeypatch.setattr(controller.store, "SOON_S", 0.5)
+    await store.write(_run)
+    lines = _lines(0, 12)
+    commits: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    add = partial(crud.add_log_block, run_id="r-1")
+    first = store.submit(partial(add, block=_block(lines[:4])), now_if_idle=True)
+    for _ in range(3):
+        await asyncio.sleep(0)  # later rounds of the loop
+    assert not first.done()
+    second = store.submit(partial(add, block=_block(lines[4:])), now_if_idle=True)
+    assert (await first, await second, len(commits)) == (4, 8, 1)
+    store._conn.set_trace_callback(None)
+
+
 async def test_the_feed_pages_big_blocks_by_size_and_paging_on_gets_everything_once(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
