@@ -11,10 +11,9 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from agent import __version__, settings
-from agent.paths import default_socket, valid_run_id
+from agent.paths import valid_run_id
 
 #: Sub-commands implemented in other modules: name → (module, function taking argv).  Imported only when used.
 DELEGATED = {
@@ -26,19 +25,10 @@ DELEGATED = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that exits 2 with one clear line (no usage dump to stdout)."""
-
-    def error(self, message: str) -> Any:
-        self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="eaglewatch-agent", description="eaglewatch agent for a GPU host")
+    p = argparse.ArgumentParser(prog="eaglewatch-agent", description="eaglewatch agent for a GPU host")
     p.add_argument("--version", action="version", version=f"eaglewatch-agent {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
     d = sub.add_parser("daemon", help="run the host daemon (systemd runs this)")
     d.add_argument(
         "--state-dir", type=Path, help=f"default ${settings.AGENT_HOME.name} or {settings.AGENT_HOME.default}"
@@ -64,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _dirs(args: argparse.Namespace) -> tuple[Path, Path]:
     state = args.state_dir or settings.AGENT_HOME.get()
-    return state, args.socket or default_socket(state)
+    return state, args.socket or state / "agent.sock"
 
 
 def new_run_id(name: str) -> str:

@@ -59,7 +59,7 @@ def spec_size_problem(spec: dict[str, Any]) -> str | None:
         return f"{', '.join(bad) or 'the spec'}: text must be valid Unicode (no lone surrogates)"
     if size <= MAX_SPEC_BYTES:
         return None
-    sizes = sorted(((_size(v), k) for k, v in spec.items()), reverse=True)
+    sizes = sorted(((spec_bytes(v), k) for k, v in spec.items()), reverse=True)
     largest = ", ".join(f"{k} ({n} bytes)" for n, k in sizes[:2])
     return f"the spec is {size} bytes as JSON, over the {MAX_SPEC_BYTES} an agent accepts; largest: {largest}"
 
@@ -98,10 +98,3 @@ def _encodable(value: Any) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _size(value: Any) -> int:
-    try:
-        return spec_bytes(value)
-    except (UnicodeEncodeError, TypeError, ValueError):
-        return 0

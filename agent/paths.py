@@ -23,11 +23,6 @@ class StateWriteError(OSError):
         return str(self.strerror)
 
 
-def default_socket(state_dir: Path) -> Path:
-    """The daemon's Unix socket inside the state dir."""
-    return state_dir / "agent.sock"
-
-
 def valid_run_id(run: object) -> bool:
     """True when ``run`` is a string usable as a run id (and so as a directory name)."""
     return isinstance(run, str) and RUN_ID_RE.match(run) is not None and run not in (".", "..")

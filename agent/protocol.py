@@ -122,7 +122,8 @@ class ErrorCode(StrEnum):
 
 
 class ProtocolError(Exception):
-    """A message that cannot be accepted; ``code`` is the ErrorCode to send back."""
+    """A message that cannot be accepted or a request that cannot be served; ``code`` is the ErrorCode to
+    send back."""
 
     def __init__(self, code: ErrorCode, message: str, request_id: Any = None) -> None:
         super().__init__(f"{code}: {message}")
@@ -237,34 +238,16 @@ def attach_payload(message: dict[str, Any], payload: bytes) -> dict[str, Any]:
     return out
 
 
-def decode_messages(data: bytes) -> list[dict[str, Any]]:
-    """Every message in ``data`` (complete lines and their payloads), e.g. what a daemon sent."""
-    out: list[dict[str, Any]] = []
-    pos = 0
-    while pos < len(data):
-        end = data.index(b"\n", pos) + 1
-        msg = decode_message(data[pos:end])
-        pos = end
-        size = payload_size(msg)
-        if size is not None:
-            msg = attach_payload(msg, data[pos : pos + size])
-            pos += size
-        out.append(msg)
-    return out
-
-
-def hello(agent_version: str, hostname: str, pid: int, socket: str | None = None) -> dict[str, Any]:
+def hello(agent_version: str, hostname: str, pid: int, socket: str) -> dict[str, Any]:
     """The first message the daemon sends on every connection (``socket``: where it listens, absolute)."""
-    msg: dict[str, Any] = {
+    return {
         "type": "hello",
         "agent_version": agent_version,
         "protocol": PROTOCOL_VERSION,
         "hostname": hostname,
         "pid": pid,
+        "socket": socket,
     }
-    if socket is not None:
-        msg["socket"] = socket
-    return msg
 
 
 def reply(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:
@@ -277,11 +260,6 @@ def error(request_id: Any, code: ErrorCode, message: str) -> dict[str, Any]:
     return {"type": "error", "id": request_id, "code": code.value, "message": message}
 
 
-def event(run: str, journal_event: dict[str, Any]) -> dict[str, Any]:
-    """A streamed journal event of a followed run."""
-    return {"type": "event", "run": run, "event": journal_event}
-
-
 def _event_head(run: str) -> bytes:
     """What every ``event`` message of ``run`` starts with, up to its event object."""
     return b'{"type":"event","run":' + json.dumps(run, ensure_ascii=False).encode("utf-8") + b',"event":'
@@ -289,8 +267,8 @@ def _event_head(run: str) -> bytes:
 
 def event_frames(run: str, raw_events: list[bytes]) -> bytes:
     """The encoded ``event`` messages for journal lines ``raw_events`` (strict JSON, as the journal holds
-    them): framed as they are, byte for byte what ``encode(event(run, json.loads(raw)))`` gives for a
-    journal line, without decoding or encoding any of them."""
+    them): framed as they are, byte for byte what ``encode`` gives for ``{"type": "event", "run": run,
+    "event": json.loads(raw)}``, without decoding or encoding any of them."""
     head = _event_head(run)
     return b"".join(head + raw + b"}\n" for raw in raw_events)
 

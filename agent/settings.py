@@ -78,13 +78,10 @@ def _shard(text: str) -> tuple[int, int] | None:
     return int(index), int(count)
 
 
-def _one_of(*choices: str) -> Callable[[str], str | None]:
-    def parse(text: str) -> str | None:
-        if text and text.lower() not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}")
-        return text.lower() or None
-
-    return parse
+def _capture(text: str) -> str | None:
+    if text and text.lower() not in ("aux", "hooks"):
+        raise ValueError("expected one of aux, hooks")
+    return text.lower() or None
 
 
 def _number(text: str, low: float, high: float) -> float:
@@ -95,10 +92,6 @@ def _number(text: str, low: float, high: float) -> float:
     if not math.isfinite(value) or not low <= value <= high:
         raise ValueError(f"expected a number from {low:g} to {high:g}")
     return value
-
-
-def _float_in(low: float, high: float) -> Callable[[str], float]:
-    return lambda text: _number(text, low, high)
 
 
 def _int_in(low: int, high: int) -> Callable[[str], int]:
@@ -129,7 +122,7 @@ NVIDIA_SMI = Setting(
 SLURM_POLL_S = Setting(
     "EAGLEWATCH_SLURM_POLL_S",
     "float",
-    _float_in(0.2, 3600),
+    lambda text: _number(text, 0.2, 3600),
     "10",
     "daemon: seconds between its squeue calls, one call for all runs (0.2-3600)",
 )
@@ -137,7 +130,7 @@ SLURM_POLL_S = Setting(
 CAPTURE = Setting(
     "EAGLEWATCH_CAPTURE",
     "str",
-    _one_of("aux", "hooks"),
+    _capture,
     "",
     "job: the worker extension's capture path, aux (compiled, CUDA graphs) or hooks (eager); unset: chosen",
 )
@@ -209,19 +202,5 @@ AUX_LAYERS = Setting(
     by_agent=True,
 )
 
-#: The table, in the order the README lists it.
-REGISTRY: tuple[Setting[Any], ...] = (
-    AGENT_HOME,
-    NVIDIA_SMI,
-    SLURM_POLL_S,
-    CAPTURE,
-    ALLOW_KNOWN_BUGS,
-    ALLOW_UNTESTED_VLLM,
-    PINNED_BUFFERS,
-    WRITERS,
-    WRITEBACK_MB,
-    COSTS_TRACE,
-    RUN_ID,
-    SHARD,
-    AUX_LAYERS,
-)
+#: The table, in the order the README lists it: every Setting above, as defined.
+REGISTRY: tuple[Setting[Any], ...] = tuple(v for v in list(globals().values()) if isinstance(v, Setting))

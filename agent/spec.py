@@ -13,6 +13,7 @@ from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -51,10 +52,16 @@ _Arg = Annotated[str, StringConstraints(max_length=limits.MAX_ARG_CHARS)]
 _HostName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 
 
-def unknown_field_message(name: str, known: list[str]) -> str:
-    """What to say of a field no model has: the nearest known name when one is close."""
-    close = difflib.get_close_matches(name, known, n=1)
-    return f"not a spec field: did you mean {close[0]}?" if close else "not a spec field"
+def _absolute_path(v: str) -> str | None:
+    """An absolute host path (None for empty); the error names the value."""
+    if v == "":
+        return None
+    if "\x00" in v or not PurePosixPath(v).is_absolute():
+        raise ValueError(f"must be an absolute path on the host, got {v!r}")
+    return v
+
+
+_AbsPath = Annotated[_Path, AfterValidator(_absolute_path)]
 
 
 class _Fields(BaseModel):
@@ -77,7 +84,10 @@ class _Fields(BaseModel):
                 detail: InitErrorDetails = {"type": e["type"], "loc": e["loc"], "input": e["input"]}
                 if e["type"] == "extra_forbidden":
                     # a nested model's error already carries its own suggestion: keep its message
-                    text = unknown_field_message(str(e["loc"][0]), known) if len(e["loc"]) == 1 else e["msg"]
+                    text = e["msg"]
+                    if len(e["loc"]) == 1:  # the nearest known name when one is close (``modle``: model)
+                        close = difflib.get_close_matches(str(e["loc"][0]), known, n=1)
+                        text = f"not a spec field: did you mean {close[0]}?" if close else "not a spec field"
                     detail["type"] = PydanticCustomError("extra_forbidden", text)
                 elif "ctx" in e:
                     detail["ctx"] = e["ctx"]
@@ -116,7 +126,7 @@ class Attach(_Fields):
     pid: StrictInt | None = Field(
         default=None, ge=1, le=1 << 22, description="follow this process and its descendants"
     )
-    log: _Path | None = Field(
+    log: _AbsPath | None = Field(
         default=None, description="absolute path of the job's log file, followed like tail -F"
     )
     from_start: StrictBool = Field(
@@ -132,11 +142,6 @@ class Attach(_Fields):
         le=MAX_IDLE_TIMEOUT_S,
         description="end watching after this many seconds with no new log line or file (not for a slurm_job)",
     )
-
-    @field_validator("log")
-    @classmethod
-    def _log(cls, v: str | None) -> str | None:
-        return _absolute_path(v)
 
     @field_validator("slurm_job")
     @classmethod
@@ -177,15 +182,6 @@ class Shard(_Fields):
         return f"manifest.shard-{self.index}-of-{self.count}.json"
 
 
-def _absolute_path(v: str | None) -> str | None:
-    """An absolute host path (None for empty); the error names the value."""
-    if v is None or v == "":
-        return None
-    if "\x00" in v or not PurePosixPath(v).is_absolute():
-        raise ValueError(f"must be an absolute path on the host, got {v!r}")
-    return v
-
-
 def _pass_through(v: list[str], field: str) -> list[str]:
     """Another program's own flags: argv items, never a shell string (same rule as vllm_args)."""
     for arg in v:
@@ -200,12 +196,14 @@ def _pass_through(v: list[str], field: str) -> list[str]:
 class SpeculatorsOptions(_Fields):
     """Backend ``speculators``: a vLLM server started for extraction, then speculators' offline client."""
 
-    scripts_dir: _Path | None = Field(
+    scripts_dir: _AbsPath | None = Field(
         default=None,
         description="a speculators checkout's scripts/ (launch_vllm.py, data_generation_offline.py); "
         "default: the installed package (`python -m speculators generate-offline-data`)",
     )
-    python: _Path | None = Field(default=None, description="the Python that runs both; default the agent's")
+    python: _AbsPath | None = Field(
+        default=None, description="the Python that runs both; default the agent's"
+    )
     server_command: list[_Arg] = Field(
         default_factory=list,
         max_length=limits.MAX_ARGS,
@@ -221,11 +219,6 @@ class SpeculatorsOptions(_Fields):
         max_length=limits.MAX_ARGS,
         description="more client flags, one per item: --validate-outputs, --world-size, --rank…",
     )
-
-    @field_validator("scripts_dir", "python")
-    @classmethod
-    def _paths(cls, v: str | None) -> str | None:
-        return _absolute_path(v)
 
     @field_validator("client_args")
     @classmethod
@@ -246,8 +239,8 @@ class SpeculatorsOptions(_Fields):
 class SpecForgeOptions(_Fields):
     """Backend ``specforge``: ``torchrun … scripts/prepare_hidden_states.py`` from a SpecForge checkout."""
 
-    scripts_dir: _Path = Field(description="the SpecForge checkout's scripts/ (prepare_hidden_states.py)")
-    python: _Path | None = Field(
+    scripts_dir: _AbsPath = Field(description="the SpecForge checkout's scripts/ (prepare_hidden_states.py)")
+    python: _AbsPath | None = Field(
         default=None, description="the Python that runs torchrun; default the agent's"
     )
     nproc_per_node: StrictInt | None = Field(
@@ -259,19 +252,15 @@ class SpecForgeOptions(_Fields):
         description="more prepare_hidden_states.py flags, one per item: --chat-template, --compress…",
     )
 
-    @field_validator("scripts_dir", "python")
-    @classmethod
-    def _paths(cls, v: str | None) -> str | None:
-        return _absolute_path(v)
-
     @field_validator("args")
     @classmethod
     def _args(cls, v: list[str]) -> list[str]:
         return _pass_through(v, "specforge.args")
 
 
-class RunSpecBase(_Fields):
-    """Fields a user sets to describe an extraction run (or any watched command).
+class RunSpec(_Fields):
+    """A validated run spec, as stored and sent to the agent: what a user sets to describe an extraction run
+    (or any watched command).
 
     No value is trimmed: argv items and env values pass to the job as written, and names (run, hosts, env
     variables) are checked whole, so stray whitespace is refused with the field named, never dropped.
@@ -283,7 +272,9 @@ class RunSpecBase(_Fields):
         description="name of a configured host, or a list of them for a sharded run (controller level)",
     )
     backend: Backend = DEFAULT
-    model: _Path | None = Field(default=None, description="absolute path of the model directory on the host")
+    model: _AbsPath | None = Field(
+        default=None, description="absolute path of the model directory on the host"
+    )
     layers: list[StrictInt] | None = Field(
         default=None,
         max_length=limits.MAX_LAYERS,
@@ -291,7 +282,7 @@ class RunSpecBase(_Fields):
     )
     layer_convention: LayerConvention = "input"
     tensor_parallel_size: StrictInt = Field(default=1, ge=1, le=limits.MAX_TENSOR_PARALLEL)
-    dataset: _Path | None = Field(default=None, description="absolute path of a JSONL dataset on the host")
+    dataset: _AbsPath | None = Field(default=None, description="absolute path of a JSONL dataset on the host")
     max_samples: StrictInt | None = Field(default=None, ge=1, le=limits.MAX_SAMPLES)
     seq_len: StrictInt = Field(default=2048, ge=1, le=limits.MAX_SEQ_LEN)
     batch_size: StrictInt = Field(default=8, ge=1, le=limits.MAX_BATCH_SIZE)
@@ -403,11 +394,6 @@ class RunSpecBase(_Fields):
             raise ValueError(err)
         return v
 
-    @field_validator("model", "dataset")
-    @classmethod
-    def _absolute(cls, v: str | None) -> str | None:
-        return _absolute_path(v)
-
     @field_validator("layers")
     @classmethod
     def _layers(cls, v: list[int] | None) -> list[int] | None:
@@ -471,7 +457,7 @@ class RunSpecBase(_Fields):
         return data
 
     @model_validator(mode="after")
-    def _attached(self) -> RunSpecBase:
+    def _attached(self) -> RunSpec:
         if self.attach is None:
             return self
         a = self.attach
@@ -493,7 +479,7 @@ class RunSpecBase(_Fields):
         return self
 
     @model_validator(mode="after")
-    def _backend_fields(self) -> RunSpecBase:
+    def _backend_fields(self) -> RunSpec:
         backend = self.backend
         if backend == Backend.COMMAND:
             if not self.command and self.attach is None:
@@ -526,7 +512,7 @@ class RunSpecBase(_Fields):
         return self
 
     @model_validator(mode="after")
-    def _shards(self) -> RunSpecBase:
+    def _shards(self) -> RunSpec:
         if self.shards > 1 and self.shard is not None:
             raise ValueError(
                 "a spec sets 'shards' (the controller splits the run) or 'shard' (one job), not both"
@@ -540,16 +526,12 @@ class RunSpecBase(_Fields):
         return self
 
     @model_validator(mode="after")
-    def _fits_one_line(self) -> RunSpecBase:
+    def _fits_one_line(self) -> RunSpec:
         # The controller sends the spec, defaults filled in, in one launch line the agent reads whole.
         problem = limits.spec_size_problem(self.model_dump(mode="json"))
         if problem:
             raise ValueError(problem)
         return self
-
-
-class RunSpec(RunSpecBase):
-    """A validated run spec, as stored and sent to the agent."""
 
 
 def parse_spec(data: dict[str, Any]) -> RunSpec:

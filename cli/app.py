@@ -268,7 +268,7 @@ def demo(
     """Run the embedded demo (local agent, tiny model, web UI)."""
     from cli.demo import run_demo  # imported when used: the other commands start faster
 
-    raise typer.Exit(run_demo(home=home, bind=bind, port=port, extract=extract, broken=broken) or 0)
+    raise typer.Exit(run_demo(home=home, bind=bind, port=port, extract=extract, broken=broken))
 
 
 def main() -> None:

@@ -50,18 +50,13 @@ MILESTONE_STYLE = {
 }
 
 
-def controller(**kwargs: Any) -> Any:
-    """A Controller on the settings from config.toml + environment (imported lazily: fast --help)."""
-    from controller.service import Controller
-
-    return Controller(Settings(), **kwargs)
-
-
 def run_ctl(fn: Callable[[Any], Awaitable[T]], **kwargs: Any) -> T:
-    """Run ``fn(controller)`` in a short-lived controller; typed errors become a message and exit code."""
+    """Run ``fn(controller)`` in a short-lived controller (on config.toml + environment); typed errors become
+    a message and exit code."""
+    from controller.service import Controller  # imported when used: a fast --help
 
     async def main() -> T:
-        async with controller(**{"supervise": False, **kwargs}) as ctl:
+        async with Controller(Settings(), **{"supervise": False, **kwargs}) as ctl:
             return await fn(ctl)
 
     try:

@@ -1,17 +1,10 @@
 """`eaglewatch demo`: controller + web UI on 127.0.0.1, a local agent (no SSH), a tiny model, a real CPU run.
 
-How it works
-------------
-Everything lives under a demo home (``~/.local/share/eaglewatch-demo`` unless ``--home``): the controller's
-SQLite file, the agent's state dir (``agent/``), the tiny model, a small dataset and the captured outputs.
-The agent host ``local`` is reached through the controller's local transport (``python -m agent connect``
-over pipes: the same protocol as over SSH). The web UI needs a login: the demo prints a one-time link
-that logs a browser in, and a login token, both new at each start (other accounts of this machine can
-reach 127.0.0.1 too). The first run extracts hidden states of the tiny Llama on CPU through vLLM (backend
-worker-extension); the page's New-run form offers two saved templates, one good and one broken (the
-capture drops a layer, so shape checks fail and an alert opens). ``--no-extract`` replaces the vLLM run
-with a small backend-``command`` job printing milestone lines (fast; used by the tests). Ctrl-C stops the
-demo's runs and its agent daemon.
+Everything lives under the demo home (database, agent state, tiny model, dataset, outputs). The host
+``local`` is reached over pipes (``python -m agent connect``: the SSH protocol without SSH). The UI needs
+a login even on loopback (other accounts can reach it): the demo prints a one-time link and a token, both
+new at each start. ``--no-extract`` replaces the vLLM run with a quick milestone-printing command job.
+Ctrl-C stops the demo's runs and its agent daemon.
 """
 
 from __future__ import annotations
@@ -28,7 +21,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,35 +61,16 @@ emit("completed", samples=total)
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-@dataclass(frozen=True)
 class DemoPaths:
-    """Where the demo keeps its pieces."""
+    """Where the demo keeps its pieces under its home."""
 
-    home: Path
-
-    @property
-    def agent_state(self) -> Path:
-        """The local agent daemon's state dir."""
-        return self.home / "agent"
-
-    @property
-    def model(self) -> Path:
-        """The tiny random-weight Llama."""
-        return self.home / "tiny-llama"
-
-    @property
-    def dataset(self) -> Path:
-        """A small JSONL dataset of prompts."""
-        return self.home / "data" / "prompts.jsonl"
-
-    @property
-    def fake_job(self) -> Path:
-        """The script of the --no-extract job."""
-        return self.home / "demo_job.py"
-
-    def output(self, name: str) -> Path:
-        """Capture output directory of one run."""
-        return self.home / "outputs" / name
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.agent_state = home / "agent"  # the local agent daemon's state dir
+        self.model = home / "tiny-llama"  # a tiny random-weight Llama
+        self.dataset = home / "data" / "prompts.jsonl"
+        self.fake_job = home / "demo_job.py"  # the script of the --no-extract job
+        self.outputs = home / "outputs"
 
 
 def write_dataset(path: Path, samples: int = 24) -> None:
@@ -118,7 +91,7 @@ def extraction_spec(paths: DemoPaths, name: str, fault: str | None = None, out: 
         "backend": Backend.WORKER_EXTENSION,
         "model": str(paths.model),
         "dataset": str(paths.dataset),
-        "output_dir": str(paths.output(out or name)),
+        "output_dir": str(paths.outputs / (out or name)),
         "max_samples": 24,
         "seq_len": 64,
         "batch_size": 4,
@@ -152,21 +125,14 @@ def build_model(paths: DemoPaths) -> None:
     subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, timeout=600)
 
 
-BROKEN_TEMPLATE = "demo broken - drops a layer"
-
-
-def broken_form(paths: DemoPaths) -> dict[str, str]:
-    """New-run form values of a run whose shape checks fail: the capture drops a layer."""
-    return spec_to_form(extraction_spec(paths, "demo-broken", "drop_layer"))
-
-
 def save_templates(home: Path, paths: DemoPaths, extract: bool) -> None:
     """Saved New-run templates: the good run and the broken one (each load picks a new folder in outputs/)."""
     store = TemplateStore(home)
     if extract:
-        outputs = {"output_dir": str(paths.home / "outputs")}
+        outputs = {"output_dir": str(paths.outputs)}
         store.save("demo tiny llama", {**spec_to_form(extraction_spec(paths, "demo-2")), **outputs})
-        store.save(BROKEN_TEMPLATE, {**broken_form(paths), **outputs})
+        broken = spec_to_form(extraction_spec(paths, "demo-broken", "drop_layer"))  # shape checks fail
+        store.save("demo broken - drops a layer", {**broken, **outputs})
     else:
         store.save("demo command job", spec_to_form(command_spec(paths, "demo-2")))
 
@@ -175,13 +141,9 @@ def save_templates(home: Path, paths: DemoPaths, extract: bool) -> None:
 LOCK_FILE = "demo.lock"
 
 
-class DemoRunning(Exception):
-    """Another demo serves this home; the message says where."""
-
-
-def hold_home(home: Path) -> int:
-    """Lock ``home`` for this demo (an fd to keep open while it runs); DemoRunning names the demo that
-    holds it.  Two demos on one home would share its agent and each other's events."""
+def hold_home(home: Path) -> int | None:
+    """Lock ``home`` for this demo (an fd to keep open while it runs), or None (said where the demo holding
+    it runs): two demos on one home would share its agent and each other's events."""
     fd = os.open(home / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -189,9 +151,13 @@ def hold_home(home: Path) -> int:
         url = os.read(fd, 4096).decode(errors="replace").strip()
         os.close(fd)
         where = f"at {url}" if url else "(still starting)"
-        raise DemoRunning(
-            f"another eaglewatch demo runs on {home} {where}: use it, stop it, or give this one --home DIR"
-        ) from None
+        print(
+            f"eaglewatch demo: another eaglewatch demo runs on {home} {where}: use it, stop it, or give this "
+            "one --home DIR",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
     os.ftruncate(fd, 0)
     return fd
 
@@ -200,14 +166,6 @@ def note_url(fd: int, url: str) -> None:
     """Write the running demo's URL into its lock file (what a second demo on the home prints)."""
     os.ftruncate(fd, 0)
     os.pwrite(fd, url.encode() + b"\n", 0)
-
-
-def fresh_token(home: Path) -> str:
-    """A new login token for this demo start (the old one is forgotten)."""
-    (home / security.TOKEN_FILE).unlink(missing_ok=True)
-    token = security.ensure_token(home)
-    assert token is not None
-    return token
 
 
 def agent_request(
@@ -351,7 +309,8 @@ async def _start_server(app: Any, bind: str, port: int) -> tuple[Any, asyncio.Ta
 
 async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool, lock: int) -> int:
     paths = DemoPaths(home)
-    token = fresh_token(home)
+    (home / security.TOKEN_FILE).unlink(missing_ok=True)  # a new login token at each start
+    token = security.ensure_token(home)
     settings = Settings(home=home, bind=bind, port=port)
     ctl = Controller(settings)
     app = create_app(ctl, bind=bind, require_auth=True, manage_controller=True)
@@ -400,21 +359,12 @@ async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool, l
     return 0
 
 
-def run_demo(
-    *,
-    home: Path | None = None,
-    bind: str = "127.0.0.1",
-    port: int = 8765,
-    extract: bool = True,
-    broken: bool = False,
-) -> int:
+def run_demo(*, home: Path | None, bind: str, port: int, extract: bool, broken: bool) -> int:
     """Run the embedded demo until Ctrl-C; returns the exit status."""
     home = (home or Settings().demo_home).expanduser().resolve()
     ensure_home(home)
-    try:
-        lock = hold_home(home)
-    except DemoRunning as exc:
-        print(f"eaglewatch demo: {exc}", file=sys.stderr, flush=True)
+    lock = hold_home(home)
+    if lock is None:
         return 1
     try:
         return asyncio.run(_demo(home, bind, port, extract, broken, lock))

@@ -188,11 +188,17 @@ def _create(spec: dict[str, Any], as_json: bool) -> None:
         run_id = await ctl.create_run(parse_run_spec(spec))
         return await ctl.get_run(run_id)
 
-    run = run_ctl(go)
-    if as_json:
-        print_json({"id": run.id})
+    _started(run_ctl(go), {} if as_json else None)
+
+
+def _started(run: Any, as_json: dict[str, Any] | None, note: str | None = None) -> None:
+    """Print a new run's id and ``note`` (--json: ``{"id", **as_json}``); exit 1 if it failed at once."""
+    if as_json is not None:
+        print_json({"id": run.id, **as_json})
     else:
         out.print(run.id)
+        if note:
+            err.print(Text(note))
     if run.state == "failed":
         err.print(Text(f"run {run.id} failed: {run.failure_reason}", style="red"))
         raise typer.Exit(1)
@@ -404,15 +410,8 @@ def runs_resume(
     async def go(ctl: Any) -> Any:
         return await ctl.get_run(await ctl.resume_run(run_id, shard))
 
-    run = run_ctl(go)
-    if as_json:
-        print_json({"id": run.id, "resumes": run_id})
-    else:
-        out.print(run.id)
-        err.print(Text(f"resumes {run_id}: files already written are kept, only missing ones are captured"))
-    if run.state == "failed":
-        err.print(Text(f"run {run.id} failed: {run.failure_reason}", style="red"))
-        raise typer.Exit(1)
+    note = f"resumes {run_id}: files already written are kept, only missing ones are captured"
+    _started(run_ctl(go), {"resumes": run_id} if as_json else None, note)
 
 
 def card_lines(card: dict[str, Any]) -> list[str]:
@@ -496,50 +495,29 @@ def runs_logs(
     """Print a run's log (milestones in words, one line per batch; --raw: as written); -f follows it live."""
     show = _printer(raw)
 
-    async def dump(ctl: Any) -> None:
+    async def stream(ctl: Any) -> None:
         run = await ctl.get_run(run_id)
         if run.shards:  # the log lines are each shard job's own
             jobs = " ".join(s.job_id for s in run.shards)
             err.print(Text(f"run {run_id} is sharded: each shard's job has its log (runs logs JOB): {jobs}"))
             return
-        if not is_terminal(run.state):
+        if not follow and not is_terminal(run.state):
             await _refreshed(ctl, {run.host})
             run = await ctl.get_run(run_id)
-        marks = {m.text for m in run.milestones}
-        offset = -1
-        while True:
-            lines = await ctl.read_log(run_id, after_offset=offset, limit=5000)
-            for line in lines:
-                show(line["text"], marks)
-            if not lines:
-                show(None, marks)
-                return
-            offset = lines[-1]["offset"]
-
-    if not follow:
-        run_ctl(dump)
-        return
-    first = run_ctl(lambda ctl: ctl.get_run(run_id))
-    if first.shards:
-        run_ctl(dump)  # names the shard jobs to follow instead
-        return
-    host = first.host
-
-    async def tail(ctl: Any) -> None:
-        run = await ctl.get_run(run_id)
         marks = {m.text for m in run.milestones}
         offset, quiet = -1, 0
         while True:
             lines = await ctl.read_log(run_id, after_offset=offset, limit=5000)
-            if lines:
-                run = await ctl.get_run(run_id)
-                marks = {m.text for m in run.milestones}
+            if lines and follow:
+                marks = {m.text for m in (await ctl.get_run(run_id)).milestones}
             for line in lines:
                 show(line["text"], marks)
             if lines:
                 offset, quiet = lines[-1]["offset"], 0
                 continue
             show(None, marks)
+            if not follow:
+                return
             run = await ctl.get_run(run_id)
             quiet = quiet + 1 if is_terminal(run.state) else 0
             if quiet > 5:
@@ -547,7 +525,11 @@ def runs_logs(
                 return
             await asyncio.sleep(0.2)
 
+    first = run_ctl(lambda ctl: ctl.get_run(run_id)) if follow else None
+    if first is None or first.shards:  # a sharded run: names the shard jobs to follow instead
+        run_ctl(stream)
+        return
     try:
-        run_ctl(tail, supervise=True, only_hosts=[host], deliver_alerts=False)
+        run_ctl(stream, supervise=True, only_hosts=[first.host], deliver_alerts=False)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None

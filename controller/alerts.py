@@ -8,7 +8,7 @@ milestone that is not ok), ``run_failed``,
 nor file check for N× the recent progress interval).  A run's alerts are kept apart per problem (a check's
 problem code, an error's class), so three different problems raise three alerts and a repeated one raises one.
 Storing a draft (dedupe within the cooldown, outbox row when delivering) is crud.raise_alert; delivery is
-outbox.py.
+service.OutboxWorker.
 """
 
 from __future__ import annotations

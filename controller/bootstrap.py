@@ -10,6 +10,7 @@ detached and keep running) and the connect is retried, which starts the new daem
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shlex
 import uuid
@@ -20,10 +21,9 @@ from typing import Any
 import agent
 from controller.errors import HostKeyRejected, Unreachable
 from controller.link import Link, LocalTransport, SSHTransport, StreamHandler
+from controller.models import parse_destination
 from controller.settings import Settings
-from controller.sshdest import parse_destination
 from controller.streamlocal import ROUTE_BRIDGE, ROUTE_LOCAL, go_direct
-from controller.upload import upload_over_exec
 
 log = logging.getLogger(__name__)
 AGENT_DIR = Path(agent.__file__).resolve().parent
@@ -124,9 +124,79 @@ async def ssh_connect(name: str, dest: str, settings: Settings) -> Any:
         hint = (
             f" (it presents {fp}; if that is expected, add it with: ssh-keyscan to known_hosts)" if fp else ""
         )
-        raise HostKeyRejected(name, f"host {name}: {exc}{hint}", fp) from None
+        raise HostKeyRejected(f"host {name}: {exc}{hint}", fp) from None
     except (OSError, asyncssh.Error, TimeoutError) as exc:
         raise Unreachable(f"host {name}: cannot connect to {dest}: {type(exc).__name__}: {exc}") from None
+
+
+#: The fixed program that receives the agent over an exec channel (hosts whose sshd offers no ``sftp``): run
+#: by the host's own Python, only its argv items vary (``shlex.join`` quotes them).  ``check`` prints
+#: ``present`` or ``absent`` and the absolute target; ``write`` reads a JSON header line
+#: ``{"files": [[relative path, size], ...]}`` then the files' bytes back to back, and renames a temporary
+#: directory into place with the same ``.complete`` marker as the SFTP upload.
+RECEIVER = r"""
+import json, os, shutil, sys, uuid
+mode, base, name = sys.argv[1], os.path.expanduser(sys.argv[2]), sys.argv[3]
+if "/" in name or name in ("", ".", ".."):
+    sys.exit("bad directory name")
+target = os.path.abspath(os.path.join(base, name))
+if mode == "check":
+    print(("present " if os.path.exists(os.path.join(target, ".complete")) else "absent ") + target)
+    sys.exit(0)
+src = sys.stdin.buffer
+files = json.loads(src.readline())["files"]
+tmp = target + ".tmp-" + uuid.uuid4().hex[:8]
+for rel, size in files:
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        sys.exit("bad path in upload: %r" % rel)
+    path = os.path.join(tmp, "agent", *parts)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = src.read(size)
+    if len(data) != size:
+        shutil.rmtree(tmp, ignore_errors=True)
+        sys.exit("upload cut short at %s" % rel)
+    with open(path, "wb") as f:
+        f.write(data)
+with open(os.path.join(tmp, ".complete"), "wb") as f:
+    f.write(b"ok\n")
+try:
+    os.rename(tmp, target)
+except OSError:
+    # another controller uploaded the same version meanwhile; theirs is as good as ours
+    shutil.rmtree(tmp, ignore_errors=True)
+    if not os.path.exists(os.path.join(target, ".complete")):
+        raise
+print(target)
+"""
+
+
+async def upload_over_exec(
+    conn: Any, python: str, base: str, name: str, files: tuple[tuple[str, bytes], ...]
+) -> str:
+    """Make sure ``<base>/<name>`` holds ``files`` under ``agent/``; returns that directory on the host."""
+
+    def tail(text: str | bytes | None) -> str:
+        if isinstance(text, bytes):
+            text = text.decode(errors="replace")
+        return (text or "").strip()[-500:] or "no message"
+
+    check = await conn.run(shlex.join([python, "-c", RECEIVER, "check", base, name]), check=False)
+    if check.exit_status != 0:
+        raise Unreachable(f"cannot run {python} on the host to receive the agent: {tail(check.stderr)}")
+    state, _, target = str(check.stdout).strip().partition(" ")
+    if state == "present":
+        return target
+    header = json.dumps({"files": [[rel, len(data)] for rel, data in files]}).encode() + b"\n"
+    res = await conn.run(
+        shlex.join([python, "-c", RECEIVER, "write", base, name]),
+        input=header + b"".join(data for _, data in files),
+        encoding=None,
+        check=False,
+    )
+    if res.exit_status != 0:
+        raise Unreachable(f"uploading the agent over an exec channel failed: {tail(res.stderr)}")
+    return res.stdout.decode().strip() or target
 
 
 async def ensure_agent(
@@ -135,7 +205,7 @@ async def ensure_agent(
     """Upload the agent package unless this version is already there; returns the remote PYTHONPATH.
 
     SFTP when the host's sshd offers it; otherwise (no ``Subsystem sftp`` line) a fixed receiver program
-    run by the host's ``python`` over an exec channel (controller/upload.py).
+    run by the host's ``python`` over an exec channel (``upload_over_exec``).
     """
     import asyncssh
 

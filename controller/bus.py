@@ -39,10 +39,6 @@ class BusEvent:
     data: dict[str, Any] = field(default_factory=dict)
     cursor: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"kind": self.kind, "run_id": self.run_id, "data": self.data, "cursor": self.cursor}
-
 
 class Subscription:
     """A subscriber's queue; iterate it. Ends (StopAsyncIteration) if it lags more than ``maxsize``."""

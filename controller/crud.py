@@ -27,6 +27,7 @@ from controller.errors import Conflict, NotFound
 from controller.lifecycle import RunEvent
 from controller.logblocks import Block
 from controller.models import Alert, Event, Host, HostCreate, LogBlock, Milestone, Outbox, Problem, Run
+from controller.settings import Settings
 from controller.store import FEED_KINDS, Tx
 
 #: Columns of the rows written once per journal event or log block, in their tables' order.
@@ -200,17 +201,8 @@ def transition(
     if change is None:
         return None
     if change.write:
-        tx.conn.execute(
-            _SET_STATE,
-            {
-                "state": change.state.value,
-                "started_at": change.started_at,
-                "ended_at": change.ended_at,
-                "exit_json": change.exit_json,
-                "failure_reason": change.failure_reason,
-                "id": run_id,
-            },
-        )
+        cols = {k: getattr(change, k) for k in ("started_at", "ended_at", "exit_json", "failure_reason")}
+        tx.conn.execute(_SET_STATE, {**cols, "state": change.state.value, "id": run_id})
         for draft in change.alerts:
             raise_alert(tx=tx, draft=draft, policy=policy)
         publish_run(tx=tx, run_id=run_id)
@@ -382,10 +374,7 @@ def raise_alert(*, tx: Tx, draft: AlertDraft, policy: AlertPolicy) -> int | None
     return alert_id
 
 
-def sweep(
-    *, tx: Tx, policy: AlertPolicy, unreachable_minutes: float, stall_factor: float, stall_min_s: float,
-    only_hosts: list[str] | None,
-) -> None:  # fmt: skip
+def sweep(*, tx: Tx, policy: AlertPolicy, settings: Settings, only_hosts: list[str] | None) -> None:
     """Alerts on absence: hosts unreachable too long, running runs whose progress is overdue."""
     now = time.time()
     for name, since in tx.conn.execute(
@@ -393,11 +382,11 @@ def sweep(
     ).fetchall():
         if only_hosts is not None and name not in only_hosts:
             continue
-        draft = alerts.host_unreachable(name, since, now, unreachable_minutes)
+        draft = alerts.host_unreachable(name, since, now, settings.unreachable_minutes)
         if draft:
             raise_alert(tx=tx, draft=draft, policy=policy)
     for row in tx.conn.execute("SELECT * FROM runs WHERE state='running' AND shards IS NULL").fetchall():
-        draft = alerts.stall(dict(row), now, stall_factor, stall_min_s)
+        draft = alerts.stall(dict(row), now, settings.stall_factor, settings.stall_min_s)
         if draft:
             raise_alert(tx=tx, draft=draft, policy=policy)
 

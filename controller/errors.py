@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class ControllerError(Exception):
     """Base of every error the controller facade raises on purpose."""
@@ -14,10 +12,6 @@ class ControllerError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON body for an HTTP error response."""
-        return {"error": self.code, "message": self.message}
 
 
 class NotFound(ControllerError):
@@ -37,10 +31,6 @@ class SpecInvalid(ControllerError):
         self.errors = errors
         text = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or "invalid input"
         super().__init__(text)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON body listing each field error."""
-        return {"error": self.code, "message": self.message, "errors": self.errors}
 
 
 class Conflict(ControllerError):
@@ -62,9 +52,8 @@ class HostKeyRejected(Unreachable):
 
     code = "host_key_rejected"
 
-    def __init__(self, host: str, message: str, fingerprint: str | None = None) -> None:
+    def __init__(self, message: str, fingerprint: str | None = None) -> None:
         super().__init__(message)
-        self.host = host
         self.fingerprint = fingerprint
 
 

@@ -255,12 +255,7 @@ class StateChange:
 
 
 def plan_transition(
-    run: dict[str, Any],
-    event: RunEvent,
-    *,
-    at: float,
-    exit: dict[str, Any] | None,
-    reason: str | None,
+    run: dict[str, Any], event: RunEvent, *, at: float, exit: dict[str, Any] | None, reason: str | None
 ) -> StateChange | None:
     """Move ``run`` through the lifecycle table; None when the table does not allow ``event``."""
     old = run["state"]

@@ -1,17 +1,10 @@
 """Run lifecycle: a pure transition table (state → event → next state), no I/O.
 
-How it works
-------------
-``pending`` is written before anything is sent to the agent; ``launch`` moves it to ``starting``; on a
-Slurm host the job then waits in the scheduler's queue: the agent's ``pending`` (``job_pending``) moves the
-run back to ``pending`` (the controller tells it apart from a never-launched run by its Slurm job id), and
-a requeued job goes from ``running`` to ``pending`` again; a queued job may be stopped, fail or be lost
-but not complete before it ran; the
-agent's launch reply (``launched``) or a journal ``running`` state moves it to ``running``; the journal's
-final state moves it to ``completed | failed | stopped``; the agent not knowing the job any more, with no exit
-status, is ``lost``.  A dropped link turns ``starting``/``running`` into ``unknown`` (never ``failed``); on
-reconnect the agent's status moves ``unknown`` on.  Terminal states never move back: repeating the same
-terminal event is accepted as a no-op (journal replays), any other event raises ``InvalidTransition``.
+``pending`` is written before anything is sent to the agent, and a Slurm job waiting in its queue is
+``pending`` again (told apart from a never-launched run by its job id).  A dropped link turns
+``starting``/``running`` into ``unknown``, never ``failed``: the agent's status moves it on after a
+reconnect.  Terminal states never move back: the same terminal event again is a no-op (journal replays),
+any other raises ``InvalidTransition``.
 """
 
 from __future__ import annotations

@@ -69,9 +69,9 @@ class LocalTransport:
         self._stdin = proc.stdin
 
     @classmethod
-    async def start(cls, state_dir: str | None = None, python: str | None = None) -> LocalTransport:
+    async def start(cls, state_dir: str | None = None) -> LocalTransport:
         """Spawn the bridge (which starts the daemon if none is running for ``state_dir``)."""
-        argv = [python or sys.executable, "-m", "agent", "connect"]
+        argv = [sys.executable, "-m", "agent", "connect"]
         if state_dir:
             argv += ["--state-dir", state_dir]
         env = dict(os.environ)

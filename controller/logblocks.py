@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import pairwise
 from typing import Any
 
@@ -64,12 +64,7 @@ class Block:
     @classmethod
     def from_message(cls, msg: dict[str, Any]) -> Block:
         """The block of a ``log_block`` stream message; BlockError names what is malformed."""
-        offset, nxt, text, offsets = (
-            msg.get("offset"),
-            msg.get("next_offset"),
-            msg.get("text"),
-            msg.get("offsets"),
-        )
+        offset, nxt, text, offsets = (msg.get(k) for k in ("offset", "next_offset", "text", "offsets"))
         if type(offset) is not int or offset < 0:
             raise BlockError("log_block: 'offset' must be an integer >= 0")
         if not isinstance(text, str):
@@ -101,12 +96,7 @@ class Block:
 
     def to_data(self) -> dict[str, Any]:
         """What a ``log`` BusEvent carries: JSON-ready, no per-line objects."""
-        return {
-            "offset": self.offset,
-            "next_offset": self.next_offset,
-            "text": self.text,
-            "offsets": self.offsets,
-        }
+        return asdict(self)
 
     @property
     def count(self) -> int:

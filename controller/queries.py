@@ -30,23 +30,21 @@ _ERROR_RE = re.compile(r"error|traceback|exception|fatal|killed|out of memory", 
 
 
 def _host(row: sqlite3.Row) -> HostPublic:
-    reachable = row["reachable"]
-    return HostPublic(
-        name=row["name"],
-        ssh=row["ssh"],
-        python=row["python"],
-        reachable=None if reachable is None else bool(reachable),
-        last_seen=row["last_seen"],
-        agent_version=row["agent_version"],
-        fingerprint=row["fingerprint"],
-        gpus=json.loads(row["gpus_json"] or "[]"),
-        last_error=row["last_error"],
-        scheduler=row["scheduler"],
-        partition=row["partition"],
-        account=row["account"],
-        sbatch_args=json.loads(row["sbatch_args_json"] or "[]"),
-        slurm_gpus=row["slurm_gpus"],
+    return HostPublic.model_validate(
+        {
+            **dict(row),
+            "gpus": json.loads(row["gpus_json"] or "[]"),
+            "sbatch_args": json.loads(row["sbatch_args_json"] or "[]"),
+        }
     )
+
+
+def _one(conn: sqlite3.Connection, table: str, key: str, value: Any, missing: str) -> sqlite3.Row:
+    """The row of ``table`` whose ``key`` is ``value``; NotFound(``missing``) when there is none."""
+    row = conn.execute(f"SELECT * FROM {table} WHERE {key}=?", (value,)).fetchone()
+    if row is None:
+        raise NotFound(missing)
+    return row
 
 
 def list_hosts(conn: sqlite3.Connection) -> list[HostPublic]:
@@ -56,18 +54,12 @@ def list_hosts(conn: sqlite3.Connection) -> list[HostPublic]:
 
 def get_host(conn: sqlite3.Connection, name: str) -> HostPublic:
     """One host; NotFound names it."""
-    row = conn.execute("SELECT * FROM hosts WHERE name=?", (name,)).fetchone()
-    if row is None:
-        raise NotFound(f"no host named {name!r}")
-    return _host(row)
+    return _host(_one(conn, "hosts", "name", name, f"no host named {name!r}"))
 
 
 def host_row(conn: sqlite3.Connection, name: str) -> dict[str, Any]:
     """The raw host row (internal fields included)."""
-    row = conn.execute("SELECT * FROM hosts WHERE name=?", (name,)).fetchone()
-    if row is None:
-        raise NotFound(f"no host named {name!r}")
-    return dict(row)
+    return dict(_one(conn, "hosts", "name", name, f"no host named {name!r}"))
 
 
 def _in(ids: list[str]) -> str:
@@ -106,41 +98,26 @@ def _run(conn: sqlite3.Connection, row: sqlite3.Row) -> RunPublic:
     # the verdict judges each shard's latest attempt (a resumed run does not count the run it resumes)
     judged = [row["id"], *shard_store.current_job_ids(conn, row["id"])] if row["shards"] else ids
     tally = check_tally(conn, row["id"], judged) if state in verdict.TERMINAL else verdict.CheckTally()
-    return RunPublic(
-        id=row["id"],
-        name=row["name"],
-        host=row["host"],
-        backend=row["backend"],
-        model=row["model"],
-        state=row["state"],
-        created_at=row["created_at"],
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-        exit=json.loads(row["exit_json"]) if row["exit_json"] else None,
-        failure_reason=row["failure_reason"],
-        progress=json.loads(row["progress_json"]) if row["progress_json"] else None,
-        last_milestone=row["last_milestone"],
-        open_alerts=open_alerts,
-        verdict=verdict.verdict(state, tally),
-        verdict_text=verdict.verdict_text(state, tally),
-        scheduler_job=row["scheduler_job"],
+    return RunPublic.model_validate(
+        {
+            **dict(row),
+            "exit": json.loads(row["exit_json"]) if row["exit_json"] else None,
+            "progress": json.loads(row["progress_json"]) if row["progress_json"] else None,
+            "open_alerts": open_alerts,
+            "verdict": verdict.verdict(state, tally),
+            "verdict_text": verdict.verdict_text(state, tally),
+        }
     )
 
 
 def run_row(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
     """The raw run row; NotFound names the id."""
-    row = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
-    if row is None:
-        raise NotFound(f"no run {run_id!r}")
-    return dict(row)
+    return dict(_one(conn, "runs", "id", run_id, f"no run {run_id!r}"))
 
 
 def get_run_public(conn: sqlite3.Connection, run_id: str) -> RunPublic:
     """One run as listed."""
-    row = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
-    if row is None:
-        raise NotFound(f"no run {run_id!r}")
-    return _run(conn, row)
+    return _run(conn, _one(conn, "runs", "id", run_id, f"no run {run_id!r}"))
 
 
 def list_runs(conn: sqlite3.Connection, limit: int | None = None, offset: int = 0) -> list[RunPublic]:
@@ -206,26 +183,12 @@ def recently_ended_runs(conn: sqlite3.Connection, host: str, since: float) -> li
 
 
 def _alert(row: sqlite3.Row) -> AlertPublic:
-    return AlertPublic(
-        id=row["id"],
-        run_id=row["run_id"],
-        host=row["host"],
-        rule=row["rule"],
-        severity=row["severity"],
-        message=row["message"],
-        created_at=row["created_at"],
-        acked=bool(row["acked"]),
-        muted=bool(row["muted"]),
-        delivered=bool(row["delivered"]),
-    )
+    return AlertPublic.model_validate(dict(row))
 
 
 def get_alert(conn: sqlite3.Connection, alert_id: int) -> AlertPublic:
     """One alert; NotFound names the id."""
-    row = conn.execute("SELECT * FROM alerts WHERE id=?", (alert_id,)).fetchone()
-    if row is None:
-        raise NotFound(f"no alert {alert_id}")
-    return _alert(row)
+    return _alert(_one(conn, "alerts", "id", alert_id, f"no alert {alert_id}"))
 
 
 def list_alerts(conn: sqlite3.Connection) -> list[AlertPublic]:
@@ -235,9 +198,7 @@ def list_alerts(conn: sqlite3.Connection) -> list[AlertPublic]:
 
 def get_run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
     """A run with spec, milestones, alerts and problems."""
-    row = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
-    if row is None:
-        raise NotFound(f"no run {run_id!r}")
+    row = _one(conn, "runs", "id", run_id, f"no run {run_id!r}")
     base = _run(conn, row)
     ids = own_ids(conn, row)
     order = "at, run_id, " if len(ids) > 1 else ""  # several jobs' journals: merged by time
@@ -250,23 +211,12 @@ def get_run_detail(conn: sqlite3.Connection, run_id: str) -> RunDetail:
         shard = shard_of.get(m["run_id"])
         if shard is None and row["shards"] and type(fields.get("shard")) is int:
             shard = fields["shard"]  # an array job runs several shards: its milestones say whose they are
-        milestones.append(
-            MilestonePublic(
-                shard=shard,
-                seq=m["seq"],
-                kind=m["kind"],
-                at=m["at"],
-                line=m["line"],
-                rank=m["rank"],
-                fields=fields,
-                text=m["text"],
-            )
-        )
+        milestones.append(MilestonePublic.model_validate({**dict(m), "shard": shard, "fields": fields}))
     alerts = [
         _alert(a) for a in conn.execute(f"SELECT * FROM alerts WHERE run_id IN {_in(ids)} ORDER BY id", ids)
     ]
     problems = [
-        ProblemPublic(code=p["code"], file=p["file"], message=p["message"], at=p["at"])
+        ProblemPublic.model_validate(dict(p))
         for p in conn.execute(
             f"SELECT * FROM problems WHERE run_id IN {_in(ids)} ORDER BY {order}seq, idx", ids
         )
@@ -299,28 +249,17 @@ def read_log(
     get_run_public(conn, run_id)
     limit = max(1, min(int(limit), 100000))
     backwards = before_offset is not None
+    sql = "SELECT offset, end_offset, text, offsets FROM log_blocks WHERE run_id=?"
     if backwards:
-        sql, args = (
-            "SELECT offset, end_offset, text, offsets FROM log_blocks WHERE run_id=? AND offset < ?",
-            [
-                run_id,
-                before_offset,
-            ],
-        )
-        sql += " AND end_offset > ?"
-        args.append(after_offset + 1)
+        sql += " AND offset < ? AND end_offset > ?"
+        args: list[Any] = [run_id, before_offset, after_offset + 1]
     else:
         # The block holding the first line after ``after_offset`` starts at or before it.
         start = conn.execute(
             "SELECT max(offset) FROM log_blocks WHERE run_id=? AND offset <= ?", (run_id, after_offset)
         ).fetchone()[0]
-        sql, args = (
-            "SELECT offset, end_offset, text, offsets FROM log_blocks WHERE run_id=? AND offset >= ?",
-            [
-                run_id,
-                after_offset + 1 if start is None else start,
-            ],
-        )
+        sql += " AND offset >= ?"
+        args = [run_id, after_offset + 1 if start is None else start]
     if query:
         sql += " AND instr(lower(text), lower(?)) > 0"
         args.append(query)

@@ -1,39 +1,8 @@
 """The controller facade: one ``Controller`` per process; the web and the CLI use only this.
 
-Interface (stable; the web builds on it)::
-
-    ctl = Controller(settings, supervise=True)   # supervise=False: short-lived CLI, links opened on demand;
-                                                  # only_hosts=[...] limits supervision; deliver_alerts=bool
-    await ctl.start() / await ctl.stop()          # or: async with Controller(settings) as ctl
-    ctl.settings: Settings ; ctl.bus: Bus         # ctl.bus.subscribe() -> async iterator of BusEvent
-
-    await ctl.add_host(HostCreate) -> HostPublic   (Conflict if the name exists; SpecInvalid for bad input)
-    await ctl.list_hosts() -> list[HostPublic] ; await ctl.get_host(name) -> HostPublic (NotFound)
-    await ctl.remove_host(name) -> None (Conflict while it has non-terminal runs)
-    await ctl.check_host(name) -> HostPublic      (connects now; Unreachable / HostKeyRejected on failure)
-    await ctl.host_key(name) -> str               (SHA256 fingerprint the host presents; no trust implied)
-
-    await ctl.create_run(spec: RunSpec) -> str   (run id; the spec validated where it came in: the API's
-                                                  body, the web form, the CLI's models.parse_run_spec;
-                                                  SpecInvalid(errors=[{field, message}]) for what only
-                                                  its hosts tell: an unknown host, too few GPUs)
-    await ctl.resume_run(run_id) -> str   (a new run, same spec, ``resumed_from`` = run_id; Conflict unless a
-                                           failed/stopped/lost extraction)
-    await ctl.stop_run(run_id) -> RunPublic
-    await ctl.list_runs(limit=None, offset=0) -> list[RunPublic] (newest first)
-    await ctl.count_runs() -> int
-    await ctl.gc(older_than_s) -> {"runs", "lines", "bytes_before", "bytes_after"}   (drops ended runs' log
-                                   lines, keeps milestones/verdicts/problems/specs, vacuums)
-    await ctl.get_run(run_id) -> RunDetail
-    await ctl.refresh(hosts, timeout=15) -> list[Freshness]   (catch runs up from the hosts' journals now;
-                                                               for processes that do not supervise)
-    await ctl.read_log(run_id, *, after_offset=-1, limit=1000, query=None, errors_only=False,
-                       before_offset=None)
-        -> list[{"offset": int, "text": str}]   (the first ``limit`` lines with offset > after_offset,
-           ascending; with before_offset: the LAST ``limit`` lines with offset < before_offset, ascending)
-    await ctl.list_alerts() -> list[AlertPublic] (newest first) ; await ctl.ack_alert(id) / mute_alert(id)
-        -> AlertPublic
-    await ctl.feed_since(run_id | None, cursor | None, limit=1000) -> list[BusEvent]
+``Controller(settings, supervise=True)`` (``supervise=False``: a short-lived CLI, links opened on demand),
+``await ctl.start()`` / ``await ctl.stop()`` or ``async with``; ``ctl.bus.subscribe()`` iterates BusEvents.
+Errors are the typed ``controller.errors`` classes, each with an HTTP ``status``.
 
 BusEvent kinds and ``data``:
     "run"       RunPublic as a dict (after every state/progress change the controller commits)
@@ -44,8 +13,7 @@ BusEvent kinds and ``data``:
                 by newlines: controller/logblocks.py; ``lines_data`` gives [{"offset", "text"}, ...])
     "host"      HostPublic as a dict (run_id None)
 ``cursor`` is an opaque string, ordered (string comparison) in commit order; ``feed_since(run, cursor)``
-returns everything committed after it (for SSE ``Last-Event-ID`` resume).  Errors are the typed
-``controller.errors`` classes, each with an HTTP ``status``.
+returns everything committed after it (for SSE ``Last-Event-ID`` resume).
 """
 
 from __future__ import annotations
@@ -53,31 +21,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
+import random
 import time
+import warnings
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
+from agent.backends import PIPELINES
 from agent.spec import RunSpec
 from controller import crud, queries
 from controller.alerts import AlertPolicy
 from controller.bus import Bus, BusEvent
-from controller.fleet import Supervisors
-from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic
-from controller.outbox import OutboxWorker
-from controller.refresh import REFRESH_TIMEOUT_S, Freshness, refresh_host
-from controller.runs import RunOps
+from controller.errors import AgentError, Conflict, NotFound, SpecInvalid, Unreachable
+from controller.fleet import REFRESH_TIMEOUT_S, Freshness, Supervisors
+from controller.lifecycle import RESUMABLE_STATES, RunEvent, event_for_agent_state, is_terminal
+from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic, parse_run_spec
+from controller.runs import FORECAST_TIMEOUT_S, check_hosts, new_run_id, path_refusal, scheduler_args
 from controller.settings import Settings, ensure_home
-from controller.store import Store
+from controller.shardruns import ShardOps
+from controller.store import Store, Tx
 
 log = logging.getLogger(__name__)
 #: How often the ``log_retention_days`` schedule runs gc.
 GC_INTERVAL_S = 3600.0
+OUTBOX_POLL_S = 0.5
 
 
 class Controller:
     """One per process: the store, one supervisor per host, the alert outbox worker."""
+
+    new_id = staticmethod(new_run_id)
 
     def __init__(
         self,
@@ -96,10 +72,9 @@ class Controller:
         self.supervisors = Supervisors(
             self.settings, self.store, policy, supervise=supervise, only_hosts=only_hosts
         )
-        self.runs = RunOps(self.settings, self.store, self.supervisors, policy)
+        self.sharded = ShardOps(self)
         self.outbox = OutboxWorker(self.settings, self.store)
         self._tasks: list[asyncio.Task[None]] = []
-        self.started = False
 
     async def start(self) -> None:
         """Open the store; with ``supervise`` start a supervisor per host and the outbox worker."""
@@ -112,7 +87,6 @@ class Controller:
         days = self.settings.log_retention_days
         if self.supervise and days is not None:
             self._tasks.append(asyncio.create_task(self._gc_forever(days * 86400), name="log-retention"))
-        self.started = True
 
     async def stop(self) -> None:
         """Stop supervisors and workers, close links and the store."""
@@ -125,7 +99,6 @@ class Controller:
         await self.supervisors.stop()
         await self.store.close()
         self.bus.close()
-        self.started = False
 
     async def __aenter__(self) -> Controller:
         await self.start()
@@ -179,28 +152,166 @@ class Controller:
 
     # ------------------------------------------------------------------ runs
 
-    async def create_run(self, spec: RunSpec) -> str:
-        """Check the spec's hosts, write the run (pending), launch it through its agent; returns its id."""
-        return await self.runs.create(spec)
+    async def _check_hosts(self, spec: RunSpec) -> None:
+        """check_hosts against the spec's hosts as stored; raises SpecInvalid."""
+        hosts: dict[str, dict[str, Any] | None] = {}
+        for name in spec.hosts:
+            try:
+                hosts[name] = await self.store.read(queries.host_row, name)
+            except NotFound:
+                hosts[name] = None
+        check_hosts(spec, hosts)
+
+    async def create_run(self, spec: RunSpec, resumed_from: str | None = None) -> str:
+        """Check the spec's hosts, write the run (pending), launch it through its agent; returns its id (a
+        failed launch leaves a failed run with the reason).
+
+        A spec with ``shards`` > 1 becomes one sharded run of several jobs (controller/shardruns.py)."""
+        await self._check_hosts(spec)
+        if spec.shards > 1:
+            return await self.sharded.create(spec)
+        run_id = new_run_id()
+        document = spec.model_dump(mode="json")
+
+        def insert(tx: Tx) -> None:
+            crud.ensure_output_dir_free(tx=tx, hosts=spec.hosts, output_dir=spec.output_dir)
+            crud.insert_run(
+                tx=tx, run_id=run_id, name=spec.name, host=spec.hosts[0], backend=spec.backend,
+                model=spec.model, spec_json=json.dumps(document), resumed_from=resumed_from,
+            )  # fmt: skip
+            crud.transition(tx=tx, run_id=run_id, event=RunEvent.LAUNCH, policy=self.policy)
+
+        await self.store.write(insert)
+        await self.launch(run_id, spec.hosts[0], document, discard_refused=True)
+        return run_id
+
+    async def launch(
+        self,
+        run_id: str,
+        host: str,
+        document: dict[str, Any],
+        array: tuple[int, list[int]] | None = None,
+        discard_refused: bool = False,
+    ) -> None:
+        """Ask ``host``'s agent to launch a written (starting) run with its spec as stored (``document``); a
+        refusal fails it with the reason.
+
+        ``array`` (shards, task ids): on a Slurm host, one array job running those shards of the run.
+        ``discard_refused``: a host path the agent refuses (no such model, dataset or scripts; an output_dir
+        not writable, in use or holding a capture) is the caller's spec error: the run is forgotten and
+        SpecInvalid names the field."""
+        try:
+            row = await self.store.read(queries.host_row, host)
+        except NotFound:
+            row = {}
+        extra = {"scheduler": sched} if (sched := scheduler_args(row)) else {}
+        if sched is not None and array is not None:
+            sched.update(shards=array[0], tasks=array[1])
+        try:
+            async with self.supervisors.link_for(host) as link:
+                result = await link.request("launch", run=run_id, spec=document, timeout=120, **extra)
+        except (AgentError, Unreachable) as exc:
+            refusal = path_refusal(exc)
+            if discard_refused and refusal is not None:
+                await self.store.write(lambda tx: crud.discard_run(tx=tx, run_id=run_id))
+                raise SpecInvalid([refusal]) from None
+            reason = f"launch failed: {exc.message}"
+            await self.store.write(
+                lambda tx: crud.transition(
+                    tx=tx, run_id=run_id, event=RunEvent.LAUNCH_FAILED, policy=self.policy, reason=reason
+                )
+            )
+            return
+
+        def launched(tx: Tx) -> None:
+            job = result.get("job_id") if result.get("scheduler") == "slurm" else None
+            crud.set_pid(tx=tx, run_id=run_id, pid=result.get("pid"), scheduler_job=job)
+            # A Slurm job waits in the queue first: pending (with its job id) until the agent says running.
+            event = RunEvent.LAUNCHED if job is None else RunEvent.JOB_PENDING
+            crud.transition(tx=tx, run_id=run_id, event=event, policy=self.policy)
+
+        await self.store.write(launched)
+        self.supervisors.poke(host)
 
     async def resume_run(self, run_id: str, shard: int | None = None) -> str:
-        """Start a new run linked to ``run_id`` with its spec (same output directory); returns its id.
+        """A new run with the same spec, linked to ``run_id``: the job keeps the files already written and
+        captures only the missing or invalid ones.  Conflict unless an extraction that did not finish.
 
-        A sharded run restarts its failed shards (or only ``shard``) and stays the same run while active."""
-        return await self.runs.resume(run_id, shard)
+        A sharded run resumes its failed shards, or only ``shard`` (controller/shardruns.py)."""
+        run = await self.store.read(queries.run_row, run_id)
+        if run["shards"]:
+            return await self.sharded.resume(run, shard)
+        if shard is not None:
+            raise Conflict(f"run {run_id} is not sharded: resume it without a shard")
+        if run["state"] not in RESUMABLE_STATES:
+            raise Conflict(
+                f"run {run_id} is {run['state']}: only a failed, stopped or lost extraction can be resumed"
+            )
+        if run["backend"] == "command":
+            raise Conflict(
+                f"run {run_id} runs a command, which may not skip finished work: start it again instead"
+            )
+        spec = {**json.loads(run["spec_json"]), "resume": True}
+        return await self.create_run(parse_run_spec(spec), resumed_from=run_id)
 
     async def forecast(self, spec: RunSpec) -> dict[str, Any]:
-        """The host's disk forecast for a spec (`extract --forecast` through the agent); launches nothing."""
-        return await self.runs.forecast(spec)
+        """The host's forecast for a spec (bytes to write, free bytes, fits, estimated); launches nothing.
+
+        A spec the job cannot forecast (no such model or dataset on the host) is SpecInvalid on `spec`.
+        """
+        await self._check_hosts(spec)
+        if spec.backend == "command":
+            raise SpecInvalid([{"field": "backend", "message": "a watched command has no forecast"}])
+        try:
+            async with self.supervisors.link_for(spec.hosts[0]) as link:
+                document = spec.model_dump(mode="json")
+                return await link.request("forecast", spec=document, timeout=FORECAST_TIMEOUT_S)
+        except AgentError as exc:
+            if (refusal := path_refusal(exc)) is not None:
+                raise SpecInvalid([refusal]) from None
+            if exc.agent_code in ("failed", "bad_args"):
+                message = exc.message.removeprefix(f"agent: {exc.agent_code}: ")
+                raise SpecInvalid([{"field": "spec", "message": f"no forecast: {message}"}]) from None
+            raise
 
     async def run_card(self, run_id: str) -> dict[str, Any]:
-        """A run's dataset card (manifest.json from its host: totals, layer stats, versions, spec)."""
-        return await self.runs.card(run_id)
+        """The run's dataset card: its manifest.json as the host has it now (without the per-sample map)."""
+        run = await self.store.read(queries.run_row, run_id)
+        if run["backend"] == "command":
+            raise Conflict(f"run {run_id} is a watched command: eaglewatch keeps no manifest for it")
+        if run["backend"] in PIPELINES:
+            raise Conflict(f"run {run_id} ran {run['backend']}, which writes no eaglewatch manifest")
+        if run["shards"]:
+            return await self.sharded.card(run)
+        async with self.supervisors.link_for(run["host"]) as link:
+            return await link.request("manifest", run=run_id, timeout=60)
 
     async def stop_run(self, run_id: str) -> RunPublic:
         """Ask the agent to stop the job; returns the run as stored afterwards."""
-        await self.runs.stop(run_id)
+        await self.stop_job(run_id)
         return await self.store.read(queries.get_run_public, run_id)
+
+    async def stop_job(self, run_id: str) -> dict[str, Any]:
+        """Stop through the agent, then record the agent's status; Conflict when already finished."""
+        run = await self.store.read(queries.run_row, run_id)
+        if is_terminal(run["state"]):
+            raise Conflict(f"run {run_id} is already {run['state']}")
+        if run["shards"]:
+            return await self.sharded.stop(run)
+        if run["state"] == "pending" and not run.get("scheduler_job"):
+            raise Conflict(f"run {run_id} is pending (not launched yet)")
+        async with self.supervisors.link_for(run["host"]) as link:
+            result = await link.request("stop", run=run_id, timeout=120)
+            status = await link.request("status", run=run_id)
+        state = status.get("state")
+        if state in ("completed", "failed", "stopped", "lost"):
+            ev = event_for_agent_state(str(state))
+            await self.store.write(
+                lambda tx: crud.transition(
+                    tx=tx, run_id=run_id, event=ev, policy=self.policy, exit=status.get("exit")
+                )
+            )
+        return result
 
     async def list_runs(self, limit: int | None = None, offset: int = 0) -> list[RunPublic]:
         """Runs, newest first: ``limit`` of them from ``offset`` (all when None)."""
@@ -232,12 +343,7 @@ class Controller:
 
     async def refresh(self, hosts: Iterable[str], timeout: float = REFRESH_TIMEOUT_S) -> list[Freshness]:
         """Catch the runs of ``hosts`` up from their agents' journals now (one-shot links, in parallel)."""
-        names = sorted(set(hosts))
-        return list(
-            await asyncio.gather(
-                *(refresh_host(n, self.settings, self.store, self.policy, timeout) for n in names)
-            )
-        )
+        return list(await asyncio.gather(*(self.supervisors.refresh(n, timeout) for n in sorted(set(hosts)))))
 
     async def get_run(self, run_id: str) -> RunDetail:
         """One run with spec, milestones, alerts and problems; NotFound if unknown."""
@@ -278,3 +384,69 @@ class Controller:
     async def feed_since(self, run_id: str | None, cursor: str | None, limit: int = 1000) -> list[BusEvent]:
         """Everything committed after ``cursor`` (all runs when ``run_id`` is None), in commit order."""
         return await self.store.read(queries.feed_since, run_id, cursor, limit)
+
+
+class OutboxWorker:
+    """Delivers the durable alert outbox's due rows through apprise; failures back off exponentially (with
+    jitter).  Rows live in SQLite (crud.raise_alert adds them), so an alert raised while the channel or the
+    controller was down is delivered later; each row is claimed first, as another process may poll too."""
+
+    def __init__(self, settings: Settings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+
+    async def run_forever(self) -> None:
+        """Deliver until cancelled."""
+        while True:
+            try:
+                await self.deliver_due()
+            except Exception:
+                log.exception("outbox: delivery round failed")
+            await asyncio.sleep(OUTBOX_POLL_S)
+
+    async def deliver_due(self) -> int:
+        """One round: try every due row once; returns how many were delivered."""
+        now = time.time()
+        rows = await self.store.read(queries.due_outbox, now)
+        delivered = 0
+        for row in rows:
+            delivered += await self._deliver(row, now)
+        return delivered
+
+    async def _deliver(self, row: dict[str, Any], now: float) -> bool:
+        """Claim one due row, send it, record the outcome; True when delivered."""
+        if not await self.store.write(lambda tx: crud.claim_outbox(tx=tx, outbox_id=row["id"], now=now)):
+            return False
+        ok, err = await self._send(row)
+        if ok:
+            await self.store.write(lambda tx: crud.outbox_delivered(tx=tx, row=row))
+        else:
+            backoff = min(2.0 ** (row["attempts"] + 1), self.settings.outbox_max_backoff_s)
+            delay = backoff * random.uniform(0.5, 1.0)
+            await self.store.write(lambda tx: crud.outbox_failed(tx=tx, row=row, delay_s=delay, error=err))
+        return ok
+
+    async def _send(self, row: dict[str, Any]) -> tuple[bool, str | None]:
+        urls = [u.get_secret_value() for u in self.settings.apprise_urls]
+        if not urls:
+            return False, "no apprise_urls configured"
+        ap = _apprise(urls)
+        title = f"eaglewatch [{row['severity']}] {row['rule']}"
+        try:
+            ok = bool(await ap.async_notify(body=row["message"], title=title))
+        except Exception as exc:  # apprise plugins may raise on odd input; keep the row for retry
+            return False, f"{type(exc).__name__}: {exc}"
+        return ok, None if ok else "apprise could not deliver to every URL"
+
+
+def _apprise(urls: list[str]) -> Any:
+    """An Apprise object for ``urls``; apprise (heavy) is imported lazily, and its plugins, loaded on the
+    first ``add``, import stdlib modules deprecated in 3.11 (imghdr): silence that here only."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import apprise
+
+        ap = apprise.Apprise()
+        for url in urls:
+            ap.add(url)
+    return ap

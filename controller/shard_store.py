@@ -96,12 +96,8 @@ def note_tasks(
 
 def has_tasks(tx_conn: sqlite3.Connection, job_id: str) -> bool:
     """Whether some shard row is a task of this (array) job."""
-    return (
-        tx_conn.execute(
-            "SELECT 1 FROM run_shards WHERE job_id=? AND task IS NOT NULL LIMIT 1", (job_id,)
-        ).fetchone()
-        is not None
-    )
+    sql = "SELECT 1 FROM run_shards WHERE job_id=? AND task IS NOT NULL LIMIT 1"
+    return tx_conn.execute(sql, (job_id,)).fetchone() is not None
 
 
 def parents_of(conn: sqlite3.Connection, job_id: str) -> list[str]:
@@ -146,20 +142,15 @@ def shards(conn: sqlite3.Connection, run_id: str) -> list[ShardPublic]:
     out = []
     for r in _current(conn, run_id):
         own = _own(r)
-        out.append(
-            ShardPublic(
-                index=r["idx"],
-                host=r["host"],
-                gpus=json.loads(r["gpus_json"]),
-                job_id=r["job_id"],
-                attempts=r["attempts"],
-                state=own["state"],
-                progress=json.loads(own["progress_json"]) if own["progress_json"] else None,
-                last_milestone=own["last_milestone"],
-                failure_reason=own["failure_reason"],
-                task=r["task"],
-            )
-        )
+        progress = json.loads(own["progress_json"]) if own["progress_json"] else None
+        shard = {
+            **dict(r),
+            **own,
+            "index": r["idx"],
+            "gpus": json.loads(r["gpus_json"]),
+            "progress": progress,
+        }
+        out.append(ShardPublic.model_validate(shard))
     return out
 
 

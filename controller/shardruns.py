@@ -13,13 +13,11 @@ import asyncio
 import contextlib
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from agent.spec import RunSpec
 from controller import crud, queries, shard_store
-from controller.alerts import AlertPolicy
 from controller.errors import Conflict, NotFound, SpecInvalid
-from controller.fleet import Supervisors
 from controller.lifecycle import RESUMABLE_STATES, RunEvent, is_terminal
 from controller.models import ShardPublic, parse_run_spec
 from controller.sharding import (
@@ -32,7 +30,10 @@ from controller.sharding import (
     place,
     shard_spec,
 )
-from controller.store import Store, Tx
+from controller.store import Tx
+
+if TYPE_CHECKING:
+    from controller.service import Controller
 
 
 @dataclass(frozen=True)
@@ -80,38 +81,14 @@ def slurm_arrays(jobs: list[ShardJob], hosts: dict[str, dict[str, Any]]) -> dict
     return out
 
 
-class Jobs(Protocol):
-    """What a sharded run asks of the run operations (controller/runs.py RunOps) for each of its jobs."""
-
-    def new_id(self) -> str:
-        """A new run id."""
-        ...
-
-    async def launch(
-        self,
-        run_id: str,
-        host: str,
-        document: dict[str, Any],
-        array: tuple[int, list[int]] | None = None,
-        discard_refused: bool = False,
-    ) -> None:
-        """Launch a written job with its stored spec; a refusal fails it (a refused host path: SpecInvalid,
-        the job's row discarded, when ``discard_refused``)."""
-        ...
-
-    async def stop(self, run_id: str) -> dict[str, Any]:
-        """Stop a job."""
-        ...
-
-
 class ShardOps:
-    """What RunOps does for a sharded run: create its jobs, resume a shard, stop them all, fetch its card."""
+    """The Controller's run operations for a sharded run: create its jobs, resume a shard, stop, its card."""
 
-    def __init__(self, store: Store, supervisors: Supervisors, policy: AlertPolicy, jobs: Jobs) -> None:
-        self.store = store
-        self.supervisors = supervisors
-        self.policy = policy
+    def __init__(self, jobs: Controller) -> None:
         self.jobs = jobs
+        self.store = jobs.store
+        self.supervisors = jobs.supervisors
+        self.policy = jobs.policy
 
     async def create(self, parsed: RunSpec) -> str:
         """Place the shards, write the run and its jobs, launch every job; returns the run's id."""
@@ -203,7 +180,7 @@ class ShardOps:
         for job_id in job_ids:
             # a refused, finished or unreachable job: the run is forgotten either way
             with contextlib.suppress(Exception):
-                await self.jobs.stop(job_id)
+                await self.jobs.stop_job(job_id)
 
         def forget(tx: Tx) -> None:
             tx.conn.execute("DELETE FROM run_shards WHERE run_id=?", (run_id,))
@@ -284,7 +261,7 @@ class ShardOps:
         going = [r for r in rows if not is_terminal(r.state)]
         # An array job's tasks share it: one stop (one scancel) for all of them.
         job_ids = list(dict.fromkeys(r.job_id for r in going))
-        results = await asyncio.gather(*(self.jobs.stop(j) for j in job_ids), return_exceptions=True)
+        results = await asyncio.gather(*(self.jobs.stop_job(j) for j in job_ids), return_exceptions=True)
         failed = [(j, e) for j, e in zip(job_ids, results, strict=True) if isinstance(e, BaseException)]
         if failed and len(failed) == len(job_ids):
             raise failed[0][1]

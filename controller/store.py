@@ -210,11 +210,9 @@ class Store:
     def submit(
         self, fn: WriteFn[T], *, now_if_idle: bool = False, at_once: bool = False
     ) -> asyncio.Future[T]:
-        """Queue a write without waiting; the future resolves after commit.  ``now_if_idle``: a short write
-        (a log block) runs on this thread ``SOON_S`` later, with the other such writes of that window, if the
-        writer has nothing queued then: no hand-over to the writer thread and back, the two
-        wake-ups that were most of a line's time from link to commit.  ``at_once`` (a milestone, which a
-        user waits for): at the end of the loop's current round instead, with the writes already waiting."""
+        """Queue a write without waiting; the future resolves after commit.  ``now_if_idle`` (a log block):
+        run on this thread ``SOON_S`` later with the other such writes if the writer is idle then (see the
+        module docstring); ``at_once`` (a milestone, which a user waits for): at the end of this loop turn."""
         if self._loop is None or self._thread is None:
             raise RuntimeError("store is not open")
         fut: asyncio.Future[T] = self._loop.create_future()

@@ -3,7 +3,7 @@
 On connect: record reachability, agent version and GPUs; reconcile each unfinished run with the agent's
 ``status``; ``follow`` it from the last stored ``seq`` and log offset.  Stream messages are queued to the
 store's writer in arrival order; journal events wait in an EventQueue so each write stores all that came
-since the last (exactly once: see eventqueue.py, ingest.py and crud.py).  A dropped link marks the host
+since the last (exactly once: see EventQueue, ingest.py and crud.py).  A dropped link marks the host
 unreachable and its starting/running runs ``unknown``.  (The fleet of supervisors and the sweep: fleet.py.)
 """
 
@@ -14,13 +14,14 @@ import contextlib
 import logging
 import random
 import time
+from collections import deque
+from functools import partial
 from typing import Any
 
 from controller import alerts, crud, queries
 from controller.alerts import AlertPolicy
 from controller.bootstrap import open_link
 from controller.errors import AgentError, HostKeyRejected, NotFound, Unreachable
-from controller.eventqueue import EventQueue
 from controller.lifecycle import RunEvent, event_for_agent_state
 from controller.link import Link
 from controller.logblocks import Block, BlockError
@@ -34,6 +35,49 @@ MAX_PENDING_WRITES = 2000
 MAX_PENDING_EVENTS = 5000
 #: After a reconnect, runs that ended this recently are checked for undelivered events and log lines.
 RECENT_S = 3600.0
+
+
+class EventQueue:
+    """A link's journal events (run id, event) waiting for the store's writer, taken all at once by one write.
+
+    Only the first ``put`` after a ``take`` asks the caller to submit a write; that write, run later by the
+    writer thread, takes everything queued by then, so while the writer is busy events pile up here and go
+    into the database in one transaction.  No event is left behind: ``put`` appends before it looks at the
+    flag and ``take`` clears the flag before it drains (deque operations and attribute reads and writes are
+    atomic under the GIL).  Once ``broken`` (a batch failed to commit) it takes and keeps nothing: the caller
+    reconnects and the agent replays every event after the stored last_seq.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[str, dict[str, Any]]] = deque()
+        self._queued = False
+        self.broken = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, run_id: str, event: dict[str, Any]) -> bool:
+        """Queue an event; True when the caller must submit a write that will ``take``."""
+        if self.broken:
+            return False
+        self._items.append((run_id, event))
+        if self._queued:
+            return False
+        self._queued = True
+        return True
+
+    def take(self) -> list[tuple[str, dict[str, Any]]]:
+        """Everything queued, oldest first (called by the write, in the writer thread)."""
+        self._queued = False
+        out = []
+        while self._items and not self.broken:
+            out.append(self._items.popleft())
+        return out
+
+    def fail(self) -> None:
+        """A batch was not stored: take nothing more (the caller reconnects; the agent replays)."""
+        self.broken = True
+        self._items.clear()
 
 
 class HostSupervisor:
@@ -76,12 +120,11 @@ class HostSupervisor:
         """Connect, serve, and on failure retry with exponential backoff plus jitter."""
         delay = self.settings.reconnect_initial_s
         while True:
-            was_up = False
             try:
                 host = await self.store.read(queries.host_row, self.name)
                 self._events = EventQueue()  # a fresh link replays from the stored last_seq
                 link, fp = await open_link(host, self.settings, self.on_stream)
-                self.link, was_up = link, True
+                self.link = link
                 delay = self.settings.reconnect_initial_s
                 await self.connected_to(link, fp)
                 await self._serve(link)
@@ -105,7 +148,7 @@ class HostSupervisor:
                     self.link = None
                 self.connected.clear()
                 self.following.clear()
-            await self._down(reason, was_up)
+            await self.store.write(partial(crud.host_down, name=self.name, reason=reason, policy=self.policy))
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.settings.reconnect_max_s)
 
@@ -207,22 +250,17 @@ class HostSupervisor:
             await self.store.write(
                 lambda tx: crud.transition(tx=tx, run_id=run_id, event=now, policy=self.policy)
             )
-        elif status.get("state") in ("lost",) and run["state"] in (
-            "unknown",
-            "running",
-            "starting",
-            "pending",
-        ):
+        elif status.get("state") == "lost" and run["state"] in ("unknown", "running", "starting", "pending"):
             # A lost job never writes a final journal state of its own.
-            ev = event_for_agent_state("lost")
+            exit, reason = status.get("exit"), "the agent lost the job"
             await self.store.write(
                 lambda tx: crud.transition(
                     tx=tx,
                     run_id=run_id,
-                    event=ev,
+                    event=RunEvent.JOB_LOST,
                     policy=self.policy,
-                    exit=status.get("exit"),
-                    reason="the agent lost the job",
+                    exit=exit,
+                    reason=reason,
                 )
             )
 
@@ -248,16 +286,12 @@ class HostSupervisor:
             except BlockError as exc:
                 log.warning("host %s, run %s: %s", self.name, run_id, exc)
                 return
-            fut3 = self.store.submit(
+            fut = self.store.submit(
                 lambda tx: crud.add_log_block(tx=tx, run_id=run_id, block=block), now_if_idle=True
             )
-            fut3.add_done_callback(_log_failure)
+            fut.add_done_callback(_log_failure)
         if self.store.pending > MAX_PENDING_WRITES or len(self._events) > MAX_PENDING_EVENTS:
-            await self._drain_writes()
-
-    async def _drain_writes(self) -> None:
-        fut = self.store.submit(lambda tx: None)
-        await fut
+            await self.store.submit(lambda tx: None)  # backpressure: wait for the writer to catch up
 
     def _after_events(self, queue: EventQueue, fut: asyncio.Future[int]) -> None:
         if fut.cancelled() or fut.exception() is None:
@@ -270,11 +304,6 @@ class HostSupervisor:
             task = asyncio.ensure_future(self.link.close())
             self._side_tasks.add(task)
             task.add_done_callback(self._side_tasks.discard)
-
-    async def _down(self, reason: str, was_up: bool) -> None:
-        await self.store.write(
-            lambda tx: crud.host_down(tx=tx, name=self.name, reason=reason, policy=self.policy)
-        )
 
     async def key_rejected(self, exc: HostKeyRejected) -> None:
         """Raise the host_key_changed alert: the host presented a key known_hosts does not trust."""

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Path, Query, Response
-from fastapi.sse import ServerSentEvent
+from fastapi import APIRouter, Body, Header, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 import agent
 from agent.spec import RunSpec
 from controller.bus import parse_cursor
-from controller.errors import NotFound
 from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic
 from web import sse
-from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep
 from web.filters import masked_spec
 from web.logpage import read_log_page
+from web.middleware import CSRF_REQUIRED, ControllerDep, CsrfTokenDep
 
 
 class Health(BaseModel):
@@ -118,15 +116,13 @@ async def list_hosts(ctl: ControllerDep) -> list[HostPublic]:
 @post_router.post("/hosts", response_model=HostPublic, status_code=201, responses=_SPEC_ERRORS)
 async def add_host(ctl: ControllerDep, host: HostCreate) -> HostPublic:
     """Add a GPU host (reached over SSH with the user's ssh config and known_hosts)."""
-    result: HostPublic = await ctl.add_host(host)
-    return result
+    return await ctl.add_host(host)
 
 
 @router.get("/hosts/{name}", response_model=HostPublic, responses=_ERRORS)
 async def get_host(ctl: ControllerDep, name: str) -> HostPublic:
     """One host."""
-    result: HostPublic = await ctl.get_host(name)
-    return result
+    return await ctl.get_host(name)
 
 
 @post_router.delete(
@@ -174,8 +170,7 @@ async def get_run(ctl: ControllerDep, run_id: str) -> RunDetail:
 @post_router.post("/runs/{run_id}/stop", response_model=RunPublic, responses={409: {"model": ErrorOut}})
 async def stop_run(ctl: ControllerDep, run_id: str) -> RunPublic:
     """Stop a run's job (TERM, then KILL after a grace period)."""
-    result: RunPublic = await ctl.stop_run(run_id)
-    return result
+    return await ctl.stop_run(run_id)
 
 
 @post_router.post(
@@ -221,71 +216,46 @@ async def list_alerts(ctl: ControllerDep) -> list[AlertPublic]:
 @post_router.post("/alerts/{alert_id}/ack", response_model=AlertPublic)
 async def ack_alert(ctl: ControllerDep, alert_id: AlertId) -> AlertPublic:
     """Acknowledge an alert."""
-    result: AlertPublic = await ctl.ack_alert(alert_id)
-    return result
+    return await ctl.ack_alert(alert_id)
 
 
 @post_router.post("/alerts/{alert_id}/mute", response_model=AlertPublic)
 async def mute_alert(ctl: ControllerDep, alert_id: AlertId) -> AlertPublic:
     """Mute an alert (drops its pending notification)."""
-    result: AlertPublic = await ctl.mute_alert(alert_id)
-    return result
+    return await ctl.mute_alert(alert_id)
 
 
 _SSE_DOC = "Server-Sent Events; `id:` is a cursor: reconnect with `Last-Event-ID` (or `?after=`) to resume."
 
 
-async def _existing_run(ctl: ControllerDep, run_id: str) -> RunDetail:
-    """Resolve the run before the stream starts, so an unknown run is a plain 404 (not a broken stream)."""
-    run: RunDetail = await ctl.get_run(run_id)
-    return run
+LastEventId = Annotated[str | None, Header(max_length=64)]
+After = Annotated[str | None, Query(max_length=64, pattern=r"^(\d{1,20}-\d{1,20}|now)$")]
+
+
+def _start(last_event_id: str | None, after: str | None) -> tuple[str | None, bool]:
+    """The cursor a stream resumes from, and whether it starts from now (``?after=now``)."""
+    cursor = after
+    if last_event_id:
+        try:
+            parse_cursor(last_event_id)
+            cursor = last_event_id
+        except ValueError:
+            pass  # a garbled Last-Event-ID restarts from the client's ?after= (or the start)
+    return (None, True) if cursor == "now" else (cursor, False)
 
 
 @router.get("/runs/{run_id}/events", response_class=sse.SSEResponse, responses=_ERRORS, description=_SSE_DOC)
 async def run_events(
-    ctl: ControllerDep,
-    run_id: str,
-    run: Annotated[RunDetail, Depends(_existing_run)],
-    last_event_id: Annotated[str | None, Header(max_length=64)] = None,
-    after: Annotated[str | None, Query(max_length=64, pattern=r"^(\d{1,20}-\d{1,20}|now)$")] = None,
+    ctl: ControllerDep, run_id: str, last_event_id: LastEventId = None, after: After = None
 ) -> Any:
     """Milestones, state changes, checks, alerts and log lines of one run (and its host's GPUs)."""
-    cursor = _valid_cursor(last_event_id) or after
-
-    async def state() -> str | None:
-        try:
-            return str((await ctl.get_run(run_id)).state)
-        except NotFound:
-            return None
-
-    from_now = cursor == "now"
-    cursor = None if from_now else cursor
-    return sse.response(
-        sse.event_stream(ctl, run_id, cursor, host=run.host, from_now=from_now, run_state=state)
-    )
+    run = await ctl.get_run(run_id)  # before the stream starts: an unknown run is a plain 404
+    cursor, from_now = _start(last_event_id, after)
+    return sse.response(sse.event_stream(ctl, run_id, cursor, host=run.host, from_now=from_now))
 
 
 @router.get("/events", response_class=sse.SSEResponse, description=_SSE_DOC)
-async def all_events(
-    ctl: ControllerDep,
-    last_event_id: Annotated[str | None, Header(max_length=64)] = None,
-    after: Annotated[str | None, Query(max_length=64, pattern=r"^(\d{1,20}-\d{1,20}|now)$")] = None,
-) -> Any:
+async def all_events(ctl: ControllerDep, last_event_id: LastEventId = None, after: After = None) -> Any:
     """Every run's state changes, alerts and host changes (the dashboard's live feed)."""
-    cursor = _valid_cursor(last_event_id) or after
-    from_now = cursor == "now"
-    cursor = None if from_now else cursor
+    cursor, from_now = _start(last_event_id, after)
     return sse.response(sse.event_stream(ctl, None, cursor, kinds=sse.DASHBOARD_KINDS, from_now=from_now))
-
-
-def _valid_cursor(value: str | None) -> str | None:
-    if not value:
-        return None
-    try:
-        parse_cursor(value)
-    except ValueError:
-        return None  # a garbled Last-Event-ID restarts from the client's ?after= (or the start)
-    return value
-
-
-__all__ = ["ServerSentEvent", "post_router", "router"]

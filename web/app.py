@@ -20,7 +20,6 @@ from controller.errors import ControllerError
 from controller.service import Controller
 from controller.settings import Settings, ensure_home
 from web import api, filters, hosts_page, metrics, pages, security
-from web.login_links import LoginLinks
 from web.middleware import BodyLimit, WebSecurity
 from web.run_templates import TemplateStore
 
@@ -57,11 +56,9 @@ def create_app(
     manage_controller: bool | None = None,
 ) -> FastAPI:
     """Build the app around a Controller (created from ``settings`` and started by the lifespan if None)."""
+    manage = controller is None if manage_controller is None else manage_controller
     if controller is None:
         controller = Controller(settings or Settings())
-        manage = True if manage_controller is None else manage_controller
-    else:
-        manage = bool(manage_controller)
     settings = controller.settings
     bind = bind or settings.bind
     auth = (not security.is_loopback(bind)) if require_auth is None else require_auth
@@ -87,49 +84,40 @@ def create_app(
         redoc_url=None,
     )
     token_hash = security.load_token_hash(home)
+    if auth and token_hash is None:
+        raise RuntimeError(
+            f"the web UI needs a login token but none is stored under {home}; run serve() first"
+        )
     generation = security.token_generation(token_hash)
     signer = security.Signer(security.load_secret(home), generation, ttl_s=settings.session_ttl_s)
     app.state.controller = controller
     app.state.signer = signer
     app.state.require_auth = auth
-    app.state.token_hash = token_hash
     app.state.token_checker = security.TokenChecker(token_hash)
     app.state.sessions = security.SessionTable(home / security.SESSIONS_FILE, generation)
-    app.state.secure_cookie = False
     app.state.bind = bind
-    app.state.login_links = LoginLinks()
+    app.state.login_links = security.LoginLinks()
     app.state.jinja = _jinja()
     app.state.template_store = TemplateStore(home)
     app.state.metrics = metrics.Metrics()
-    if auth and app.state.token_hash is None:
-        raise RuntimeError(
-            f"the web UI needs a login token but none is stored under {home}; run serve() first"
-        )
     app.add_middleware(BodyLimit, limit=limits.MAX_BODY_BYTES)  # inside WebSecurity: Host and login first
     hosts = _allowed_hosts(bind, settings.allowed_hosts)
     app.add_middleware(
         WebSecurity, signer=signer, require_auth=auth, checker=app.state.token_checker,
         sessions=app.state.sessions, allowed_hosts=hosts, metrics=app.state.metrics,
     )  # fmt: skip
-    app.include_router(api.router)
-    app.include_router(api.post_router)
+    for module in (api, pages, hosts_page):
+        app.include_router(module.router)
+        app.include_router(module.post_router)
     app.include_router(metrics.router)
-    app.include_router(pages.router)
-    app.include_router(pages.post_router)
-    app.include_router(hosts_page.router)
-    app.include_router(hosts_page.post_router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     _install_error_handlers(app)
     return app
 
 
-def _wants_html(request: Request) -> bool:
-    path = request.url.path
-    return not (path.startswith("/api/") or path in ("/metrics", "/openapi.json"))
-
-
 def _error(request: Request, status: int, code: str, message: str, errors: Any = None) -> Response:
-    if _wants_html(request):
+    path = request.url.path
+    if not (path.startswith("/api/") or path in ("/metrics", "/openapi.json")):  # a page: an error page
         return pages.render(request, "error.html", status=status, code=code, message=message)
     body: dict[str, Any] = {"error": code, "message": message}
     if errors is not None:

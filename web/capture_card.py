@@ -47,6 +47,11 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _latest(value: Any, kept: int | None) -> int | None:
+    """``value`` when it is an int (the latest report wins), else what was ``kept``."""
+    return kept if _int(value) is None else value
+
+
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
@@ -93,22 +98,17 @@ def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -
             batch_tokens += _int(f.get("tokens")) or 0
         elif m.kind == "forecast":
             seen, forecast_bytes = True, _int(f.get("bytes"))
-            free = _int(f.get("free_bytes")) if _int(f.get("free_bytes")) is not None else free
+            free = _latest(f.get("free_bytes"), free)
             fit = f.get("fits") if isinstance(f.get("fits"), bool) else fit
         elif m.kind == "progress":
-            free = _int(f.get("free_bytes")) if _int(f.get("free_bytes")) is not None else free
-            raw_eta = f.get("eta_s")
-            eta = (
-                float(raw_eta)
-                if isinstance(raw_eta, (int, float)) and not isinstance(raw_eta, bool)
-                else None
-            )
-            files = _int(f.get("files_written")) if _int(f.get("files_written")) is not None else files
-            nbytes = _int(f.get("bytes_written")) if _int(f.get("bytes_written")) is not None else nbytes
+            free = _latest(f.get("free_bytes"), free)
+            eta = float(f["eta_s"]) if type(f.get("eta_s")) in (int, float) else None  # not a bool
+            files = _latest(f.get("files_written"), files)
+            nbytes = _latest(f.get("bytes_written"), nbytes)
         elif m.kind == "completed":
             final, eta = True, None
-            tokens = _int(f.get("tokens")) if _int(f.get("tokens")) is not None else tokens
-            files = _int(f.get("files")) if _int(f.get("files")) is not None else files
+            tokens = _latest(f.get("tokens"), tokens)
+            files = _latest(f.get("files"), files)
     if not seen:
         return None
     if not final:
@@ -162,31 +162,21 @@ def sharded_capture_card(spec: Mapping[str, Any], milestones: Iterable[Milestone
     if not cards:
         return None
 
-    def total(name: str) -> int | None:
-        got = [getattr(c, name) for c in cards if getattr(c, name) is not None]
-        return sum(got) if got else None
+    def known(name: str) -> list[Any]:
+        return [getattr(c, name) for c in cards if getattr(c, name) is not None]
 
-    first = cards[0]
-    etas = [c.eta_s for c in cards if c.eta_s is not None]
-    frees = [c.free_bytes for c in cards if c.free_bytes is not None]
-    forecasts = [c.forecast_bytes for c in cards if c.forecast_bytes is not None]
-    fits = [c.fits for c in cards if c.fits is not None]
+    firsts = ("vllm", "layers", "convention", "hidden_size", "dtype", "shapes", "expected_shape")
+    fits = known("fits")
     return CaptureCard(
-        model=first.model,
-        vllm=next((c.vllm for c in cards if c.vllm), None),
-        layers=next((c.layers for c in cards if c.layers), None),
-        convention=next((c.convention for c in cards if c.convention), None),
-        hidden_size=next((c.hidden_size for c in cards if c.hidden_size), None),
-        dtype=next((c.dtype for c in cards if c.dtype), None),
-        tokens=total("tokens"),
-        files=total("files"),
-        bytes=total("bytes"),
+        model=cards[0].model,
+        **{name: next((getattr(c, name) for c in cards if getattr(c, name)), None) for name in firsts},
+        tokens=sum(known("tokens")) if known("tokens") else None,
+        files=sum(known("files")) if known("files") else None,
+        bytes=sum(known("bytes")) if known("bytes") else None,
         final=all(c.final for c in cards) and len(cards) == len(by_shard),
         # a shard's forecast covers the whole run (README, sharding): the largest one is the run's
-        forecast_bytes=max(forecasts) if forecasts else None,
-        free_bytes=min(frees) if frees else None,
+        forecast_bytes=max(known("forecast_bytes"), default=None),
+        free_bytes=min(known("free_bytes"), default=None),
         fits=all(fits) if fits else None,
-        eta_s=max(etas) if etas else None,
-        shapes=next((c.shapes for c in cards if c.shapes), None),
-        expected_shape=next((c.expected_shape for c in cards if c.expected_shape), None),
+        eta_s=max(known("eta_s"), default=None),
     )

@@ -163,16 +163,9 @@ def log_text(text: str) -> str:
 
 def install(env: jinja2.Environment) -> None:
     """Register the filters and globals on an environment."""
-    env.filters.update(
-        clock=clock,
-        since=since,
-        num=num,
-        gib=gib,
-        size=size,
-        duration=duration,
-        problem_words=problem_words,
-        log_text=log_text,
-    )
-    env.globals.update(spec_value=spec_value, field_items=field_items, masked_env=masked_env, percent=percent)
+    for f in (clock, since, num, gib, size, duration, problem_words, log_text):
+        env.filters[f.__name__] = f
+    for g in (spec_value, field_items, masked_env, percent):
+        env.globals[g.__name__] = g
     env.globals["backend_choices"] = [(b.value, f"{b.value} ({SUMMARY[b]})") for b in Backend]
     env.globals["default_backend"] = DEFAULT.value

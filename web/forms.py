@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agent.backends import DEFAULT, PIPELINES, Backend
-from agent.spec import RunSpec, RunSpecBase, parse_spec
+from agent.spec import RunSpec, parse_spec
 from web.filters import is_secret_name
 
 #: Form fields in display order (text inputs unless noted in the template).
@@ -35,7 +35,8 @@ _INT_FIELDS = (
     "tensor_parallel_size", "max_samples", "seq_len", "batch_size", "disk_low_gib", "shards",
     "time_limit_minutes",
 )  # fmt: skip
-_GENERAL = "_form"
+#: The errors key of a message that belongs to no one field (shown above the form).
+GENERAL_ERROR_KEY = "_form"
 #: A whole number as typed: ASCII digits only (int() would also take "1_000" and other scripts' digits).
 _WHOLE_RE = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)
 
@@ -231,14 +232,14 @@ def _field_of(loc: tuple[Any, ...], message: str) -> list[str]:
         if head == "expect" and len(loc) > 1:
             return [f"expect_{loc[1]}"]
         if head == "attach" and len(loc) > 1:
-            return [f"attach_{loc[1]}"] if f"attach_{loc[1]}" in FIELDS else [_GENERAL]
+            return [f"attach_{loc[1]}"] if f"attach_{loc[1]}" in FIELDS else [GENERAL_ERROR_KEY]
         if head in PIPELINES and len(loc) > 1:
             named = [k for k, names in _PIPELINE_FIELDS.items() if names.get(head) == str(loc[1])]
-            return named or [_GENERAL]
-        return [head] if head in FIELDS else [_GENERAL]
+            return named or [GENERAL_ERROR_KEY]
+        return [head] if head in FIELDS else [GENERAL_ERROR_KEY]
     named = [f for f in FIELDS if re.search(rf"\b{re.escape(f)}\b", message)]
     named = [f for f in named if f != "backend"] or named
-    return named or [_GENERAL]
+    return named or [GENERAL_ERROR_KEY]
 
 
 def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
@@ -258,7 +259,8 @@ def errors_by_form_field(errors: list[dict[str, str]]) -> dict[str, str]:
         loc = tuple(p for p in err.get("field", "").split(".") if p)
         for name in _field_of(loc, err["message"]):
             # a message shown above the form names the spec field it is about (``modle: … model?``)
-            message = f"{err['field']}: {err['message']}" if name == _GENERAL and loc else err["message"]
+            general = name == GENERAL_ERROR_KEY and loc
+            message = f"{err['field']}: {err['message']}" if general else err["message"]
             out[name] = f"{out[name]}; {message}" if name in out else message
     return out
 
@@ -278,7 +280,4 @@ def check_form(form: Mapping[str, str]) -> tuple[RunSpec | None, dict[str, str]]
 
 def field_help() -> dict[str, str]:
     """Descriptions of spec fields, shown under the inputs."""
-    return {name: (f.description or "") for name, f in RunSpecBase.model_fields.items()}
-
-
-GENERAL_ERROR_KEY = _GENERAL
+    return {name: (f.description or "") for name, f in RunSpec.model_fields.items()}

@@ -13,7 +13,7 @@ from controller.lifecycle import is_terminal
 from controller.models import HostCreate, RunPublic
 from controller.service import Controller
 from web import forms
-from web.deps import CSRF_REQUIRED, ControllerDep
+from web.middleware import CSRF_REQUIRED, ControllerDep
 from web.pages import render
 
 router = APIRouter(include_in_schema=False)
@@ -75,14 +75,8 @@ async def remove_host(request: Request, ctl: ControllerDep, name: HostName) -> R
 def _form(
     request: Request, values: dict[str, str], errors: dict[str, str], status: int = 200
 ) -> HTMLResponse:
-    return render(
-        request,
-        "new_host.html",
-        status=status,
-        values=values,
-        errors=errors,
-        general_error=errors.get(forms.GENERAL_ERROR_KEY),
-    )
+    top = errors.get(forms.GENERAL_ERROR_KEY)
+    return render(request, "new_host.html", status=status, values=values, errors=errors, general_error=top)
 
 
 @router.get("/hosts/new", response_class=HTMLResponse)

@@ -1,15 +1,20 @@
-"""ASGI middleware: Host/Origin checks, session cookie, login gate, security headers, metrics, body limit."""
+"""The request gate: ASGI middleware (Host/Origin, session cookie, login, security headers, metrics, body
+limit) and the FastAPI dependencies behind it (controller, CSRF enforcement, templates)."""
 
 from __future__ import annotations
 
 import json
 from http.cookies import SimpleCookie
+from typing import Annotated
 from urllib.parse import quote
 
+from fastapi import Depends, HTTPException, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from controller.service import Controller
 from web import security
 from web.metrics import Metrics
+from web.run_templates import TemplateStore
 
 _OPEN_PATHS = ("/login", "/static/", "/api/health")
 
@@ -26,8 +31,7 @@ class WebSecurity:
         checker: security.TokenChecker,
         sessions: security.SessionTable,
         allowed_hosts: frozenset[str],
-        metrics: Metrics | None = None,
-        secure_cookie: bool = False,
+        metrics: Metrics,
     ) -> None:
         self.app = app
         self.signer = signer
@@ -36,12 +40,6 @@ class WebSecurity:
         self.sessions = sessions
         self.allowed_hosts = allowed_hosts
         self.metrics = metrics
-        self.secure_cookie = secure_cookie
-
-    async def _bearer(self, header: str | None, client: str) -> security.Verdict:
-        if not header or not header.lower().startswith("bearer "):
-            return security.Verdict.BAD
-        return await self.checker.check(header[7:].strip()[:512], client)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -70,8 +68,9 @@ class WebSecurity:
         if session is not None and session.authed and not self.sessions.active(session):
             session = None  # logged out (or never logged in here): the cookie is void
         verdict = security.Verdict.BAD
-        if "authorization" in headers:
-            verdict = await self._bearer(headers["authorization"], client_of(scope))
+        auth = headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            verdict = await self.checker.check(auth[7:].strip()[:512], client_of(scope))
         if verdict is security.Verdict.LIMITED:
             await _reject(
                 send, 429, "rate_limited", "too many wrong tokens from this client; retry in a minute"
@@ -90,7 +89,7 @@ class WebSecurity:
             else:
                 await _redirect(send, "/login?next=" + quote(path, safe="/"))
             return
-        set_cookie = security.session_cookie(self.signer, session, self.secure_cookie) if fresh else None
+        set_cookie = security.session_cookie(self.signer, session) if fresh else None
         status_holder = {"status": 500}
 
         async def send_wrapper(message: Message) -> None:
@@ -113,11 +112,8 @@ class WebSecurity:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            if self.metrics is not None:
-                route = scope.get("route")
-                self.metrics.observe_request(
-                    scope["method"], getattr(route, "path", "unmatched"), status_holder["status"]
-                )
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.observe_request(scope["method"], route, status_holder["status"])
 
 
 class BodyLimit:
@@ -179,16 +175,50 @@ def client_of(scope: Scope) -> str:
 
 async def _reject(send: Send, status: int, code: str, message: str) -> None:
     body = json.dumps({"error": code, "message": message}).encode()
-    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 429:
-        hdrs.append((b"retry-after", b"60"))
+    hdrs = [(b"content-type", b"application/json")] + ([(b"retry-after", b"60")] if status == 429 else [])
+    await _send(send, status, hdrs, body)
+
+
+async def _redirect(send: Send, location: str) -> None:
+    await _send(send, 303, [(b"location", location.encode("latin-1"))], b"")
+
+
+async def _send(send: Send, status: int, hdrs: list[tuple[bytes, bytes]], body: bytes) -> None:
+    hdrs = [*hdrs, (b"content-length", str(len(body)).encode())]
     hdrs += [(k.encode(), v.encode()) for k, v in security.SECURITY_HEADERS.items()]
     await send({"type": "http.response.start", "status": status, "headers": hdrs})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _redirect(send: Send, location: str) -> None:
-    hdrs = [(b"location", location.encode("latin-1")), (b"content-length", b"0")]
-    hdrs += [(k.encode(), v.encode()) for k, v in security.SECURITY_HEADERS.items()]
-    await send({"type": "http.response.start", "status": 303, "headers": hdrs})
-    await send({"type": "http.response.body", "body": b""})
+def get_controller(request: Request) -> Controller:
+    """The Controller facade this app serves."""
+    return request.app.state.controller
+
+
+def get_csrf_token(request: Request) -> str:
+    """The CSRF token pages embed in forms and in ``<meta name="csrf-token">``."""
+    return request.app.state.signer.csrf_token(request.state.session)
+
+
+async def require_csrf(request: Request) -> None:
+    """Refuse a state-changing request without this session's CSRF token (header or form field)."""
+    if request.state.bearer:
+        return  # Authorization headers are never added by a browser on its own: no CSRF risk
+    token = request.headers.get(security.CSRF_HEADER)
+    ctype = request.headers.get("content-type", "")
+    if token is None and ctype.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
+        value = (await request.form()).get(security.CSRF_FIELD)
+        token = value if isinstance(value, str) else None
+    if not request.app.state.signer.check_csrf(request.state.session, token):
+        raise HTTPException(status_code=403, detail="missing or wrong CSRF token (reload the page and retry)")
+
+
+def get_template_store(request: Request) -> TemplateStore:
+    """Saved run templates under EAGLEWATCH_HOME."""
+    return request.app.state.template_store
+
+
+ControllerDep = Annotated[Controller, Depends(get_controller)]
+CsrfTokenDep = Annotated[str, Depends(get_csrf_token)]
+TemplateStoreDep = Annotated[TemplateStore, Depends(get_template_store)]
+CSRF_REQUIRED = [Depends(require_csrf)]

@@ -17,10 +17,8 @@ from controller.service import Controller
 from controller.verdict import group_problems
 from web import forms, security
 from web.capture_card import capture_card, layer_rms_series, sharded_capture_card
-from web.deps import CSRF_REQUIRED, ControllerDep, CsrfTokenDep, TemplateStoreDep
-from web.login_links import LoginLinks
 from web.logpage import read_log_page
-from web.middleware import client_of
+from web.middleware import CSRF_REQUIRED, ControllerDep, TemplateStoreDep, client_of, get_csrf_token
 from web.run_templates import TemplateError, TemplateStore
 from web.sse import TERMINAL_STATES
 from web.timeline import FOLDED, passed_files, timeline_rows
@@ -47,8 +45,7 @@ def thin(points: list[Any], limit: int = CHART_POINTS) -> list[Any]:
 
 def render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
     """Render a template with the common context (CSRF token, auth flag)."""
-    signer: security.Signer = request.app.state.signer
-    context.setdefault("csrf_token", signer.csrf_token(request.state.session))
+    context.setdefault("csrf_token", get_csrf_token(request))
     context.setdefault("logged_in", request.state.session.authed)
     context.setdefault("require_auth", request.app.state.require_auth)
     context["request"] = request
@@ -156,7 +153,6 @@ async def run_page(
     """One run: verdict, alerts, timeline, checks, charts, log tail."""
     run = await ctl.get_run(run_id)
     lines = await read_log_page(ctl, run_id, after=-1, before=before, limit=LOG_PAGE, q=q, errors_only=errors)
-    host = None
     try:
         host = await ctl.get_host(run.host)
     except Exception:  # the host may have been removed since; the run page still renders
@@ -277,23 +273,21 @@ async def login_page(request: Request, next: str = "/") -> HTMLResponse:
 @router.get("/login/link", response_class=HTMLResponse)
 async def login_link(request: Request, code: Annotated[str, Query(max_length=200)] = "") -> Response:
     """A one-time login link: a valid code logs this browser in and redirects to a clean URL."""
-    links: LoginLinks = request.app.state.login_links
-    if not code or not links.redeem(code):
+    if not code or not request.app.state.login_links.redeem(code):
         error = "This login link was already used or has expired: enter the token instead."
         return _login_form(request, "/", error, status=401)
-    return _logged_in(request, "/")
+    return _new_session(request, "/", authed=True)
 
 
-def _logged_in(request: Request, next: str) -> Response:
-    """Rotate to a new logged-in session (HttpOnly, SameSite=Strict cookie) and go to ``next``."""
+def _new_session(request: Request, url: str, authed: bool) -> Response:
+    """Go to ``url`` with a new session cookie: rotated at login (a planted cookie is never promoted) and
+    at logout."""
     signer: security.Signer = request.app.state.signer
-    response = _redirect(_safe_next(next))
-    session = signer.new_session(authed=True)
-    sessions: security.SessionTable = request.app.state.sessions
-    sessions.add(session)
-    response.headers.append(
-        "set-cookie", security.session_cookie(signer, session, request.app.state.secure_cookie)
-    )
+    session = signer.new_session(authed)
+    if authed:
+        request.app.state.sessions.add(session)
+    response = _redirect(url)
+    response.headers.append("set-cookie", security.session_cookie(signer, session))
     return response
 
 
@@ -309,21 +303,14 @@ async def login(
         return _login_form(request, next, error, status=429)
     if verdict is not security.Verdict.OK:
         return _login_form(request, next, "wrong token", status=401)
-    return _logged_in(request, next)
+    return _new_session(request, _safe_next(next), authed=True)
 
 
 @router.post("/logout", dependencies=CSRF_REQUIRED)
-async def logout(request: Request, _token: CsrfTokenDep) -> Response:
+async def logout(request: Request) -> Response:
     """Forget the session: revoked server-side, so a copy of the cookie no longer logs anyone in."""
-    signer: security.Signer = request.app.state.signer
-    sessions: security.SessionTable = request.app.state.sessions
-    sessions.revoke(request.state.session)
-    response = _redirect("/login")
-    response.headers.append(
-        "set-cookie",
-        security.session_cookie(signer, signer.new_session(False), request.app.state.secure_cookie),
-    )
-    return response
+    request.app.state.sessions.revoke(request.state.session)
+    return _new_session(request, "/login", authed=False)
 
 
 def _safe_next(value: str) -> str:

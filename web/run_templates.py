@@ -9,13 +9,13 @@ share a directory (the agent refuses one that already holds a capture).
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
 from pathlib import Path, PurePosixPath
 
 from web.forms import without_secret_values
+from web.security import write_private
 
 FILE_NAME = "run-templates.json"
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}")
@@ -56,10 +56,8 @@ class TemplateStore:
     def _read(self) -> dict[str, dict[str, str]]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
         except (OSError, ValueError):
-            return {}  # a damaged file is ignored, never fatal; the next save rewrites it
+            return {}  # missing or damaged: ignored, never fatal; the next save rewrites it
         if not isinstance(data, dict):
             return {}
         return {
@@ -87,10 +85,4 @@ class TemplateStore:
             data[name] = without_secret_values(kept)
             # older files may hold secrets saved before the rule: rewrite them all without
             data = {k: without_secret_values(v) for k, v in data.items()}
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.fchmod(fd, 0o600)  # a stale temp file keeps its old mode through O_CREAT
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(data, indent=1, sort_keys=True))
-            os.replace(tmp, self.path)
+            write_private(self.path, json.dumps(data, indent=1, sort_keys=True).encode())

@@ -1,24 +1,16 @@
-"""Web security: access token (stored hashed), signed session cookie, CSRF tokens, Host/Origin checks, CSP.
+"""Web security: access token (stored hashed), signed session cookie, CSRF tokens, login links, Host/Origin.
 
-How it works
-------------
-- Every browser gets a signed session cookie ``ew_session`` (HttpOnly, SameSite=Strict) holding a random
-  session id, whether the session has logged in and when it expires. The signing secret lives in
-  ``<home>/web-secret``; the MAC also covers the token's generation (a digest of its stored hash), so a new
-  token voids every cookie issued under the old one. A logged-in session must also be listed in the
-  server-side ``SessionTable`` (``<home>/web-sessions.json``, 0600, only digests of session ids): logout
-  removes it there, so a copied cookie dies with the logout.
-- The CSRF token of a session is ``HMAC(secret, "csrf|" + sid)``: pages embed it in every form and in a
-  ``<meta>`` tag that the JS sends back as ``X-CSRF-Token``; every POST must carry it (per-session token).
-- When the UI is bound to anything but loopback a login is required: the token is generated once, printed
-  once, and only its scrypt hash is kept in ``<home>/web-token.json``. Requests may also carry
-  ``Authorization: Bearer <token>`` (scripts); such requests need no CSRF token since browsers never add
-  that header on their own.
-- Token checks (scrypt, slow on purpose) run in one worker thread, never on the event loop the SSH links
-  share; tokens already seen are answered from caches, and each client gets ``ATTEMPTS_PER_MINUTE`` checks
-  of unknown tokens per minute (``TokenChecker``), after which it gets 429.
-- ``Host`` must be an IP literal, ``localhost`` or a configured name: a DNS-rebinding page reaches us under
-  its own domain name and is refused. A POST whose ``Origin`` differs from ``Host`` is refused.
+- Every browser gets a signed session cookie ``ew_session`` (HttpOnly, SameSite=Strict): session id,
+  logged in or not, expiry. Its MAC (secret in ``<home>/web-secret``) also covers the token's generation,
+  so a new token voids every cookie issued under the old one. A logged-in session must also be listed in
+  ``SessionTable`` (``<home>/web-sessions.json``, 0600, digests only): logout really revokes a cookie.
+- A session's CSRF token is ``HMAC(secret, "csrf|" + sid)``, embedded in forms and a ``<meta>`` tag; every
+  POST carries it, except one with ``Authorization: Bearer <token>`` (browsers never add that on their own).
+- Off loopback a login is required: the token is printed once, only its scrypt hash is kept
+  (``<home>/web-token.json``). scrypt checks run in one worker thread, never on the event loop the SSH
+  links share; each client gets ``ATTEMPTS_PER_MINUTE`` checks of unknown tokens a minute, then 429.
+- ``Host`` must be an IP literal, ``localhost`` or a configured name (against DNS rebinding); a POST whose
+  ``Origin`` differs from ``Host`` is refused.
 """
 
 from __future__ import annotations
@@ -49,6 +41,8 @@ SECRET_FILE = "web-secret"
 SESSIONS_FILE = "web-sessions.json"
 SESSION_TTL_S = 12 * 3600.0
 ATTEMPTS_PER_MINUTE = 10
+#: How long a printed login link stays valid.
+LINK_TTL_S = 900.0
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -75,7 +69,7 @@ def is_loopback(bind: str) -> bool:
         return False
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
     """Write a file readable only by its owner (created 0600 before any byte lands)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -94,7 +88,7 @@ def load_secret(home: Path) -> bytes:
         if len(data) >= 32:
             return data
     data = secrets.token_bytes(32)
-    _write_private(path, data)
+    write_private(path, data)
     return data
 
 
@@ -128,7 +122,7 @@ def ensure_token(home: Path) -> str | None:
     if path.exists():
         return None
     token = secrets.token_urlsafe(24)
-    _write_private(path, json.dumps(hash_token(token)).encode())
+    write_private(path, json.dumps(hash_token(token)).encode())
     return token
 
 
@@ -155,7 +149,7 @@ class Session:
 
     sid: str
     authed: bool
-    expires: int = 0
+    expires: int
 
 
 class Signer:
@@ -216,15 +210,13 @@ class SessionTable:
 
     MAX_SESSIONS = 10000
 
-    def __init__(self, path: Path | None, generation: str) -> None:
+    def __init__(self, path: Path, generation: str) -> None:
         self.path = path
         self.generation = generation
         self._lock = threading.Lock()
         self._live: dict[str, int] = self._read()
 
     def _read(self) -> dict[str, int]:
-        if self.path is None:
-            return {}
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError):
@@ -237,9 +229,8 @@ class SessionTable:
         return {str(k): int(v) for k, v in live.items() if isinstance(v, int) and v > time.time()}
 
     def _save(self) -> None:
-        if self.path is not None:
-            data = {"generation": self.generation, "sessions": self._live}
-            _write_private(self.path, json.dumps(data).encode())
+        data = {"generation": self.generation, "sessions": self._live}
+        write_private(self.path, json.dumps(data).encode())
 
     @staticmethod
     def _key(sid: str) -> str:
@@ -317,9 +308,9 @@ class TokenChecker:
 
     BAD_CACHE = 4096
 
-    def __init__(self, stored: dict[str, str] | None, limiter: AttemptLimiter | None = None) -> None:
+    def __init__(self, stored: dict[str, str] | None) -> None:
         self.stored = stored
-        self.limiter = limiter or AttemptLimiter()
+        self.limiter = AttemptLimiter()
         self._good: set[str] = set()
         self._bad: OrderedDict[str, None] = OrderedDict()
 
@@ -379,8 +370,31 @@ def origin_matches(origin: str | None, host_header: str | None) -> bool:
     return parts.scheme in ("http", "https") and parts.netloc.lower() == host_header.lower()
 
 
-def session_cookie(signer: Signer, session: Session, secure: bool = False) -> str:
-    """A Set-Cookie header value for ``session``: HttpOnly, SameSite=Strict, Max-Age (Secure behind TLS)."""
+def session_cookie(signer: Signer, session: Session) -> str:
+    """A Set-Cookie header value for ``session``: HttpOnly, SameSite=Strict, Max-Age."""
     max_age = max(1, math.ceil(session.expires - time.time()))  # 0 would tell the browser to drop it
-    flags = f"; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
-    return f"{SESSION_COOKIE}={signer.dump(session)}{flags}"
+    return f"{SESSION_COOKIE}={signer.dump(session)}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict"
+
+
+class LoginLinks:
+    """One-time login links (the demo prints ``/login/link?code=…``): codes kept as digests, in memory (a
+    restart voids them), each working once within ``ttl_s``."""
+
+    def __init__(self, ttl_s: float = LINK_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._expiry: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def issue(self) -> str:
+        """A new single-use code."""
+        code = secrets.token_urlsafe(24)
+        with self._lock:
+            self._expiry[hashlib.sha256(code.encode()).hexdigest()] = time.monotonic() + self.ttl_s
+        return code
+
+    def redeem(self, code: str) -> bool:
+        """True once for a code issued here and not yet expired; it is forgotten either way."""
+        now = time.monotonic()
+        with self._lock:
+            self._expiry = {d: t for d, t in self._expiry.items() if t > now}
+            return self._expiry.pop(hashlib.sha256(code.encode()).hexdigest(), None) is not None

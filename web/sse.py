@@ -1,30 +1,26 @@
-"""Server-Sent Events: pure BusEvent → SSE formatting and the resumable stream behind the events endpoints.
+"""Server-Sent Events: BusEvent → SSE formatting and the resumable stream behind the events endpoints.
 
-How it works
-------------
-Each event's SSE ``id`` is the bus cursor. A (re)connecting client names the last cursor it saw
-(``Last-Event-ID`` header on automatic reconnects, ``?after=`` on the first connect of a page that was
-rendered at that cursor). The stream subscribes to the bus *first*, then replays ``feed_since(cursor)``
-from SQLite, then forwards live events whose cursor is newer than the last one sent: nothing missed in the
-gap between the two, nothing sent twice. Cursors order as strings (controller/bus.py).
-Host events are not journalled (no cursor); they are forwarded live, without an ``id``.
-
-Delivery: ``response`` writes each event's bytes to the socket from the one task that waits on the bus, so
-an event reaches the wire one loop turn after it is published: no relay tasks or memory streams between
-the bus and the socket, no second JSON encoding pass.  While nothing happens the stream sends a ``: ping``
-comment every ``PING_S`` (what keeps proxies from closing it, and what notices a client that left).
+Each event's SSE ``id`` is its bus cursor (cursors order as strings). A client resumes from the last one it
+saw (``Last-Event-ID`` on reconnects, ``?after=`` from a page rendered at that cursor). The stream
+subscribes to the bus *first*, then replays ``feed_since(cursor)`` from SQLite, then forwards live events
+newer than the last one sent: nothing missed in the gap, nothing sent twice. Host events have no cursor:
+they are forwarded live, without an ``id``. Events are written to the socket by the one task that waits on
+the bus (no relay tasks); ``: ping`` every ``PING_S`` of silence keeps proxies open and notices a client
+that left.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi.sse import ServerSentEvent, format_sse_event
 from starlette.responses import StreamingResponse
 
 from controller.bus import BusEvent, Subscription
+from controller.errors import NotFound
 from controller.service import Controller
 
 TERMINAL_STATES = frozenset({"completed", "failed", "stopped", "lost"})
@@ -74,7 +70,7 @@ class SSEResponse(StreamingResponse):
     media_type = "text/event-stream"
 
 
-def response(events: AsyncIterator[ServerSentEvent]) -> SSEResponse:
+def response(events: AsyncGenerator[ServerSentEvent, None]) -> SSEResponse:
     """The HTTP response streaming ``events`` as SSE bytes (the generator is closed when the client goes)."""
 
     async def body() -> AsyncIterator[bytes]:
@@ -82,9 +78,7 @@ def response(events: AsyncIterator[ServerSentEvent]) -> SSEResponse:
             async for sse in events:
                 yield encode(sse)
         finally:
-            aclose = getattr(events, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await events.aclose()
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return SSEResponse(body(), headers=headers)
@@ -117,8 +111,7 @@ async def event_stream(
     host: str | None = None,
     kinds: frozenset[str] | None = None,
     from_now: bool = False,
-    run_state: Callable[[], Awaitable[str | None]] | None = None,
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncGenerator[ServerSentEvent, None]:
     """Backlog since ``cursor`` then live events; ends after the backlog when the run already finished."""
     last = cursor or ""
     yield ServerSentEvent(retry=RETRY_MS, comment="eaglewatch")
@@ -134,11 +127,12 @@ async def event_stream(
                     last = max(last, ev.cursor)
                 if not fresh:  # a short page is not the end: a page of big log blocks is cut by size
                     break
-            if run_state is not None:
-                state = await run_state()
-                if state in TERMINAL_STATES:
-                    yield end_event(state or "")
-                    return
+            if run_id is not None:
+                with contextlib.suppress(NotFound):
+                    state = (await controller.get_run(run_id)).state
+                    if state in TERMINAL_STATES:
+                        yield end_event(state)
+                        return
             from_now = False  # after a lag, resume from the last cursor sent
             async for item in _live(sub):
                 if item is None:

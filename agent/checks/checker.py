@@ -16,11 +16,10 @@ where everything was unchecked (or nothing was found) is never ``ok``. Files sti
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ from agent.checks.dirs import (
     CAPTURE,
     directory_gaps,
     escapes,
-    index_gaps,
     is_capture_file,
     is_locked,
     length_problem,
@@ -46,22 +44,8 @@ from agent.checks.shapes import (
     missing_keys,
     value_problems,
 )
+from agent.checks.zstfiles import scannable
 
-__all__ = [
-    "CheckReport",
-    "Expectation",
-    "Problem",
-    "TensorMeta",
-    "check_path",
-    "check_shapes",
-    "expectation_from_model",
-    "index_gaps",
-    "is_capture_file",
-    "needs_tensor_libs",
-]
-
-_NO_TORCH = "torch is not importable (needed for .pt/.ckpt files)"
-_NO_ZSTD = "zstandard is not importable (needed for .safetensors.zst files)"
 _NO_VALUES = "value checks (NaN/Inf, all-zero) skipped: neither numpy nor torch is importable"
 
 
@@ -80,15 +64,7 @@ class CheckReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form: ok, files, format, problems [{code, file, message}], unchecked, notes,
         shapes {tensor name: shape read}."""
-        return {
-            "ok": self.ok,
-            "files": self.files,
-            "format": self.format,
-            "problems": [p.to_dict() for p in self.problems],
-            "unchecked": list(self.unchecked),
-            "notes": list(self.notes),
-            "shapes": dict(self.shapes),
-        }
+        return asdict(self)
 
 
 @dataclass
@@ -101,29 +77,32 @@ class _Result:
     shapes: dict[str, list[int]] = field(default_factory=dict)  # the header's, beside what was expected
 
 
-def find_hidden_size(config: dict[str, Any]) -> int | None:
-    """The language model's hidden size from a config.json dict (text/language config of VL shells first)."""
-    nested = [config.get(k) for k in ("text_config", "language_config", "llm_config")]
-    thinker = config.get("thinker_config")
-    if isinstance(thinker, dict):
-        nested.append(thinker.get("text_config"))
-    for cfg in [*nested, config]:
+def _first_positive(configs: list[Any], keys: tuple[str, ...]) -> int | None:
+    """The first positive integer under one of ``keys`` in the first config dict that has one."""
+    for cfg in configs:
         if not isinstance(cfg, dict):
             continue
-        for key in ("hidden_size", "d_model", "n_embd", "dim"):
+        for key in keys:
             v = cfg.get(key)
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
                 return v
     return None
 
 
+def find_hidden_size(config: dict[str, Any]) -> int | None:
+    """The language model's hidden size from a config.json dict (text/language config of VL shells first)."""
+    nested = [config.get(k) for k in ("text_config", "language_config", "llm_config")]
+    thinker = config.get("thinker_config")
+    if isinstance(thinker, dict):
+        nested.append(thinker.get("text_config"))
+    return _first_positive([*nested, config], ("hidden_size", "d_model", "n_embd", "dim"))
+
+
 def find_kv_lora_rank(config: dict[str, Any]) -> int | None:
     """The MLA latent width (kv_lora_rank) of a DeepSeek-V2-family config.json dict, else None."""
-    for cfg in (config.get("text_config"), config.get("language_config"), config):
-        v = cfg.get("kv_lora_rank") if isinstance(cfg, dict) else None
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
+    return _first_positive(
+        [config.get("text_config"), config.get("language_config"), config], ("kv_lora_rank",)
+    )
 
 
 def expectation_from_model(model_dir: str | Path, layer_ids: list[int] | None) -> Expectation:
@@ -143,6 +122,24 @@ def expectation_from_model(model_dir: str | Path, layer_ids: list[int] | None) -
     )
 
 
+def expectation(arg: dict[str, Any]) -> Expectation:
+    """The Expectation for a check request ``arg``: explicit values first, the model's config.json for the
+    rest."""
+    layers = arg.get("layers")
+    hidden = arg.get("hidden_size")
+    from_model = Expectation()
+    if arg.get("model") is not None:  # read even when layers and hidden size are given: it names kv_lora_rank
+        try:
+            from_model = expectation_from_model(arg["model"], arg.get("layer_ids"))
+        except Exception:  # an odd model value: check what can be checked without it
+            from_model = Expectation()
+        layers = layers if layers is not None else from_model.layers
+        hidden = hidden if hidden is not None else from_model.hidden_size
+    if layers is None and arg.get("layer_ids"):
+        layers = len(arg["layer_ids"])
+    return Expectation(layers=layers, hidden_size=hidden, kv_lora_rank=from_model.kv_lora_rank)
+
+
 def _unreadable(file: str, fmt: str | None, message: str) -> _Result:
     return _Result(fmt, [Problem("unreadable", file, message)])
 
@@ -157,18 +154,17 @@ def _tokens(shape: tuple[int, ...]) -> int | None:
     return shape[-1] if len(shape) == 1 or (len(shape) == 2 and shape[0] == 1) else None
 
 
-def _header_problems(file: str, header: Header, expect: Expectation) -> list[Problem]:
+def _from_header(file: str, header: Header, expect: Expectation) -> _Result:
+    """The shape checks of a safetensors header, with the shapes and the token count it gives."""
     tensors = header.tensors
-    problems = missing_keys(file, tensors, ("token_ids", "hidden_states"))
-    if problems:
-        return problems
-    tok, hs = tensors["token_ids"], tensors["hidden_states"]
-    return check_shapes(file, tok.shape, hs.shape, hs.dtype, expect, token_dtype=tok.dtype)
-
-
-def _scannable(header: Header) -> bool:
-    hs = header.tensors.get("hidden_states")
-    return hs is not None and hs.dtype in ("BF16", "F16", "F32") and math.prod(hs.shape) > 0
+    result = _Result(SAFETENSORS, missing_keys(file, tensors, ("token_ids", "hidden_states")))
+    result.shapes = {name: list(t.shape) for name, t in tensors.items()}
+    if "token_ids" in tensors:
+        result.tokens = _tokens(tensors["token_ids"].shape)
+    if not result.problems:
+        tok, hs = tensors["token_ids"], tensors["hidden_states"]
+        result.problems = check_shapes(file, tok.shape, hs.shape, hs.dtype, expect, token_dtype=tok.dtype)
+    return result
 
 
 def _check_safetensors(path: Path, expect: Expectation, deep: bool) -> _Result:
@@ -177,11 +173,8 @@ def _check_safetensors(path: Path, expect: Expectation, deep: bool) -> _Result:
         header = read_header(path)
     except HeaderError as e:
         return _unreadable(file, SAFETENSORS, f"not a valid safetensors file: {e}")
-    result = _Result(SAFETENSORS, _header_problems(file, header, expect))
-    result.shapes = {name: list(t.shape) for name, t in header.tensors.items()}
-    if "token_ids" in header.tensors:
-        result.tokens = _tokens(header.tensors["token_ids"].shape)
-    if deep and _scannable(header):
+    result = _from_header(file, header, expect)
+    if deep and scannable(header):
         if tensorfiles.value_backend() is None:
             result.notes.append(_NO_VALUES)
             return result
@@ -205,7 +198,7 @@ def needs_tensor_libs(path: Path) -> bool:
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # check_path reports it without reading it
             return False
-        return _scannable(read_header(path))
+        return scannable(read_header(path))
     except (HeaderError, OSError):
         return False
 
@@ -213,18 +206,17 @@ def needs_tensor_libs(path: Path) -> bool:
 def _check_zst(path: Path, expect: Expectation, deep: bool) -> _Result:
     file = str(path)
     if tensorfiles.optional_module("zstandard") is None:
-        return _Result(SAFETENSORS, unchecked=_NO_ZSTD)
+        return _Result(
+            SAFETENSORS, unchecked="zstandard is not importable (needed for .safetensors.zst files)"
+        )
     try:
         header, stats = zstfiles.read_zst(path, deep)
     except HeaderError as e:
         return _unreadable(file, SAFETENSORS, f"not a valid zstd-compressed safetensors file: {e}")
-    result = _Result(SAFETENSORS, _header_problems(file, header, expect))
-    result.shapes = {name: list(t.shape) for name, t in header.tensors.items()}
-    if "token_ids" in header.tensors:
-        result.tokens = _tokens(header.tensors["token_ids"].shape)
+    result = _from_header(file, header, expect)
     if stats is not None:
         result.problems += value_problems(file, "hidden_states", stats)
-    elif deep and _scannable(header):
+    elif deep and scannable(header):
         result.notes.append(_NO_VALUES)
     return result
 
@@ -262,7 +254,7 @@ def _check_torch(path: Path, expect: Expectation, deep: bool) -> _Result:
     file = str(path)
     guess = classify(path.name, set())
     if tensorfiles.optional_module("torch") is None:
-        return _Result(guess, unchecked=_NO_TORCH)
+        return _Result(guess, unchecked="torch is not importable (needed for .pt/.ckpt files)")
     try:
         obj = tensorfiles.load_torch_file(path)
         sample = tensorfiles.describe(obj)

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import weakref
-from typing import Any, TextIO
+from typing import Any
 
 #: A check that takes longer than this is given up (its child killed) and the file left unchecked.
 CHECK_TIMEOUT_S = 300.0
@@ -43,25 +43,6 @@ def shared_pool() -> CheckPool:
     return pool
 
 
-def expectation(arg: dict[str, Any]) -> Any:
-    """The Expectation for ``arg``: explicit values first, the model's config.json for the rest."""
-    from agent.checks.checker import Expectation, expectation_from_model
-
-    layers = arg.get("layers")
-    hidden = arg.get("hidden_size")
-    from_model = Expectation()
-    if arg.get("model"):  # read even when layers and hidden size are given: it also names kv_lora_rank
-        try:
-            from_model = expectation_from_model(arg["model"], arg.get("layer_ids"))
-        except Exception:  # no or odd config.json: check what can be checked without it
-            from_model = Expectation()
-        layers = layers if layers is not None else from_model.layers
-        hidden = hidden if hidden is not None else from_model.hidden_size
-    if layers is None and arg.get("layer_ids"):
-        layers = len(arg["layer_ids"])
-    return Expectation(layers=layers, hidden_size=hidden, kv_lora_rank=from_model.kv_lora_rank)
-
-
 def unchecked(path: str, message: str) -> dict[str, Any]:
     """A report for a file no check could judge (not a problem of the file, not a pass either)."""
     return {
@@ -76,7 +57,7 @@ def unchecked(path: str, message: str) -> dict[str, Any]:
 
 def answer(line: str) -> dict[str, Any]:
     """The report for one request line; a bad request gets an unchecked report naming what is wrong."""
-    from agent.checks.checker import check_path
+    from agent.checks.checker import check_path, expectation
 
     try:
         arg = json.loads(line)
@@ -85,14 +66,6 @@ def answer(line: str) -> dict[str, Any]:
     except ValueError as exc:
         return unchecked("", f"bad check request: {exc}")
     return check_path(arg["path"], expectation(arg), deep=bool(arg.get("deep", True))).to_dict()
-
-
-def serve(requests: TextIO, replies: TextIO) -> None:
-    """Answer each request line with a report line until ``requests`` ends."""
-    for line in requests:
-        if line.strip():
-            replies.write(json.dumps(answer(line)) + "\n")
-            replies.flush()
 
 
 class _Child:
@@ -213,10 +186,23 @@ class CheckPool:
         await asyncio.gather(*(c.close() for c in children))
 
 
+async def check_file(path: str, *, layers: int | None, hidden_size: int | None) -> dict[str, Any]:
+    """The report of checking ``path`` in a child process of its own (keeps torch/numpy out of the daemon)."""
+    pool = CheckPool(1)
+    try:
+        return (await pool.check([{"path": path, "layers": layers, "hidden_size": hidden_size}]))[0]
+    finally:
+        await pool.close()
+
+
 def main() -> None:
-    """The child: replies on stdout, and anything a library prints goes to stderr instead."""
+    """The child: a report line for each request line until stdin ends; anything a library prints goes to
+    stderr instead."""
     replies, sys.stdout = sys.stdout, sys.stderr
-    serve(sys.stdin, replies)
+    for line in sys.stdin:
+        if line.strip():
+            replies.write(json.dumps(answer(line)) + "\n")
+            replies.flush()
 
 
 if __name__ == "__main__":

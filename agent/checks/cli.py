@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
-from agent.checks.checker import CheckReport, Expectation, check_path, expectation_from_model
+from agent.checks.checker import CheckReport, check_path, expectation
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_CANNOT_RUN = 0, 1, 2
 MAX_LINES = 50  # problems printed one per line; a run with the same fault in every file gets a summary
@@ -114,20 +114,12 @@ def run(argv: list[str]) -> int:
     if not root.exists():
         sys.stderr.write(f"eaglewatch-agent check: error: no such file or directory: {_safe(args.path)}\n")
         return EXIT_CANNOT_RUN
-    if args.model is not None:
-        base = expectation_from_model(args.model, layers)
-        if base.hidden_size is None and args.hidden_size is None:
-            sys.stderr.write(
-                f"eaglewatch-agent check: error: no hidden size in {_safe(args.model)}/config.json\n"
-            )
-            return EXIT_CANNOT_RUN
-        expect = Expectation(
-            layers=base.layers,
-            hidden_size=args.hidden_size or base.hidden_size,
-            kv_lora_rank=base.kv_lora_rank,
+    expect = expectation({"hidden_size": args.hidden_size, "model": args.model, "layer_ids": layers})
+    if args.model is not None and expect.hidden_size is None:
+        sys.stderr.write(
+            f"eaglewatch-agent check: error: no hidden size in {_safe(args.model)}/config.json\n"
         )
-    else:
-        expect = Expectation(layers=len(layers) if layers else None, hidden_size=args.hidden_size)
+        return EXIT_CANNOT_RUN
     report = check_path(root, expect, deep=not args.shallow)
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict()) + "\n")

@@ -60,7 +60,6 @@ class Header:
 
     tensors: dict[str, TensorInfo]
     data_start: int
-    file_size: int
     metadata: dict[str, str]
 
 
@@ -165,7 +164,7 @@ def parse_header(header_bytes: bytes, file_size: int) -> Header:
     for (_, prev_end, prev), (begin, _, name) in itertools.pairwise(spans):
         if begin < prev_end:
             raise HeaderError(f"tensors {prev!r} and {name!r} overlap in the data section (byte {begin})")
-    return Header(tensors=tensors, data_start=data_start, file_size=file_size, metadata=metadata)
+    return Header(tensors=tensors, data_start=data_start, metadata=metadata)
 
 
 def read_header(path: str | Path) -> Header:

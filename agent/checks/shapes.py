@@ -10,7 +10,7 @@ the last one apart in ``hidden_state``, so it must hold ``layers - 1`` fused lay
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 CODES = (
@@ -29,20 +29,15 @@ CODES = (
 FLOAT_DTYPES = frozenset({"BF16", "F16", "F32"})
 INT_DTYPES = frozenset({"I64", "I32", "U32", "I16", "U16", "U64", "I8", "U8"})
 
+#: torch's dtype names (str(dtype) without "torch.") in safetensors' spelling
 _DTYPE_ALIASES = {
     "bfloat16": "BF16",
     "float16": "F16",
-    "half": "F16",
     "float32": "F32",
-    "float": "F32",
     "float64": "F64",
-    "double": "F64",
     "int64": "I64",
-    "long": "I64",
     "int32": "I32",
-    "int": "I32",
     "int16": "I16",
-    "short": "I16",
     "int8": "I8",
     "uint8": "U8",
     "uint16": "U16",
@@ -111,7 +106,6 @@ class ValueStats:
     layer_nonzero: tuple[bool, ...]
     non_finite: int = 0
     first_bad: tuple[int, int] | None = None  # (token, layer) of the first NaN/Inf
-    notes: tuple[str, ...] = field(default=())
 
 
 def canonical_dtype(dtype: str) -> str:

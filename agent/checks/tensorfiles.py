@@ -10,7 +10,6 @@ import pickle
 import re
 import struct
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -258,11 +257,6 @@ def describe(obj: Any) -> dict[str, Described]:
     return {str(k): _meta(torch, v) for k, v in obj.items()}
 
 
-def _chunks(t: Any, rows_per_chunk: int) -> Iterator[tuple[int, Any]]:
-    for start in range(0, t.shape[0], rows_per_chunk):
-        yield start, t[start : start + rows_per_chunk]
-
-
 def torch_layer_stats(layers: list[Any]) -> ValueStats:
     """Value stats of loaded tensors, one per layer, each [T, ...] (a leading batch axis of 1 is dropped)."""
     torch = require_module("torch")
@@ -276,7 +270,9 @@ def torch_layer_stats(layers: list[Any]) -> ValueStats:
             t = t.reshape(1)
         row = max(1, t[0].numel()) if t.shape[0] else 1
         any_nz = False
-        for start, chunk in _chunks(t, max(1, CHUNK_BYTES // (row * t.element_size()))):
+        step = max(1, CHUNK_BYTES // (row * t.element_size()))
+        for start in range(0, t.shape[0], step):
+            chunk = t[start : start + step]
             finite = torch.isfinite(chunk)
             n_bad = int(finite.numel() - finite.sum().item())
             if n_bad:

@@ -42,15 +42,16 @@ def _read(reader: BoundedReader, n: int) -> bytes:
     return bytes(out)
 
 
-def _skip(reader: BoundedReader, n: int) -> int:
-    buf = bytearray(min(n, _DRAIN) or 1)
-    skipped = 0
-    while skipped < n:
-        got = read_exact(reader, memoryview(buf)[: min(len(buf), n - skipped)])
-        if not got:
-            break
-        skipped += got
-    return skipped
+def _skip(reader: BoundedReader, n: int) -> None:
+    buf = memoryview(bytearray(min(n, _DRAIN) or 1))
+    while n > 0 and (got := read_exact(reader, buf[: min(len(buf), n)])):
+        n -= got
+
+
+def scannable(header: Header) -> bool:
+    """Whether ``header`` has a non-empty float hidden_states tensor for the value scan."""
+    hs = header.tensors.get("hidden_states")
+    return hs is not None and hs.dtype in ("BF16", "F16", "F32") and hs.end > hs.begin
 
 
 def read_zst(path: Path, deep: bool) -> tuple[Header, ValueStats | None]:
@@ -79,9 +80,8 @@ def read_zst(path: Path, deep: bool) -> tuple[Header, ValueStats | None]:
                 raise HeaderError(f"zstd stream ended inside the {n}-byte header (truncated?)")
             header = parse_header(header_bytes, size)
             stats = None
-            hs = header.tensors.get("hidden_states")
-            scannable = hs is not None and hs.dtype in ("BF16", "F16", "F32") and hs.end > hs.begin
-            if deep and hs is not None and scannable and value_backend() is not None:
+            hs = header.tensors["hidden_states"] if scannable(header) else None
+            if deep and hs is not None and value_backend() is not None:
                 _skip(reader, hs.begin)
                 try:
                     stats = scan_stream(reader, hs.end - hs.begin, hs.shape, hs.dtype)
@@ -100,4 +100,4 @@ def read_zst(path: Path, deep: bool) -> tuple[Header, ValueStats | None]:
     need = header.data_start + max((t.end for t in header.tensors.values()), default=0)
     if total < need:
         raise HeaderError(f"decompressed data is {total} bytes but the header needs {need} (truncated?)")
-    return Header(header.tensors, header.data_start, total, header.metadata), stats
+    return header, stats

@@ -25,36 +25,23 @@ def try_connect(socket_path: Path) -> socket.socket | None:
     return sock
 
 
-def start_daemon(state_dir: Path, socket_path: Path) -> None:
-    """Start a daemon detached from this process (new session, no stdio of ours): it outlives SSH."""
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(state_dir / "daemon.log", "ab") as err:
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agent",
-                "daemon",
-                "--state-dir",
-                str(state_dir),
-                "--socket",
-                str(socket_path),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-            close_fds=True,
-        )
-
-
-def ensure_daemon(state_dir: Path, socket_path: Path, timeout_s: float = START_TIMEOUT_S) -> socket.socket:
+def ensure_daemon(state_dir: Path, socket_path: Path) -> socket.socket:
     """Connect to the daemon, starting one first if nobody answers; raises ConnectionError on failure."""
     sock = try_connect(socket_path)
     if sock is not None:
         return sock
-    start_daemon(state_dir, socket_path)
-    deadline = time.monotonic() + timeout_s
+    # detached from this process (new session, no stdio of ours): it outlives SSH
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    where = ["--state-dir", str(state_dir), "--socket", str(socket_path)]
+    with open(state_dir / "daemon.log", "ab") as err:
+        subprocess.Popen(
+            [sys.executable, "-m", "agent", "daemon", *where],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         time.sleep(0.05)
         sock = try_connect(socket_path)

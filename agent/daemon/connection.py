@@ -7,12 +7,13 @@ import contextlib
 import logging
 import os
 import platform
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from agent import __version__, protocol
 from agent.backends import Backend
+from agent.checks.child import check_file
 from agent.daemon.launch_paths import path_error
 from agent.daemon.streams import stream_events, stream_log
 from agent.jobs import attached
@@ -21,8 +22,9 @@ from agent.logs.tail import read_from
 from agent.protocol import ErrorCode, Op, ProtocolError, Request
 from agent.runs.jobspec import JobSpec, SpecError
 from agent.runs.output_info import ForecastError, ManifestError, forecast, read_manifest
-from agent.runs.outputs import check_file
-from agent.runs.watcher import RunWatcher
+
+if TYPE_CHECKING:
+    from agent.daemon.server import Daemon
 
 log = logging.getLogger("eaglewatch.agent")
 #: Ops that may take seconds: they run in their own task so the connection keeps answering.
@@ -30,68 +32,23 @@ SLOW_OPS = frozenset({Op.LAUNCH, Op.STOP, Op.CHECK, Op.GPUS, Op.FORECAST})
 MAX_IN_FLIGHT = 16
 
 
-class OpError(Exception):
-    """A request that cannot be served; becomes an ``error`` reply with ``code``."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 def _int_arg(args: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
     value = args.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise OpError(ErrorCode.BAD_ARGS, f"'{name}' must be an integer in [{lo}, {hi}]")
+        raise ProtocolError(ErrorCode.BAD_ARGS, f"'{name}' must be an integer in [{lo}, {hi}]")
     return value
-
-
-class Host(Protocol):
-    """What a connection asks of the daemon that accepted it (agent/daemon/server.py's Daemon)."""
-
-    hostname: str
-    runs: dict[str, RunWatcher]
-    state_dir: Path
-    socket_path: Path  # absolute: announced in the hello
-
-    def watcher(self, args: dict[str, Any]) -> RunWatcher:
-        """The run named by ``args["run"]`` or an OpError."""
-        ...
-
-    async def launch(self, run: Any, spec: Any, scheduler: Any = None) -> dict[str, Any]:
-        """Start a run."""
-        ...
-
-    def request_shutdown(self) -> None:
-        """Exit after the current replies."""
-        ...
 
 
 class Connection:
     """Serves one client until it disconnects."""
 
-    def __init__(self, daemon: Host, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, daemon: Daemon, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.daemon = daemon
         self.reader = reader
         self.writer = writer
         self.follows: dict[str, list[asyncio.Task[None]]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
-        self._handlers: dict[Op, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
-            Op.VERSION: self.op_version,
-            Op.LAUNCH: self.op_launch,
-            Op.STOP: self.op_stop,
-            Op.LIST: self.op_list,
-            Op.STATUS: self.op_status,
-            Op.FOLLOW: self.op_follow,
-            Op.UNFOLLOW: self.op_unfollow,
-            Op.READ_LOG: self.op_read_log,
-            Op.CHECK: self.op_check,
-            Op.GPUS: self.op_gpus,
-            Op.FORECAST: self.op_forecast,
-            Op.MANIFEST: self.op_manifest,
-            Op.SHUTDOWN: self.op_shutdown,
-        }
 
     async def send(self, message: dict[str, Any]) -> None:
         """Write one message; raises ConnectionResetError once the client is gone."""
@@ -176,8 +133,8 @@ class Connection:
 
     async def _answer(self, req: Request) -> None:
         try:
-            result = await self._handlers[req.op](req.args)
-        except OpError as exc:
+            result = await getattr(self, f"op_{req.op.value}")(req.args)
+        except ProtocolError as exc:
             await self.send(protocol.error(req.id, exc.code, exc.message))
             return
         except (ConnectionError, asyncio.CancelledError):
@@ -211,7 +168,7 @@ class Connection:
         watcher = self.daemon.watcher(args)
         grace = args.get("grace_s", 10)
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace <= 3600:
-            raise OpError(ErrorCode.BAD_ARGS, "'grace_s' must be a number of seconds in [0, 3600]")
+            raise ProtocolError(ErrorCode.BAD_ARGS, "'grace_s' must be a number of seconds in [0, 3600]")
         result = await asyncio.to_thread(jobs.stop, watcher.paths, float(grace))
         if watcher.task is not None:
             watcher.pulse.notify()
@@ -283,15 +240,15 @@ class Connection:
         """Check a capture file or directory (in a child process)."""
         path = args["path"]
         if not isinstance(path, str) or not path or "\0" in path:
-            raise OpError(ErrorCode.BAD_ARGS, "'path' must be a non-empty string")
+            raise ProtocolError(ErrorCode.BAD_ARGS, "'path' must be a non-empty string")
         if not os.path.exists(path):
-            raise OpError(ErrorCode.NOT_FOUND, f"no such path on this host: {path}")
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no such path on this host: {path}")
         layers = args.get("layers")
         if isinstance(layers, list):
             layers = len(layers)
         for name, value in (("layers", layers), ("hidden_size", args.get("hidden_size"))):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise OpError(ErrorCode.BAD_ARGS, f"'{name}' must be a positive integer")
+                raise ProtocolError(ErrorCode.BAD_ARGS, f"'{name}' must be a positive integer")
         return await check_file(path, layers=layers, hidden_size=args.get("hidden_size"))
 
     async def op_gpus(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -306,27 +263,26 @@ class Connection:
         try:
             view = JobSpec.parse(args["spec"])
         except SpecError as exc:
-            raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
+            raise ProtocolError(ErrorCode.BAD_ARGS, str(exc)) from None
         if view.backend == Backend.COMMAND:
             message = f"backend '{Backend.COMMAND}' writes nothing the agent knows of: no forecast"
-            raise OpError(ErrorCode.BAD_ARGS, message)
-        unusable = await asyncio.to_thread(path_error, args["spec"], view.backend)
-        if unusable is not None:
-            raise OpError(ErrorCode.BAD_ARGS, f"spec.{unusable[0]}: {unusable[1]}")
+            raise ProtocolError(ErrorCode.BAD_ARGS, message)
+        if (unusable := await asyncio.to_thread(path_error, args["spec"], view.backend)) is not None:
+            raise ProtocolError(ErrorCode.BAD_ARGS, f"spec.{unusable}")
         try:
             return await forecast(args["spec"], self.daemon.state_dir)
         except ForecastError as exc:
-            raise OpError(ErrorCode.FAILED, str(exc)) from None
+            raise ProtocolError(ErrorCode.FAILED, str(exc)) from None
 
     async def op_manifest(self, args: dict[str, Any]) -> dict[str, Any]:
         """A run's manifest.json (its dataset card) from its output_dir, without the per-sample token map."""
         watcher = self.daemon.watcher(args)
         if not watcher.spec.output_dir:
-            raise OpError(ErrorCode.NOT_FOUND, f"run {watcher.paths.run!r} has no output_dir")
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"run {watcher.paths.run!r} has no output_dir")
         try:
             return await asyncio.to_thread(read_manifest, Path(watcher.spec.output_dir))
         except ManifestError as exc:
-            raise OpError(ErrorCode.NOT_FOUND, str(exc)) from None
+            raise ProtocolError(ErrorCode.NOT_FOUND, str(exc)) from None
 
     async def op_shutdown(self, args: dict[str, Any]) -> dict[str, Any]:
         """Exit after this reply; jobs keep running."""

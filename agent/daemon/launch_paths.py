@@ -32,57 +32,56 @@ def output_dir_unusable(out: str) -> str | None:
     return None
 
 
-def path_error(spec: dict[str, Any], backend: Backend) -> tuple[str, str] | None:
-    """(field, why) for the first path of ``spec`` (run by ``backend``) this host cannot use; None when
+def path_error(spec: dict[str, Any], backend: Backend) -> str | None:
+    """``field: why`` for the first path of ``spec`` (run by ``backend``) this host cannot use; None when
     every one is usable.  A watched command names its own paths in its argv: only extractions are checked."""
     if backend == Backend.COMMAND:
         return None
     if (model := _text(spec.get("model"))) is not None:
         if not os.path.isdir(model):
-            return "model", f"model directory {model} does not exist on this host"
+            return f"model: model directory {model} does not exist on this host"
         if not os.path.isfile(os.path.join(model, "config.json")):
-            return "model", f"{model} has no config.json: it is not a model directory"
+            return f"model: {model} has no config.json: it is not a model directory"
     if (dataset := _text(spec.get("dataset"))) is not None:
         if not os.path.exists(dataset):
-            return "dataset", f"dataset {dataset} does not exist on this host"
+            return f"dataset: dataset {dataset} does not exist on this host"
         if backend in OWN and not os.path.isfile(dataset):
-            return "dataset", f"dataset {dataset} is not a file (a JSONL file of samples)"
+            return f"dataset: dataset {dataset} is not a file (a JSONL file of samples)"
         if not os.access(dataset, os.R_OK):
-            return "dataset", f"dataset {dataset} cannot be read"
+            return f"dataset: dataset {dataset} cannot be read"
     for key, script in _SCRIPTS.items():
         options = spec.get(key)
         scripts = _text(options.get("scripts_dir")) if isinstance(options, dict) else None
         if scripts is None:
             continue
         if not os.path.isdir(scripts):
-            return f"{key}.scripts_dir", f"scripts_dir {scripts} does not exist on this host"
+            return f"{key}.scripts_dir: scripts_dir {scripts} does not exist on this host"
         if script is not None and not os.path.isfile(os.path.join(scripts, script)):
-            return f"{key}.scripts_dir", f"scripts_dir {scripts} has no {script}"
+            return f"{key}.scripts_dir: scripts_dir {scripts} has no {script}"
     if (out := _text(spec.get("output_dir"))) is not None and (why := output_dir_unusable(out)):
-        return "output_dir", why
+        return f"output_dir: {why}"
     return None
 
 
-def attach_error(spec: dict[str, Any], attach: AttachSpec) -> tuple[str, str] | None:
-    """(field, why) for the first thing an attach names that this host does not have: its pid running,
+def attach_error(spec: dict[str, Any], attach: AttachSpec) -> str | None:
+    """``field: why`` for the first thing an attach names that this host does not have: its pid running,
     its log a readable file, its model's config.json, its output_dir a directory, its Slurm job known to
     Slurm; None when all are."""
     if attach.pid is not None and (why := attached.pid_refusal(attach.pid, attach.allow_stop)):
-        return "attach.pid", why
+        return f"attach.pid: {why}"
     if attach.log is not None:
         if not os.path.isfile(attach.log):
-            return "attach.log", f"log file {attach.log} does not exist on this host (or is not a file)"
+            return f"attach.log: log file {attach.log} does not exist on this host (or is not a file)"
         if not os.access(attach.log, os.R_OK):
-            return "attach.log", f"log file {attach.log} cannot be read"
+            return f"attach.log: log file {attach.log} cannot be read"
     if (model := _text(spec.get("model"))) is not None and not os.path.isfile(
         os.path.join(model, "config.json")
     ):
-        return "model", f"{model} has no config.json on this host: the expectations are read from it"
+        return f"model: {model} has no config.json on this host: the expectations are read from it"
     if (out := _text(spec.get("output_dir"))) is not None and not os.path.isdir(out):
         return (
-            "output_dir",
-            f"output_dir {out} does not exist on this host: attach to a directory the job writes",
+            f"output_dir: output_dir {out} does not exist on this host: attach to a directory the job writes"
         )
     if attach.slurm_job is not None and (why := attached.slurm_refusal(attach.slurm_job)):
-        return "attach.slurm_job", why
+        return f"attach.slurm_job: {why}"
     return None

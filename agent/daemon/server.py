@@ -16,31 +16,24 @@ from typing import Any
 
 from agent import __version__, protocol, settings
 from agent.backends import OWN, Backend
-from agent.daemon.connection import Connection, OpError
+from agent.daemon.connection import Connection
 from agent.daemon.launch_paths import attach_error, path_error
 from agent.jobs import attached, procfs
 from agent.jobs import control as jobs
 from agent.jobs.procfs import boot_id
 from agent.logs.tail import POLL_INTERVAL_S, Inotify
 from agent.milestones.engine import RuleError, load_rules
-from agent.paths import (
-    RunPaths,
-    atomic_write_json,
-    read_json,
-    run_paths,
-    runs_dir,
-    valid_run_id,
-)
-from agent.protocol import ErrorCode
+from agent.paths import RunPaths, atomic_write_json, read_json, run_paths, runs_dir, valid_run_id
+from agent.protocol import ErrorCode, ProtocolError
 from agent.runs.jobspec import JobSpec, SpecError
 from agent.runs.journal import Journal
 from agent.runs.outdir import holds_capture, launch_output_dir_error
 from agent.runs.output_info import spec_capture
+from agent.runs.summary import milestone_event
 from agent.runs.watcher import RunWatcher
 from agent.sched import jobs as sched_jobs
 from agent.sched import slurm
 from agent.sched.options import SlurmOptions
-from agent.sched.poller import SlurmPoller
 from agent.sched.slurmstate import JobView
 
 log = logging.getLogger("eaglewatch.agent")
@@ -74,7 +67,7 @@ class Daemon:
         self._bg: set[asyncio.Task[Any]] = set()
         #: (run, output_dir, shard claim) of launches between their output dir check and their adoption
         self._launching: list[tuple[str, str, sched_jobs.Claim]] = []
-        self.slurm = SlurmPoller(self._on_slurm_look)
+        self.slurm = sched_jobs.SlurmPoller(self._on_slurm_look)
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -160,10 +153,9 @@ class Daemon:
         for conn in list(self.connections):
             conn.close()
         self.slurm.close()
-        for w in self.runs.values():
-            if w.task is not None:
-                w.task.cancel()
         tasks = [w.task for w in self.runs.values() if w.task is not None]
+        for task in tasks:
+            task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
         for w in self.runs.values():
@@ -230,23 +222,20 @@ class Daemon:
         """The agent's own stop (on_shape_failure = stop): runs in the background, final state failed."""
         watcher = self.runs[run]
         log.warning("stopping %s: %s", run, reason)
-        self.background(asyncio.to_thread(jobs.stop, watcher.paths, 10.0, "agent", reason))
-
-    def background(self, coro: Any) -> None:
-        """Run ``coro`` as a task the daemon keeps a reference to."""
+        coro = asyncio.to_thread(jobs.stop, watcher.paths, 10.0, "agent", reason)
         task = asyncio.get_running_loop().create_task(coro)
-        self._bg.add(task)
+        self._bg.add(task)  # the loop keeps only a weak reference
         task.add_done_callback(self._bg.discard)
 
     def watcher(self, args: dict[str, Any]) -> RunWatcher:
-        """The watcher named by ``args["run"]`` or an OpError."""
+        """The watcher named by ``args["run"]`` or an ProtocolError."""
         run = args.get("run")
         if not isinstance(run, str) or not valid_run_id(run):
-            raise OpError(ErrorCode.BAD_ARGS, "'run' must be a run id (letters, digits, '.', '_', '-')")
+            raise ProtocolError(ErrorCode.BAD_ARGS, "'run' must be a run id (letters, digits, '.', '_', '-')")
         try:
             return self.runs[run]
         except KeyError:
-            raise OpError(ErrorCode.NOT_FOUND, f"no run {run!r} on this host") from None
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no run {run!r} on this host") from None
 
     async def launch(self, run: Any, spec: Any, scheduler: Any = None) -> dict[str, Any]:
         """Write the run record, start the job detached (or submit it to Slurm), journal ``launched`` +
@@ -256,24 +245,24 @@ class Daemon:
         added, in one step of the event loop, and the claim is held until the run is adopted (or refused),
         so of two launches into one directory the second always sees the first."""
         if not isinstance(run, str) or not valid_run_id(run):
-            raise OpError(
+            raise ProtocolError(
                 ErrorCode.BAD_ARGS, f"run id {str(run)[:80]!r} must match ^[A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}$"
             )
         try:
             view = JobSpec.parse(spec)
         except SpecError as exc:
-            raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
+            raise ProtocolError(ErrorCode.BAD_ARGS, str(exc)) from None
         opts = None
         if scheduler is not None:
             try:
                 opts = SlurmOptions.parse(scheduler)
             except ValueError as exc:
-                raise OpError(ErrorCode.BAD_ARGS, str(exc)) from None
+                raise ProtocolError(ErrorCode.BAD_ARGS, str(exc)) from None
             if opts.shards and view.shard is not None:
-                raise OpError(ErrorCode.BAD_ARGS, "spec.shard and scheduler.shards exclude each other")
+                raise ProtocolError(ErrorCode.BAD_ARGS, "spec.shard and scheduler.shards exclude each other")
         if view.attach is not None:
             if opts is not None and view.attach.slurm_job is None:
-                raise OpError(ErrorCode.BAD_ARGS, "spec.attach: a Slurm host attaches to a slurm_job")
+                raise ProtocolError(ErrorCode.BAD_ARGS, "spec.attach: a Slurm host attaches to a slurm_job")
             return await self._attach(run, spec, view)
         if view.output_dir is None:
             return await self._launch(run, spec, view, opts)
@@ -300,13 +289,12 @@ class Daemon:
     async def _check_output_dir(
         self, view: JobSpec, spec: Any, others: list[tuple[str, str]], sharded: bool
     ) -> None:
-        """The spec's host paths (launch_paths.py), then launch_output_dir_error, as an OpError naming the
+        """The spec's host paths (launch_paths.py), then launch_output_dir_error, as an error naming the
         field.  A directory holding capture files is compared with the capture the spec asks for (resolved
         by the job's own code in a child: no pydantic in the daemon); the same capture is carried on only
         by a spec that says ``resume`` (or by one shard among others writing there)."""
-        unusable = await asyncio.to_thread(path_error, spec, view.backend)
-        if unusable is not None:
-            raise OpError(ErrorCode.BAD_ARGS, f"spec.{unusable[0]}: {unusable[1]}")
+        if (unusable := await asyncio.to_thread(path_error, spec, view.backend)) is not None:
+            raise ProtocolError(ErrorCode.BAD_ARGS, f"spec.{unusable}")
         out = view.output_dir or ""
         captured = await asyncio.to_thread(holds_capture, out)
         wanted = await spec_capture(spec, self.state_dir) if captured and view.backend in OWN else None
@@ -317,7 +305,7 @@ class Daemon:
                 "the run that wrote them (resume: true)"
             )
         if err is not None:
-            raise OpError(ErrorCode.BAD_ARGS, f"spec.{err}")
+            raise ProtocolError(ErrorCode.BAD_ARGS, f"spec.{err}")
 
     def _new_run_dir(self, run: str, spec: Any, view: JobSpec) -> RunPaths:
         """The run's own rules checked, its directory made (a second launch of ``run`` is a conflict) and its
@@ -325,12 +313,12 @@ class Daemon:
         try:
             load_rules(extra=view.rules)
         except (RuleError, TypeError) as exc:
-            raise OpError(ErrorCode.BAD_ARGS, f"spec.rules: {exc}") from None
+            raise ProtocolError(ErrorCode.BAD_ARGS, f"spec.rules: {exc}") from None
         paths = run_paths(self.state_dir, run)
         try:
             paths.dir.mkdir(mode=0o700)
         except FileExistsError:
-            raise OpError(ErrorCode.CONFLICT, f"run {run!r} already exists on this host") from None
+            raise ProtocolError(ErrorCode.CONFLICT, f"run {run!r} already exists on this host") from None
         atomic_write_json(paths.spec, spec)
         return paths
 
@@ -345,27 +333,13 @@ class Daemon:
         except jobs.SpawnError as exc:
             journal.close()
             self._adopt(paths)  # sees exit.json (or nothing): journals failed / lost itself
-            raise OpError(ErrorCode.FAILED, f"cannot start run {run!r}: {exc}") from None
-        journal.append(
-            {
-                "type": "milestone",
-                "kind": "launched",
-                "line": 0,
-                "rank": None,
-                "fields": {"pid": record["pid"], "argv": argv, "host": self.hostname},
-                "text": f"launched pid {record['pid']}: {' '.join(argv)[:300]}",
-            }
-        )
+            raise ProtocolError(ErrorCode.FAILED, f"cannot start run {run!r}: {exc}") from None
+        text = f"launched pid {record['pid']}: {' '.join(argv)[:300]}"
+        journal.append(milestone_event("launched", 0, text, pid=record["pid"], argv=argv, host=self.hostname))
         journal.append({"type": "state", "state": "running"})
         journal.close()
         self._adopt(paths)
-        return {
-            "run": run,
-            "pid": record["pid"],
-            "start_time": record["start_time"],
-            "argv": argv,
-            "boot_id": boot_id(),
-        }
+        return _launched(run, record["pid"], record["start_time"], argv)
 
     async def _attach(self, run: str, spec: Any, view: JobSpec) -> dict[str, Any]:
         """Watch a job this agent did not start: what it names is checked first, then the run is recorded
@@ -373,9 +347,8 @@ class Daemon:
         dir is only read, so no directory is claimed."""
         attach = view.attach
         assert attach is not None
-        unusable = await asyncio.to_thread(attach_error, spec, attach)
-        if unusable is not None:
-            raise OpError(ErrorCode.BAD_ARGS, f"spec.{unusable[0]}: {unusable[1]}")
+        if (unusable := await asyncio.to_thread(attach_error, spec, attach)) is not None:
+            raise ProtocolError(ErrorCode.BAD_ARGS, f"spec.{unusable}")
         paths = self._new_run_dir(run, spec, view)
         journal = Journal(paths.events)
         record = attached.record(attach)
@@ -399,42 +372,22 @@ class Daemon:
             watched["log"] = found
         what = ", ".join(f"{k} {v}" for k, v in watched.items() if k in ("pid", "log", "slurm_job"))
         what += " (its output)" if found is not None else ""
-        journal.append(
-            {
-                "type": "milestone",
-                "kind": "launched",
-                "line": 0,
-                "rank": None,
-                "fields": {"attached": watched, "output_dir": view.output_dir, "host": self.hostname},
-                "text": f"attached to {what or 'output_dir ' + str(view.output_dir)}"[:400],
-            }
-        )
+        text = f"attached to {what or 'output_dir ' + str(view.output_dir)}"[:400]
+        fields = {"attached": watched, "output_dir": view.output_dir, "host": self.hostname}
+        journal.append(milestone_event("launched", 0, text, **fields))
         if attach.pid is not None and followed is None:
-            journal.append(
-                {
-                    "type": "milestone",
-                    "kind": "warning",
-                    "line": 0,
-                    "rank": None,
-                    "fields": {"rule": "attach_no_log", "pid": attach.pid},
-                    "text": f"pid {attach.pid} writes its output to a terminal or a pipe, not a file: only "
-                    "its process tree is followed; give attach.log to read its log",
-                }
+            text = (
+                f"pid {attach.pid} writes its output to a terminal or a pipe, not a file: only its process "
+                "tree is followed; give attach.log to read its log"
             )
+            journal.append(milestone_event("warning", 0, text, rule="attach_no_log", pid=attach.pid))
         journal.append({"type": "state", "state": "running"})
         seq = journal.last_seq
         journal.close()
         if start is not None:  # the rules' cursor (seq: what is journaled)
             atomic_write_json(paths.cursor, {"offset": start, "line": 0, "seq": seq})
         self._adopt(paths)
-        return {
-            "run": run,
-            "pid": attach.pid,
-            "start_time": record.get("start_time"),
-            "argv": [],
-            "boot_id": boot_id(),
-            "attached": True,
-        }
+        return _launched(run, attach.pid, record.get("start_time"), [], attached=True)
 
     async def _submit(
         self,
@@ -448,49 +401,29 @@ class Daemon:
         """The run as a Slurm job (an array of ``opts.shards`` tasks): sbatch, journal, poll."""
         gpus = None if view.backend == Backend.COMMAND else view.tensor_parallel_size
         try:
+            job_env = {**env, settings.RUN_ID.name: paths.run}
             record = await asyncio.to_thread(
-                sched_jobs.submit,
-                paths,
-                argv,
-                {**env, settings.RUN_ID.name: paths.run},
-                opts,
-                gpus,
-                view.time_limit_minutes,
+                sched_jobs.submit, paths, argv, job_env, opts, gpus, view.time_limit_minutes
             )
         except slurm.SlurmError as exc:
             journal.close()
             self._adopt(paths)  # sees exit.json: journals failed with sbatch's reason
-            raise OpError(ErrorCode.FAILED, f"cannot submit run {paths.run!r}: {exc}") from None
+            raise ProtocolError(ErrorCode.FAILED, f"cannot submit run {paths.run!r}: {exc}") from None
         job_id = record["job_id"]
+        text = f"submitted Slurm job {job_id}: {' '.join(argv)[:300]}"
+        fields = {"scheduler": "slurm", "job_id": job_id, "array": opts.shards, "argv": argv}
         journal.append(
-            {
-                "type": "milestone",
-                "kind": "launched",
-                "line": 0,
-                "rank": None,
-                "fields": {
-                    "scheduler": "slurm",
-                    "job_id": job_id,
-                    "array": opts.shards,
-                    "argv": argv,
-                    "sbatch": record["sbatch"],
-                    "host": self.hostname,
-                },
-                "text": f"submitted Slurm job {job_id}: {' '.join(argv)[:300]}",
-            }
+            milestone_event("launched", 0, text, **fields, sbatch=record["sbatch"], host=self.hostname)
         )
         journal.append({"type": "state", "state": "pending", "reason": f"Slurm job {job_id} submitted"})
         journal.close()
         self._adopt(paths)
-        return {
-            "run": paths.run,
-            "pid": None,
-            "start_time": None,
-            "argv": argv,
-            "boot_id": boot_id(),
-            "scheduler": "slurm",
-            "job_id": job_id,
-        }
+        return _launched(paths.run, None, None, argv, scheduler="slurm", job_id=job_id)
+
+
+def _launched(run: str, pid: int | None, start_time: Any, argv: list[str], **extra: Any) -> dict[str, Any]:
+    """The result of a ``launch`` request (agent/protocol.py)."""
+    return {"run": run, "pid": pid, "start_time": start_time, "argv": argv, "boot_id": boot_id(), **extra}
 
 
 def _dump_tasks() -> None:

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent import protocol
-from agent.logs.splitter import LineSplitter
+from agent.logs.splitter import Line, LineSplitter
 from agent.runs.journal import read_raw
 from agent.runs.watcher import RunWatcher
 
@@ -125,35 +125,34 @@ class _DiskReader:
         chunk = watcher.chain.read_at(self.fed, READ_CHUNK)
         moved = False
         if chunk.jumped:
-            await _send_lines(send, run, [(ln.offset, ln.text) for ln in self.splitter.flush()], chunk.offset)
+            await _send_lines(send, run, self.splitter.flush(), chunk.offset)
             self.splitter = LineSplitter(start_offset=chunk.offset)
             self.fed = self.pos = chunk.offset
             moved = True
         if chunk.data:
             self.fed += len(chunk.data)
-            lines = [(ln.offset, ln.text) for ln in self.splitter.feed(chunk.data)]
-            await _send_lines(send, run, lines, self.splitter.pending_offset)
+            await _send_lines(send, run, self.splitter.feed(chunk.data), self.splitter.pending_offset)
             self.pos = self.splitter.pending_offset
             return True  # read on until the end: a full chunk or a seam may be followed by more
         if chunk.at_end and watcher.summary.terminal is not None and self.flushed_at != self.fed:
             # The job has ended: its unterminated last line is a line now.
             self.flushed_at = self.fed
-            lines = [(ln.offset, ln.text) for ln in self.splitter.flush()]
+            lines = self.splitter.flush()
             await _send_lines(send, run, lines, self.splitter.pending_offset)
             self.pos = self.splitter.pending_offset
             moved = bool(lines)
         return moved
 
 
-async def _send_lines(send: Send, run: str, lines: list[tuple[int, str]], end_offset: int) -> None:
+async def _send_lines(send: Send, run: str, lines: list[Line], end_offset: int) -> None:
     """Send ``lines`` in blocks; each block's next_offset is where the following unsent line starts."""
     batch: list[tuple[int, str]] = []
     size = 0
-    for i, (offset, text) in enumerate(lines):
-        batch.append((offset, text))
-        size += len(text) + 16
+    for i, line in enumerate(lines):
+        batch.append((line.offset, line.text))
+        size += len(line.text) + 16
         if len(batch) >= BLOCK_LINES or size >= BLOCK_BYTES:
-            nxt = lines[i + 1][0] if i + 1 < len(lines) else end_offset
+            nxt = lines[i + 1].offset if i + 1 < len(lines) else end_offset
             await send(log_message(run, batch, nxt))
             batch, size = [], 0
     if batch:

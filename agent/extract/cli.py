@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -141,7 +142,7 @@ def _run(
         print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
         signals.emit("failed", reason=str(e))
         return 2
-    driver.apply_env(spec.env)
+    os.environ.update(spec.env)  # before vLLM is imported: CUDA_VISIBLE_DEVICES and friends
     t0 = time.monotonic()
     name = spec.shard.manifest_name() if spec.shard is not None else MANIFEST
     dtype_hint = safetensors_dtype(wanted.dtype)
@@ -155,7 +156,7 @@ def _run(
         hidden_size=plan.hidden_size,
         dtype=plan.dtype,
         backend=spec.backend,
-        command=driver.command_line(),
+        command=[sys.executable, *sys.argv],
         samples_total=len(samples),
         versions=versions(),
         model_config_sha256=config_sha256(plan.model_dir),

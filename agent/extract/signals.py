@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import sys
-from typing import Any, TextIO
+from typing import Any
 
 PREFIX = "EAGLEWATCH "
 KINDS = frozenset(
@@ -31,15 +30,11 @@ def format_line(kind: str, **fields: Any) -> str:
     return PREFIX + json.dumps({"kind": kind, **fields}, separators=(", ", ": "), default=str)
 
 
-def emit(kind: str, stream: TextIO | None = None, **fields: Any) -> None:
+def emit(kind: str, **fields: Any) -> None:
     """Print one milestone line and flush it (the agent follows the log live)."""
-    out = stream or sys.stdout
-    out.write(format_line(kind, **fields) + "\n")
-    out.flush()
+    print(format_line(kind, **fields), flush=True)
 
 
-def say(message: str, stream: TextIO | None = None) -> None:
+def say(message: str) -> None:
     """Print one human-readable line, prefixed so it is easy to find in a mixed vLLM log."""
-    out = stream or sys.stdout
-    out.write(f"[eaglewatch] {message}\n")
-    out.flush()
+    print(f"[eaglewatch] {message}", flush=True)

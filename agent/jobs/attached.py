@@ -152,7 +152,8 @@ def stop(paths: RunPaths, job: dict[str, Any], grace_s: float, poll_s: float = 0
             tree = live_tree(tree)
             for pid, _start in tree:
                 killed[pid] = {"pid": pid, "cmdline": procfs.cmdline(pid), "signal": sig.name}
-                _kill(pid, sig)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
             deadline = time.monotonic() + max(0.0, wait)
             while tree and time.monotonic() < deadline:
                 time.sleep(poll_s)
@@ -169,8 +170,3 @@ def stop(paths: RunPaths, job: dict[str, Any], grace_s: float, poll_s: float = 0
             return result
     end(paths, DETACHED if result["detached"] else GONE)
     return result
-
-
-def _kill(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)

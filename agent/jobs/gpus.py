@@ -1,15 +1,8 @@
 """GPU discovery for the agent: run nvidia-smi's CSV queries and parse them (stdlib only).
 
-How it works
-------------
-``parse_gpu_csv`` and ``parse_process_csv`` are pure: text in, rows plus typed line errors out. A malformed
-line is skipped and reported (``CsvLineError`` names the line number, the text and what is wrong); it never
-raises, so one odd driver line cannot take the daemon down. ``query`` is the I/O wrapper: it runs the two
-``nvidia-smi --query-*`` commands (argv lists, a timeout) and returns the protocol's ``gpus`` result. Where
-nvidia-smi is absent or fails, the lists are empty; an ``errors`` list is added only when something went
-wrong, so a machine without a GPU answers exactly ``{"gpus": [], "processes": []}``.
-
-``settings.NVIDIA_SMI`` overrides the nvidia-smi path (an operator with it outside PATH).
+A malformed line is skipped and reported (``CsvLineError``), never raised, so one odd driver line cannot take
+the daemon down.  A machine without nvidia-smi (``settings.NVIDIA_SMI`` overrides its path) answers exactly
+``{"gpus": [], "processes": []}``; an ``errors`` list is added only when something went wrong.
 """
 
 from __future__ import annotations
@@ -19,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,61 +84,60 @@ def _lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
-def parse_gpu_csv(text: str) -> Parsed:
-    """Parse ``--query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu,temperature.gpu``."""
+def _parse(
+    text: str, query: str, fields: tuple[str, ...], row: Callable[[list[str]], dict[str, Any]]
+) -> Parsed:
+    """The rows ``row`` makes of each data line (at least ``len(fields)`` comma-separated fields, exactly
+    that many for a process query), and the lines it could not read."""
     rows: list[dict[str, Any]] = []
     errors: list[CsvLineError] = []
     for number, line in _lines(text):
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < len(GPU_FIELDS):
-            reason = f"expected {len(GPU_FIELDS)} comma-separated fields, got {len(parts)}"
-            errors.append(CsvLineError("gpu", number, line, reason))
+        if len(parts) < len(fields) or (query == "process" and len(parts) != len(fields)):
+            reason = f"expected {len(fields)} comma-separated fields, got {len(parts)}"
+            errors.append(CsvLineError(query, number, line, reason))
             continue
-        # nvidia-smi does not quote; a comma inside the product name shows up as extra fields.
-        tail = len(parts) - 4
-        name = ", ".join(parts[2:tail])
-        uuid = parts[1]
         try:
-            if not uuid.startswith(("GPU-", "MIG-")):
-                raise _BadField(f"uuid does not look like a GPU uuid: {uuid[:40]!r}")
-            rows.append(
-                {
-                    "index": _required_int(parts[0], "index"),
-                    "uuid": uuid,
-                    "name": name,
-                    "memory_total_mib": _optional_int(parts[tail], "memory.total"),
-                    "memory_used_mib": _optional_int(parts[tail + 1], "memory.used"),
-                    "utilization_pct": _optional_int(parts[tail + 2], "utilization.gpu"),
-                    "temperature_c": _optional_int(parts[tail + 3], "temperature.gpu"),
-                }
-            )
+            rows.append(row(parts))
         except _BadField as exc:
-            errors.append(CsvLineError("gpu", number, line, str(exc)))
+            errors.append(CsvLineError(query, number, line, str(exc)))
     return Parsed(rows, errors)
+
+
+def _gpu_row(parts: list[str]) -> dict[str, Any]:
+    # nvidia-smi does not quote; a comma inside the product name shows up as extra fields.
+    tail = len(parts) - 4
+    uuid = parts[1]
+    if not uuid.startswith(("GPU-", "MIG-")):
+        raise _BadField(f"uuid does not look like a GPU uuid: {uuid[:40]!r}")
+    return {
+        "index": _required_int(parts[0], "index"),
+        "uuid": uuid,
+        "name": ", ".join(parts[2:tail]),
+        "memory_total_mib": _optional_int(parts[tail], "memory.total"),
+        "memory_used_mib": _optional_int(parts[tail + 1], "memory.used"),
+        "utilization_pct": _optional_int(parts[tail + 2], "utilization.gpu"),
+        "temperature_c": _optional_int(parts[tail + 3], "temperature.gpu"),
+    }
+
+
+def _process_row(parts: list[str]) -> dict[str, Any]:
+    return {
+        "pid": _required_int(parts[0], "pid"),
+        "gpu_uuid": parts[1],
+        # "[N/A]" under MIG or in some containers: the process is there, its size unknown.
+        "used_memory_mib": _optional_int(parts[2], "used_memory"),
+    }
+
+
+def parse_gpu_csv(text: str) -> Parsed:
+    """Parse ``--query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu,temperature.gpu``."""
+    return _parse(text, "gpu", GPU_FIELDS, _gpu_row)
 
 
 def parse_process_csv(text: str) -> Parsed:
     """Parse ``--query-compute-apps=pid,gpu_uuid,used_memory`` (empty output: no processes)."""
-    rows: list[dict[str, Any]] = []
-    errors: list[CsvLineError] = []
-    for number, line in _lines(text):
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != len(PROCESS_FIELDS):
-            reason = f"expected {len(PROCESS_FIELDS)} comma-separated fields, got {len(parts)}"
-            errors.append(CsvLineError("process", number, line, reason))
-            continue
-        try:
-            rows.append(
-                {
-                    "pid": _required_int(parts[0], "pid"),
-                    "gpu_uuid": parts[1],
-                    # "[N/A]" under MIG or in some containers: the process is there, its size unknown.
-                    "used_memory_mib": _optional_int(parts[2], "used_memory"),
-                }
-            )
-        except _BadField as exc:
-            errors.append(CsvLineError("process", number, line, str(exc)))
-    return Parsed(rows, errors)
+    return _parse(text, "process", PROCESS_FIELDS, _process_row)
 
 
 def find_nvidia_smi() -> str | None:
@@ -191,21 +184,19 @@ def query(timeout_s: float = DEFAULT_TIMEOUT_S, nvidia_smi: str | None = None) -
     if exe is None:
         return result
     errors: list[dict[str, Any]] = []
-    text, failure = _run([exe, *GPU_QUERY], timeout_s)
-    if failure is not None:
-        errors.append({"query": "gpu", "line": None, "text": "", "reason": failure})
-    else:
-        parsed = parse_gpu_csv(text or "")
-        result["gpus"] = parsed.rows
-        errors.extend(e.to_dict() for e in parsed.errors)
-    if result["gpus"]:
-        text, failure = _run([exe, *PROCESS_QUERY], timeout_s)
+    for query_name, argv, parse, key in (
+        ("gpu", GPU_QUERY, parse_gpu_csv, "gpus"),
+        ("process", PROCESS_QUERY, parse_process_csv, "processes"),
+    ):
+        if key == "processes" and not result["gpus"]:
+            break  # no GPU: no process query
+        text, failure = _run([exe, *argv], timeout_s)
         if failure is not None:
-            errors.append({"query": "process", "line": None, "text": "", "reason": failure})
-        else:
-            parsed = parse_process_csv(text or "")
-            result["processes"] = parsed.rows
-            errors.extend(e.to_dict() for e in parsed.errors)
+            errors.append({"query": query_name, "line": None, "text": "", "reason": failure})
+            continue
+        parsed = parse(text or "")
+        result[key] = parsed.rows
+        errors.extend(e.to_dict() for e in parsed.errors)
     if errors:
         result["errors"] = errors
     return result

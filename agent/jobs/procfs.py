@@ -52,14 +52,9 @@ def start_time(pid: int) -> int | None:
     return st.start_time if st else None
 
 
-def is_running(pid: int) -> bool:
-    """True when ``pid`` exists and is not a zombie."""
-    st = stat(pid)
-    return st is not None and st.state not in ("Z", "X")
-
-
 def is_same_process(pid: int, start: int | None, boot: str | None) -> bool:
-    """True when ``pid`` is still the process recorded as (pid, start, boot) and has not exited."""
+    """True when ``pid`` is still the process recorded as (pid, start, boot) and has not exited (any
+    process of that pid, start and boot None)."""
     if boot and boot != boot_id():
         return False
     st = stat(pid)

@@ -22,6 +22,7 @@ from typing import Any
 
 from agent.jobs import procfs
 from agent.paths import RunPaths, atomic_write_json, read_json, write_problem
+from agent.sched.slurmstate import exit_fields
 
 #: exit.json's reserved room: far more than a record takes (its state_error is cut to fit).
 _RESERVE_BYTES = 4096
@@ -33,14 +34,7 @@ def _ignore(_signum: int, _frame: object) -> None:
 
 def exit_record(returncode: int) -> dict[str, Any]:
     """The exit.json content for a Popen return code (negative = killed by that signal)."""
-    if returncode < 0:
-        sig = -returncode
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        return {"code": None, "signal": sig, "signal_name": name, "ended_at": time.time()}
-    return {"code": returncode, "signal": None, "signal_name": None, "ended_at": time.time()}
+    return {**exit_fields(-returncode if returncode < 0 else returncode << 8), "ended_at": time.time()}
 
 
 def _start_job(paths: RunPaths) -> tuple[subprocess.Popen[bytes] | None, dict[str, Any]]:
@@ -163,8 +157,7 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # anything at all: the daemon must get an answer
         record = {"error": f"supervisor failed: {exc!r}"}
     if proc is None:
-        failed = {"code": 127, "signal": None, "signal_name": None, "ended_at": time.time()}
-        _record_exit(paths, {**failed, "error": record["error"]}, reserve)
+        _record_exit(paths, {**exit_record(127), "error": record["error"]}, reserve)
     os.write(wfd, (json.dumps(record) + "\n").encode())
     os.close(wfd)
     if proc is not None:

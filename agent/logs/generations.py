@@ -224,20 +224,15 @@ class LogChain:
         jumped = False
         if offset < gens[0].base:
             offset, jumped = gens[0].base, True
-        i = max(k for k, g in enumerate(gens) if g.base <= offset)
-        while True:
-            gen = gens[i]
-            last = i == len(gens) - 1
+        first = max(k for k, g in enumerate(gens) if g.base <= offset)
+        for i in range(first, len(gens)):
+            gen, last = gens[i], i == len(gens) - 1
+            if i > first:
+                offset, jumped = gen.base, True
             if not last and gen.end is not None and offset >= gen.end:
-                i += 1
-                offset, jumped = gens[i].base, True
                 continue
             fd = self.fd(gen)
             if fd is None:
-                if last:
-                    return Chunk(b"", offset, jumped, True)
-                i += 1
-                offset, jumped = gens[i].base, True
                 continue
             phys = offset - gen.base
             try:
@@ -245,13 +240,10 @@ class LogChain:
             except OSError:
                 return Chunk(b"", offset, jumped, True)
             stop = size if last or gen.end is None else min(size, gen.end - gen.base)
-            if stop <= phys:
-                if last:  # at the end, or truncated and not yet seen by the watcher: wait for it
-                    return Chunk(b"", offset, jumped, True)
-                i += 1
-                offset, jumped = gens[i].base, True
-                continue
-            return Chunk(os.pread(fd, min(max_bytes, stop - phys), phys), offset, jumped, False)
+            if stop > phys:
+                return Chunk(os.pread(fd, min(max_bytes, stop - phys), phys), offset, jumped, False)
+        # at the end, or truncated and not yet seen by the watcher: wait for it
+        return Chunk(b"", offset, jumped, True)
 
     def _transient(self) -> list[Generation]:
         """A log no watcher has polled yet (or an ended run of an older agent): its file as generation 0."""

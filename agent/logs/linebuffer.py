@@ -1,19 +1,11 @@
 """LineBuffer: the watcher's split log lines, recent ones kept in memory, served to every follower.
 
-How it works
-------------
-The run's watcher is the only reader and splitter of its log: what it splits is appended here, and ``end``
-is its resume point (the splitter's ``pending_offset``, or the next generation's base after a seam).  Lines
-are held in segments: a raw ``Block`` (complete lines kept as the log's bytes, split only when a follower
-asks for them as separate lines), or ``Line`` objects (lines the splitter had to work on: cut at the cap,
-stripped of colour codes, ended by ``\\r``).  A follower at stream offset ``pos`` asks ``read(pos, …)``
-(lines with their offsets) or ``read_text(pos, …)`` (the lines as one string): when ``pos`` is the offset
-of a held line, or ``end`` itself, it gets the lines from there (bounded) and the offset to ask for next;
-otherwise (``None``) ``pos`` is older than what is held, or not a line start the watcher saw, and the
-follower reads the log itself until it reaches an offset the buffer serves.  Lines are the watcher's own,
-so a follower sees exactly the lines the watcher split, once each, in order.
-Memory is bounded: the oldest lines go first once ``max_lines`` or ``max_bytes`` is passed (a raw block
-that has not been split goes whole).
+The run's watcher is the only reader and splitter of its log: what it splits is appended here, with its resume
+point ``end``.  Lines are held in segments: a raw ``Block`` (split only when a follower asks for separate
+lines) or the splitter's ``Line`` objects.  A follower at stream offset ``pos`` asks ``read`` or
+``read_text``: from a held line start (or ``end``) it is served from memory; otherwise (``None``) it reads the
+log itself until it reaches an offset served here, so it sees exactly the watcher's lines, once each, in
+order.  Memory is bounded: the oldest lines go first once ``max_lines`` or ``max_bytes`` is passed.
 """
 
 from __future__ import annotations
@@ -23,13 +15,13 @@ from collections.abc import Iterable
 from itertools import accumulate, islice
 from operator import attrgetter
 
-from agent.logs.block import Block
-from agent.logs.splitter import Line
+from agent.logs.splitter import Block, Line
 
 #: Per-line overhead counted towards a batch's byte budget (offset and JSON framing).
 LINE_OVERHEAD = 16
 _offset = attrgetter("offset")
 _text = attrgetter("text")
+_start = attrgetter("start")
 
 
 class _Segment:
@@ -46,12 +38,6 @@ class _Segment:
         self.cum: list[int] = []  # cum[i]: budget bytes of lines [0, i]
         self.head = 0  # index of the first live line
         self.base = 0  # cum of the line before head (0 when none)
-
-    @classmethod
-    def of_block(cls, block: Block) -> _Segment:
-        seg = cls(block.offset)
-        seg.raw, seg.count = block.data, block.lines
-        return seg
 
     @property
     def size(self) -> int:
@@ -134,7 +120,8 @@ class LineBuffer:
     def append_block(self, block: Block, end: int) -> None:
         """Add a raw block of complete lines (kept unsplit) and the watcher's new resume offset ``end``."""
         if block.data:
-            seg = _Segment.of_block(block)
+            seg = _Segment(block.offset)
+            seg.raw, seg.count = block.data, block.lines
             self._segs.append(seg)
             self._lines += seg.count
             self._bytes += seg.size
@@ -172,18 +159,10 @@ class LineBuffer:
     def _find(self, pos: int) -> tuple[int, int] | None:
         """(segment index, line index in it) of the held line that starts at ``pos``; the line index is -1
         for a raw segment (``pos`` checked to be a line start of it)."""
-        segs = self._segs
-        lo, hi = 0, len(segs)
-        while lo < hi:  # the last segment that starts at or before pos
-            mid = (lo + hi) // 2
-            if segs[mid].start <= pos:
-                lo = mid + 1
-            else:
-                hi = mid
-        k = lo - 1
+        k = bisect_right(self._segs, pos, key=_start) - 1  # the last segment that starts at or before pos
         if k < 0:
             return None
-        seg = segs[k]
+        seg = self._segs[k]
         if seg.raw is not None:
             at = pos - seg.start
             if at < len(seg.raw) and (at == 0 or seg.raw[at - 1] == 0x0A):
@@ -199,9 +178,7 @@ class LineBuffer:
     def read(self, pos: int, max_lines: int, max_bytes: int) -> tuple[list[tuple[int, str]], int] | None:
         """Lines from stream offset ``pos`` (at most ``max_lines``, about ``max_bytes``) and the offset after
         them; ``None`` when ``pos`` is not served from memory (too old, or not a line start seen here)."""
-        if self.end < 0:
-            return None
-        if pos == self.end:
+        if pos == self.end >= 0:
             return [], pos
         found = self._find(pos)
         if found is None:
@@ -222,9 +199,7 @@ class LineBuffer:
         ``max_bytes``, at least one line, from one segment: ask again at the offset returned), and the offset
         after them; ``("", pos)`` at ``end``; ``None`` as for ``read``.  Offsets within the text are not
         byte offsets of the log where the splitter worked on a line (cut, colour codes, ``\\r``)."""
-        if self.end < 0:
-            return None
-        if pos == self.end:
+        if pos == self.end >= 0:
             return "", pos
         found = self._find(pos)
         if found is None:

@@ -21,7 +21,6 @@ IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
 IN_DELETE = 0x00000200
 IN_Q_OVERFLOW = 0x00004000
-IN_IGNORED = 0x00008000
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 #: What a watched run or output directory reports: writes, new files, renames into it.
@@ -84,9 +83,7 @@ class Inotify:
         while True:
             try:
                 data = os.read(self.fd, 65536)
-            except BlockingIOError:
-                break
-            except OSError:
+            except OSError:  # BlockingIOError: nothing more to read
                 break
             pos = 0
             while pos + _EVENT.size <= len(data):

@@ -2,41 +2,20 @@
 
 How it works
 ------------
-Each line goes through a cheap gate first (``logline.Gate``: a split into words and one set test,
-derived from every rule's ``words`` and ``contains`` prefilters and ``Traceback (most recent call last)``),
-whose answer (and the rules that may match) is remembered per line shape: the line with its digits folded
-to ``0`` (``logline.Prefilter``).  Most lines stop there; ``feed_many`` and ``feed_block`` (a raw block of
-lines, ``agent/logs/block.py``) skip them in bulk and decode only the lines that may match.
-On those paths a line that may match also runs its shape's plan (plans.py): the rule that matched the
-first line of the shape, taken at the same spans when it treats all digits alike, else verified by one
-match; a shape a plan cannot serve exactly takes the full path below, as ``feed`` always does.
-A line that passes is parsed into process prefix (``(Worker_TP3 pid=7) ``,
-``(VllmWorker rank=3 pid=7) ``, ``(EngineCore_DP0 pid=7) ``…; the TP rank becomes ``Milestone.rank``),
-log header (new ``INFO 02-21 22:48:03 [file.py:12] `` or old ``INFO 02-21 22:48:03 file.py:12] ``) and
-message; rules are tried in order on the message and the first match wins (rulefile.py describes
-the schema).
+Each line goes through a cheap gate first (``logline.Gate``, from every rule's ``words`` and ``contains``
+prefilters), whose answer is remembered per line shape, the line with its digits folded to ``0``
+(``logline.Prefilter``).  Most lines stop there; ``feed_many`` and ``feed_block`` skip them in bulk and
+decode only the lines that may match, running the shape's plan (plans.py) where one serves it exactly.
+A line that passes is parsed into process prefix (its TP rank becomes ``Milestone.rank``), log header and
+message (logline.py); rules are tried in order on the message and the first match wins (rulefile.py).
 
-Rank dedupe (groups.py): a ``per_rank`` rule's milestone, printed once by every rank, is reported once;
-the world size comes from the constructor, or is learnt from the ``world_size=`` line.
-
-Tracebacks (tracebacks.py): every line of a traceback's process up to its exception line belongs to it.
-The ``error`` rules classify the exception lines (the first one that matches, root cause first), else the
-class is ``traceback``; fields carry ``exc_type``, ``message``, ``frames`` (last five) and ``chain``.
-Tracebacks of ranked processes are deduped across ranks like ``per_rank`` rules.
-
-One-record exceptions and JSON records (records.py): an ``ERROR`` line that no rule matched but that holds
-an exception (``Type: message``) is an ``error`` classified like a traceback's exception line; a JSON log
-record is read as the text lines it stands for.  Root causes (rootcause.py): wrapper errors that follow a
-real error carry it in ``fields.root_cause``.
-
-Marker lines (rules with ``marker = true``; rules/eaglewatch.toml ships ``EAGLEWATCH {"kind": ...}``)
-become the milestone the JSON object names, with its other keys as fields; a malformed marker becomes a
-``warning`` (``fields.rule`` = ``bad_marker``, ``fields.problem`` says what is wrong).  A marker nested
-deeper than ``MAX_MARKER_DEPTH`` is malformed; ``NaN``/``Infinity`` (and numbers too large for a float)
-become ``null``, since they are not JSON and the journal and SSE must stay JSON.
-
-No line stops the lines after it: a line whose processing raises anyway becomes a ``warning``
-(``fields.rule`` = ``line_error``) and the engine goes on with the next line.
+Per-rank milestones are reported once (groups.py; the world size is given, or learnt from a ``world_size``
+field), tracebacks are followed up to their exception line and classified by the ``error`` rules
+(tracebacks.py), JSON records and one-record exceptions are read as text (records.py), and wrapper errors
+name their root cause (rootcause.py).  Marker lines (``marker = true``)
+become the milestone their JSON object names; a malformed one becomes a ``warning`` (``fields.rule`` =
+``bad_marker``).  A line whose processing raises becomes a ``warning`` (``fields.rule`` = ``line_error``)
+and the engine goes on with the next line.
 
 Ordering: milestones are released in line order; one that follows an open group or traceback waits for
 it, so the daemon calls ``flush()`` when the log has been idle for a second and at job end.
@@ -49,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from agent.logs.block import Block, BlockLines
+from agent.logs.splitter import Block, BlockLines
 from agent.milestones import tracebacks
 from agent.milestones.groups import RankGroups
 from agent.milestones.logline import (
@@ -66,19 +45,9 @@ from agent.milestones.plans import ShapePlan, ShapePlans
 from agent.milestones.records import json_record_lines, marker_milestone, record_exception
 from agent.milestones.regex_safety import MAX_USER_TEXT
 from agent.milestones.rootcause import RootCauses
-from agent.milestones.rulefile import (
-    Rule,
-    RuleError,
-    RuleSet,
-    load_rules,
-    read_rule_file,
-    validate_rules,
-)
+from agent.milestones.rulefile import Rule, RuleError, RuleSet, load_rules
 
-__all__ = [
-    "Milestone", "MilestoneEngine", "ParsedLine", "Rule", "RuleError", "RuleSet", "load_rules", "parse_line",
-    "read_rule_file", "validate_rules",
-]  # fmt: skip
+__all__ = ["Milestone", "MilestoneEngine", "RuleError", "RuleSet", "load_rules", "parse_line"]
 
 TRACEBACK_START = tracebacks.TRACEBACK_START
 DEFAULT_WINDOW = 200
@@ -105,14 +74,8 @@ def _tagged(out: list[Milestone]) -> list[Milestone]:
 
 
 #: Rules whose line vLLM also prints when it shuts down after a job's normal end: fatal before the job's
-#: completion marker, a ``normal_shutdown`` info milestone after it.
+#: completion marker, a ``normal_shutdown`` info milestone (no error class) after it.
 SHUTDOWN_RULES = frozenset({"engine_core_died"})
-
-
-def normal_shutdown_fields(fields: dict[str, Any]) -> dict[str, Any]:
-    """The fields of a shutdown-time engine exit after completion: no error class, severity info."""
-    out = {k: v for k, v in fields.items() if k not in ("class", "severity")}
-    return out | {"severity": "info", "shutdown_of": fields.get("rule")}
 
 
 class MilestoneEngine:
@@ -124,9 +87,6 @@ class MilestoneEngine:
         self.window = window
         # ERROR lines pass the gate: one may hold an exception that no rule names.
         self._gate = Gate(rules, (TRACEBACK_START, " ERROR "))
-        self._gate_words = self._gate.words
-        self._gate_literals = self._gate.literals
-        self._gate_always = bool(self._gate.always)
         self._prefilter = Prefilter(self._gate, _may_matter)
         self._shapes = self._prefilter.usable  # the gate's answers can be remembered per line shape
         self._plans = ShapePlans()  # per shape: the rule that matches and where the line's parts lie
@@ -145,19 +105,16 @@ class MilestoneEngine:
         if text[:1] == "{" and (parts := json_record_lines(text)) is not None:
             out: list[Milestone] = []
             for part in parts:  # a record's lines all carry the record's line number
-                out += self._feed_safe(part, line)
+                try:
+                    out += self._feed(part, line)
+                except Exception as exc:
+                    out += self._line_error(part, line, exc)
             return self._roots.annotate(out)
-        try:  # _feed_safe inlined: this is the per-line hot path
+        try:
             out = self._feed(text, line)
         except Exception as exc:
             out = self._line_error(text, line, exc)
         return self._roots.annotate(out) if out else out  # most lines release nothing
-
-    def _feed_safe(self, text: str, line: int) -> list[Milestone]:
-        try:
-            return self._feed(text, line)
-        except Exception as exc:
-            return self._line_error(text, line, exc)
 
     def _line_error(self, text: str, line: int, exc: Exception) -> list[Milestone]:
         """The watcher has already read past this line: a warning, and never lose the next ones."""
@@ -188,11 +145,6 @@ class MilestoneEngine:
         hits = self._prefilter.hits_of(shapes)
         lines = BlockLines(block)
         return self._feed_hits(lines, hits, [shapes[h] for h in hits], lines.texts_at(hits), first)
-
-    @property
-    def prefilter(self) -> Prefilter:
-        """Which lines of a batch may match these rules (usable only where ``prefilter.usable``)."""
-        return self._prefilter
 
     def _feed_hits(
         self,
@@ -298,21 +250,20 @@ class MilestoneEngine:
             if self._traces:
                 parsed = parse_line(text)
                 trace = self._traces.get(parsed.proc)
-                if trace is not None and self._trace_line(trace, parsed, text, line):
-                    return self._release()
+                if trace is not None:
+                    step = tracebacks.take(trace, parsed.message, text, line)
+                    if step != "taken":
+                        self._close_trace(trace.proc)
+                    if step != "ended":  # else the traceback ended before this line
+                        return self._release()
                 return self._classify(text, line, parsed)
         if self._shapes:
             rules = self._prefilter.rules_for(text)
             if rules is None:
                 return self._release() if self._held else []
             return self._classify(text, line, None, rules)
-        # The gate, inlined: this is the per-line hot path.
-        if not self._gate_always and self._gate_words.isdisjoint(text.split()):
-            for lit in self._gate_literals:
-                if lit in text:
-                    break
-            else:
-                return self._release() if self._held else []
+        if not self._gate.passes(text):
+            return self._release() if self._held else []
         return self._classify(text, line, None)
 
     def flush(self) -> list[Milestone]:
@@ -410,9 +361,7 @@ class MilestoneEngine:
         return self._release()
 
     def _fields(self, rule: Rule, m: re.Match[str]) -> dict[str, Any]:
-        return self._plans.builder(rule)(
-            m.string, m.regs
-        )  # converters looked up once per rule (plans.fields_builder)
+        return self._plans.builder(rule)(m.string, m.regs)
 
     def _emit(
         self, rule: Rule, fields: dict[str, Any], text: str, line: int, rank: int | None, proc: str
@@ -425,7 +374,7 @@ class MilestoneEngine:
         ms = self._milestone(rule, fields, text, line, rank)
         self._completed = self._completed or ms.kind == "completed"
         if rule.per_rank:
-            self._join(rule.name, ms, proc, rank)
+            self._held += self._rank_groups.join(rule.name, ms, proc, rank, self.world_size)
         else:
             self._held.append(ms)
 
@@ -434,20 +383,12 @@ class MilestoneEngine:
     ) -> Milestone:
         """``rule``'s milestone; an engine exit after the completion marker is normal_shutdown."""
         if self._completed and rule.name in SHUTDOWN_RULES:
-            return Milestone("normal_shutdown", line, rank, normal_shutdown_fields(fields), text)
+            kept = {k: v for k, v in fields.items() if k not in ("class", "severity")}
+            fields = kept | {"severity": "info", "shutdown_of": fields.get("rule")}
+            return Milestone("normal_shutdown", line, rank, fields, text)
         return Milestone(rule.kind, line, rank, fields, text)
 
-    # ---- rank groups and tracebacks ------------------------------------------------------------------
-    def _join(self, key: str, ms: Milestone, proc: str, rank: int | None) -> None:
-        self._held += self._rank_groups.join(key, ms, proc, rank, self.world_size)
-
-    def _trace_line(self, tr: tracebacks.Trace, parsed: ParsedLine, text: str, line: int) -> bool:
-        """Feed a line of the traceback's process; False when the traceback ended before this line."""
-        step = tracebacks.take(tr, parsed.message, text, line)
-        if step != "taken":
-            self._close_trace(tr.proc)
-        return step != "ended"
-
+    # ---- tracebacks ----------------------------------------------------------------------------------
     def _close_trace(self, proc: str) -> None:
         tr = self._traces.pop(proc)
         extra, text = tracebacks.summary(tr)
@@ -474,7 +415,8 @@ class MilestoneEngine:
         text = decided[2] if decided is not None and len(decided) > 2 else base.text
         ms = Milestone("error", base.line, base.rank, fields, text)
         if base.rank is not None:
-            self._join(f"traceback:{fields['class']}:{fields['exc_type']}", ms, proc, base.rank)
+            key = f"traceback:{fields['class']}:{fields['exc_type']}"
+            self._held += self._rank_groups.join(key, ms, proc, base.rank, self.world_size)
         else:
             self._held.append(ms)
 
@@ -486,20 +428,17 @@ class MilestoneEngine:
             self._close_trace(proc)
 
     def _release(self) -> list[Milestone]:
-        return _tagged(self._release_held())
-
-    def _release_held(self) -> list[Milestone]:
         if not self._held:
             return []
         opens = [g.first.line for g in self._groups.values()] + [t.line for t in self._traces.values()]
         if not opens:
             out = self._held if len(self._held) == 1 else sorted(self._held, key=lambda m: m.line)
             self._held = []
-            return out
+            return _tagged(out)
         limit = min(opens)
         self._held.sort(key=lambda m: m.line)
         n = 0
         while n < len(self._held) and self._held[n].line < limit:
             n += 1
         out, self._held = self._held[:n], self._held[n:]
-        return out
+        return _tagged(out)

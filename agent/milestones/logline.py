@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from itertools import compress
 from typing import NamedTuple
 
-from agent.logs.block import DIGIT_FOLD
+from agent.logs.splitter import DIGIT_FOLD
 from agent.milestones.rulefile import Rule, RuleSet
 
 # "(Worker_TP3 pid=7) ", "(VllmWorker rank=3 pid=7) ", Ray's "(RayWorkerWrapper pid=7, ip=10.0.0.2) "
@@ -67,7 +67,8 @@ def parse_line(text: str) -> ParsedLine:
 
 class LineLayout(NamedTuple):
     """Where ``parse_line``'s parts lie in a line, as (start, end) spans: the same for every line of one
-    shape (digits folded to ``0``), since the prefix and header patterns treat all digits alike."""
+    shape (digits folded to ``0``), since the prefix and header patterns treat all digits alike
+    (tests/agent/test_shape_plans.py checks both)."""
 
     tag: str | None  # "server" / "client"
     name: tuple[int, int] | None  # the process name of the prefix; None without a prefix
@@ -82,14 +83,6 @@ class LineLayout(NamedTuple):
         if self.name is not None:
             proc = f"{text[self.name[0] : self.name[1]]} pid={text[self.pid[0] : self.pid[1]]}"
         return f"[{self.tag}] {proc}".rstrip() if self.tag is not None else proc
-
-    def rank_of(self, text: str) -> int | None:
-        """``ParsedLine.rank`` of a line of this layout."""
-        return None if self.rank is None else int(text[self.rank[0] : self.rank[1]])
-
-
-#: parse_line's patterns: each must treat all ASCII digits alike for a layout to hold for a whole shape.
-LAYOUT_PATTERNS = (_PREFIX_RE, _HEADER_RE, _TP_RE, _TAG_RE)
 
 
 def line_layout(text: str) -> LineLayout:
@@ -222,7 +215,7 @@ class Prefilter:
         same answer for a line and its shape).  A ``contains`` literal that holds a digit is confirmed on
         each line: shapes holding its anchor word are answered line by line.
         """
-        key = text.encode("utf-8", "surrogatepass").translate(DIGIT_FOLD)
+        key = self.key(text)
         rules = self._rules.get(key, _UNKNOWN)
         if rules is _UNKNOWN:
             if len(self._rules) >= MEMO_MAX:
@@ -249,10 +242,6 @@ class Prefilter:
         if len(keys) != len(texts):  # a text holding "\n" (the splitter never makes one): key by key
             keys = [self.key(t) for t in texts]
         return keys
-
-    def hits(self, texts: Sequence[str]) -> list[int]:
-        """Indices (ascending) of the lines of ``texts`` that may pass the gate."""
-        return self.hits_of(self.keys(texts))
 
     def hits_of(self, keys: list[bytes]) -> list[int]:
         """Indices (ascending) of the lines whose shapes are ``keys`` that may pass the gate."""

@@ -1,22 +1,13 @@
 """Pure: what the milestone engine remembers per line shape, so that a known shape costs one regex match.
 
-A line's shape is its bytes with ASCII digits folded to ``0`` (``agent/logs/block.DIGIT_FOLD``; the raw block
-path has it already), so a line differing from another in anything but its digits has another shape.  For a
-shape the engine remembers a ``ShapePlan``: where the line's parts lie (``logline.LineLayout``) and the rule
-that matched the first line of that shape, with the rule's fields builder.  Instead of parsing a later line
-of the shape and searching all candidate rules, the engine then:
-
-- for a rule that treats all ASCII digits alike (``digit_uniform``: no digit literal, no partial digit
-  range, no back-reference) takes the groups at the spans the first line's match had: such a regex matches a
-  line exactly where it matches the line's shape, with the same spans, so the match on the shape (the first
-  line's) is the match on every line of it — no regex runs;
-- for any other rule runs its regex once on the line (which verifies it: the shape folds digits only and the
-  rule names a digit), and takes the engine's full path when it does not match.
-
-Either way the fields are built with converters looked up once per rule.  A plan is only made when every
-candidate rule before the remembered one is digit-uniform: such a rule cannot match a line of a shape on
-which it failed.  A shape that needs more (a traceback, an ERROR record, a line answered line by line) gets no
-plan: its lines take the engine's full path.
+A line's shape is its bytes with ASCII digits folded to ``0`` (``agent/logs/splitter.DIGIT_FOLD``).  A shape's
+``ShapePlan`` holds where the line's parts lie (``logline.LineLayout``) and the rule that matched its first
+line.  A rule that treats all ASCII digits alike (``digit_uniform``) matches every line of the shape exactly
+where it matched the first, with the same spans, so its groups are taken there and no regex runs; any other
+rule is verified by one match per line, the engine's full path taking over when it fails.  A plan is only
+made when every candidate rule before the remembered one is digit-uniform (such a rule cannot match a line
+of a shape on which it failed); a shape that needs more (a traceback, an ERROR record, a line answered line
+by line) gets none.
 """
 
 from __future__ import annotations
@@ -28,9 +19,8 @@ import re._parser as sre_parse
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from agent.milestones.conversions import convert
 from agent.milestones.logline import LineLayout
-from agent.milestones.rulefile import Rule
+from agent.milestones.rulefile import Rule, convert
 
 #: At most this many shapes remembered (lines of free text never repeat their shape).
 MAX_PLANS = 1 << 14
@@ -82,7 +72,7 @@ Regs = Sequence[tuple[int, int]]
 FieldsBuilder = Callable[[str, Regs], dict[str, Any]]
 
 
-#: Kinds whose converter starts with a plain ``int()``/``float()`` (conversions._to_int/_to_float): that call
+#: Kinds whose converter starts with a plain ``int()``/``float()`` (rulefile._to_int/_to_float): that call
 #: alone decides a well-formed value; anything else goes through ``convert``.
 _PLAIN = {"int": int, "float": float, "percent": float, "seconds": float}
 
@@ -151,25 +141,17 @@ class ShapePlan(NamedTuple):
 
 
 class ShapePlans:
-    """The plans of the shapes seen so far (bounded), with each rule's fields builder and digit_uniform."""
+    """The plans of the shapes seen so far (bounded), with each rule's fields builder."""
 
     def __init__(self) -> None:
         self.plans: dict[bytes, ShapePlan | None] = {}  # None: the shape takes the full path
         self._builders: dict[int, tuple[Rule, FieldsBuilder]] = {}
-        self._uniform: dict[int, tuple[Rule, bool]] = {}
 
     def builder(self, rule: Rule) -> FieldsBuilder:
         """``fields_builder(rule)``, built once per rule."""
         known = self._builders.get(id(rule))
         if known is None or known[0] is not rule:
             known = self._builders[id(rule)] = (rule, fields_builder(rule))
-        return known[1]
-
-    def uniform(self, rule: Rule) -> bool:
-        """``digit_uniform`` of the rule's regex, decided once per rule."""
-        known = self._uniform.get(id(rule))
-        if known is None or known[0] is not rule:
-            known = self._uniform[id(rule)] = (rule, digit_uniform(rule.regex))
         return known[1]
 
     def learn(
@@ -188,13 +170,13 @@ class ShapePlans:
             self.plans.clear()
         before = candidates if matched is None else candidates[:matched]
         plan = None
-        if layout is not None and all(self.uniform(rule) for rule in before):
+        if layout is not None and all(digit_uniform(rule.regex) for rule in before):
             if matched is None or m is None:
                 plan = ShapePlan(None, _no_fields, layout)
             else:
                 rule = candidates[matched]
                 regs = None
-                if self.uniform(rule):  # the match's spans hold for every line of the shape
+                if digit_uniform(rule.regex):  # the match's spans hold for every line of the shape
                     at = layout.message
                     regs = [(a + at, b + at) if a >= 0 else (-1, -1) for a, b in m.regs]
                 json = rule.regex.groupindex.get("json", 0)

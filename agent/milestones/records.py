@@ -1,16 +1,10 @@
-"""Pure: log records that are not plain vLLM text lines — JSON records, one-record exceptions.
+"""Pure: log records that are not plain vLLM text lines — JSON records, one-record exceptions, markers.
 
-vLLM ≥ 0.32 can log JSON records (python-json-logger: ``asctime``, ``levelname``, ``name``, ``processName``,
-``process``, ``message``, and ``exc_info`` for a logged exception).  ``json_record_lines`` rewrites such a
-record into the text lines vLLM would have printed, so the rules, the rank dedupe and the traceback grouping
-read both formats alike and milestones show text, never JSON.
-
-A worker's exception may also arrive as one ``ERROR`` record with a process prefix and no ``Traceback`` line
-before it (``(Worker pid=7) ERROR … RuntimeError: NCCL error: unhandled system error``):
-``record_exception`` recognises its exception type and message.
-
-``decode_marker`` reads the JSON object of an ``EAGLEWATCH {…}`` marker line, bounded in depth;
-``marker_milestone`` makes the milestone it names.
+``json_record_lines`` rewrites a python-json-logger record (vLLM ≥ 0.32) into the text lines vLLM would have
+printed, so the rules, the rank dedupe and the traceback grouping read both formats alike and milestones
+show text, never JSON.  ``record_exception`` recognises a worker's exception logged as one ``ERROR`` record
+with no ``Traceback`` line before it.  ``marker_milestone`` makes the milestone an ``EAGLEWATCH {…}`` marker
+line names (its JSON bounded in depth).
 """
 
 from __future__ import annotations
@@ -43,8 +37,6 @@ MAX_MARKER_DEPTH = 32
 
 def _nesting_depth(text: str, limit: int) -> int:
     """Deepest ``[``/``{`` nesting of JSON text (strings skipped); stops counting once past ``limit``."""
-    if text.count("[") + text.count("{") <= limit:  # the common case, without the loop
-        return 0
     depth = deepest = 0
     in_str = escaped = False
     for ch in text:

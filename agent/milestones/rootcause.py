@@ -57,8 +57,7 @@ def root_text(fields: dict[str, Any], text: str) -> str:
 class RootCauses:
     """Follows released error milestones in order and annotates the wrappers of a failure."""
 
-    def __init__(self, gap: int = GROUP_GAP) -> None:
-        self.gap = gap
+    def __init__(self) -> None:
         self.root: dict[str, Any] | None = None  # {"text", "class", "line"} of the group's root cause
         self.last_line: int | None = None
 
@@ -70,7 +69,7 @@ class RootCauses:
         return released
 
     def _error(self, ms: Milestone) -> Milestone:
-        if self.last_line is not None and abs(ms.line - self.last_line) > self.gap:
+        if self.last_line is not None and abs(ms.line - self.last_line) > GROUP_GAP:
             self.root = None
         self.last_line = ms.line
         fields = ms.fields

@@ -10,16 +10,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.checks.child import expectation, shared_pool
+from agent.checks.child import shared_pool
+from agent.checks.dirs import (
+    directory_gaps,
+    family,
+    index_gaps,
+    is_capture_file,
+    lock_names,
+    read_sample_lengths,
+    shard_range,
+    walk,
+)
 from agent.runs.jobspec import JobSpec
-from agent.runs.outputs import check_events, complete_files, shard_gaps, shard_window
 
 #: Files per request to a check child: one pipe round trip for many small files; the pipe holds them all.
 BATCH = 64
+#: SpecForge groups its files in folders of 2000: rows_0-2000/data_0.ckpt … (scripts/prepare_hidden_states.py)
+GROUP_DIR = re.compile(r"^rows_\d+-\d+\Z")
 
 
 class OutputChecks:
@@ -68,11 +80,12 @@ class OutputChecks:
         out = self.spec.output_dir
         if not out or not os.path.isdir(out):
             return False
-        window = shard_window(out, self.spec.shard)
-        if self.spec.shard is not None and window is None:
-            return False  # a shard's job writes its manifest (its range) before any file: none yet
-        ready = complete_files(out, self.checked, self._pending, self._recovered, final, window)
-        ready = [(name, sig) for name, sig in ready if name not in self._inflight]
+        window = None
+        if self.spec.shard is not None:
+            window = shard_range(Path(out), *self.spec.shard)
+            if window is None:
+                return False  # a shard's job writes its manifest (its range) before any file: none yet
+        ready = [(n, sig) for n, sig in self._complete(out, final, window) if n not in self._inflight]
         here = await asyncio.to_thread(self._check_here, out, ready)
         for name, sig in ready:
             if name in here:
@@ -84,9 +97,41 @@ class OutputChecks:
             self._inflight.update((name, task) for name, _sig in batch)
         return bool(here)
 
+    def _complete(
+        self, out: str, final: bool, window: tuple[int, int] | None
+    ) -> list[tuple[str, tuple[int, int]]]:
+        """Capture files in ``out`` ready to check: no lock beside them and the same (size, mtime) on two
+        looks (one once the job has ended: ``final``); ``window``: a shard's own [start, end) only (other
+        shards may share the directory)."""
+        names = _listing(out)
+        present = set(names)
+        ready = []
+        for name in names:
+            if not is_capture_file(name) or (window is not None and not _in_window(name, window)):
+                continue
+            folder = os.path.dirname(name)
+            if any(os.path.join(folder, lk) in present for lk in lock_names(name)):
+                continue
+            try:
+                st = os.stat(os.path.join(out, name))
+            except OSError:
+                continue
+            sig = (st.st_size, st.st_mtime_ns)
+            if self.checked.get(name) == list(sig):
+                continue
+            if name in self._recovered:
+                self._recovered.discard(name)
+                self.checked[name] = list(sig)
+                continue
+            if final or self._pending.get(name) == sig:
+                ready.append((name, sig))
+            else:
+                self._pending[name] = sig
+        return ready
+
     def _check_here(self, out: str, ready: list[tuple[str, tuple[int, int]]]) -> dict[str, dict[str, Any]]:
         """Reports of the files that need no tensor library, checked in this process (a worker thread)."""
-        from agent.checks.checker import check_path, needs_tensor_libs
+        from agent.checks.checker import check_path, expectation, needs_tensor_libs
 
         if self._expect is None:
             self._expect = expectation(self._arg)
@@ -141,19 +186,81 @@ class OutputChecks:
         self.checked["."] = [0, 0]
         if "." in self._recovered:
             return
-        shard = self.spec.shard
-        if shard is not None:  # its own range only: other shards may still be writing theirs
-            gaps = await asyncio.to_thread(shard_gaps, out, shard)
-        else:
-            gaps = await asyncio.to_thread(_gaps, out)
+        gaps = await asyncio.to_thread(_gaps, out, self.spec.shard)
         if gaps:
             self._report(".", {"ok": False, "format": None, "problems": gaps})
 
 
-def _gaps(out: str) -> list[dict[str, Any]]:
-    """index_gap problems of the whole output dir, from its files' names and sample_lengths.json."""
-    from agent.checks.dirs import directory_gaps, read_sample_lengths, walk
+def _listing(out: str) -> list[str]:
+    """Names in ``out`` plus "rows_A-B/name" inside SpecForge's group folders, sorted."""
+    try:
+        names = os.listdir(out)
+    except OSError:
+        return []
+    found = list(names)
+    for group in names:
+        if GROUP_DIR.match(group):
+            try:
+                found += [f"{group}/{name}" for name in os.listdir(os.path.join(out, group))]
+            except OSError:
+                continue
+    return sorted(found)
 
+
+def _in_window(name: str, window: tuple[int, int]) -> bool:
+    """True for an indexed capture file (hs_N, data_N) whose N lies in [start, end)."""
+    fam = family(name)
+    return fam is not None and window[0] <= fam[1] < window[1]
+
+
+def _gaps(out: str, shard: tuple[int, int] | None) -> list[dict[str, Any]]:
+    """index_gap problems from the file names alone (no capture file is read): a shard's own range only
+    (other shards may still be writing theirs), else the whole dir and its sample_lengths.json."""
     root = Path(out)
-    lengths, _note = read_sample_lengths(root)
-    return [p.to_dict() for p in directory_gaps(root, walk(root), lengths.keys())]
+    if shard is None:
+        lengths, _note = read_sample_lengths(root)
+        return [p.to_dict() for p in directory_gaps(root, walk(root), lengths.keys())]
+    window = shard_range(root, *shard)
+    if window is None:
+        return []
+    try:
+        names = [n for n in os.listdir(out) if _in_window(n, window)]
+    except OSError:
+        return []
+    return [p.to_dict() for p in index_gaps(out, names, ranges=[window])]
+
+
+def check_events(name: str, report: dict[str, Any], line: int) -> list[dict[str, Any]]:
+    """The journal events for one check report: a ``check`` event, then a milestone per problem or a pass."""
+    problems = list(report.get("problems") or [])
+    unchecked = bool(report.get("unchecked"))
+    ev: dict[str, Any] = {
+        "type": "check",
+        "file": name,
+        "ok": bool(report.get("ok")) and not problems,
+        "format": report.get("format"),
+        "problems": problems,
+    }
+    if unchecked:
+        ev["unchecked"] = report.get("unchecked")
+    shapes = report.get("shapes") or {}  # what the checker read, for the run page beside what was expected
+    if shapes:
+        ev["shapes"] = shapes
+    events = [ev]
+    base = {"type": "milestone", "line": line, "rank": None}
+    for p in problems:
+        fields = {
+            "file": p.get("file", name),
+            "code": p.get("code"),
+            "message": p.get("message"),
+            "source": "agent",
+            **({"shapes": shapes} if shapes else {}),
+        }
+        text = f"{p.get('code')}: {p.get('file', name)}: {p.get('message')}"
+        events.append({**base, "kind": "shape_check_failed", "fields": fields, "text": text})
+    if not problems and not unchecked:
+        fields = {"file": name, "format": report.get("format"), "source": "agent"}
+        if shapes:
+            fields["shapes"] = shapes
+        events.append({**base, "kind": "shape_check_passed", "fields": fields, "text": f"{name}: shapes ok"})
+    return events

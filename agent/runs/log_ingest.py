@@ -7,10 +7,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from agent.logs.block import Block
 from agent.logs.generations import MOVED, TRUNCATED, LogChain
 from agent.logs.linebuffer import LineBuffer
-from agent.logs.splitter import Line, LineSplitter
+from agent.logs.splitter import Block, Line, LineSplitter
 from agent.milestones.engine import Milestone, MilestoneEngine, RuleError, load_rules
 from agent.runs.jobspec import JobSpec
 from agent.runs.summary import milestone_event

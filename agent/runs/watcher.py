@@ -1,15 +1,15 @@
 """Per-run watcher: log tail → LineSplitter → MilestoneEngine → journal, output checks, final state.
 
 Exactly-once across a daemon SIGKILL: the cursor (log offset = splitter.pending_offset, line number, engine
-snapshot, journal seq) is written after the journal append is fsynced.  A restarted watcher resumes from
-the cursor; events it regenerates that the journal already holds past the cursor's seq are recognised
-and skipped, so no line is lost and no milestone or seq is written twice.
+snapshot, journal seq, checked files, log generations) is written after the journal append is fsynced.  A
+restarted watcher resumes from the cursor; events it regenerates that the journal already holds past the
+cursor's seq are recognised and skipped, so no line is lost and no milestone or seq is written twice.
 
 An active run's watcher is built from parts it owns, each given what it needs: ``ingest`` reads, splits and
-classifies the log (log_ingest.py), ``outbox`` writes events to the journal once each (outbox.py),
-``checks`` checks the capture files (capture_checks.py) and ``cursor`` saves where they stand (cursor.py).
-The watcher's loop decides when each runs.  A run that had ended before this daemon started gets none of
-them: it only answers status and follow.
+classifies the log (log_ingest.py), ``outbox`` writes events to the journal once each and saves the cursor
+(outbox.py), and ``checks`` checks the capture files (capture_checks.py).  The watcher's loop decides when
+each runs.  A run that had ended before this daemon started gets none of them: it only answers status and
+follow.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from agent.logs.linebuffer import LineBuffer
 from agent.logs.tail import POLL_INTERVAL_S, Broadcast, Pulse
 from agent.paths import RunPaths, read_json
 from agent.runs.capture_checks import OutputChecks
-from agent.runs.cursor import Cursor
 from agent.runs.jobspec import JobSpec
 from agent.runs.journal import Journal, scan
 from agent.runs.log_ingest import READ_CHUNK, LogIngest, restore_engine
@@ -68,7 +67,6 @@ class RunWatcher:
     ingest: LogIngest
     outbox: Outbox
     checks: OutputChecks
-    cursor: Cursor
 
     def __init__(
         self,
@@ -87,22 +85,29 @@ class RunWatcher:
         self.log_changed = Broadcast()
         self.lines = LineBuffer()  # what followers stream: the log is read and split here only
         self.pulse = Pulse()
-        self.summary = RunSummary.from_events(scan(journal.path))
+        journaled = scan(journal.path)
+        self.summary = RunSummary.from_events(journaled)
         saved = read_json(paths.cursor)
         saved = saved if isinstance(saved, dict) else {}
         self.chain = LogChain.restore(paths.log, saved.get("log"), self._job_pid)
         self.task: asyncio.Task[None] | None = None
         self._stop_requested = False
         if self.summary.terminal is None:
-            self._build(saved)
+            self._build(saved, journaled)
         else:  # an ended run only answers status and follow: no engine, no open file
             journal.close()
 
-    def _build(self, saved: dict[str, Any]) -> None:
-        """The parts that watch the run, resuming from the cursor ``saved``."""
-        self.outbox = Outbox(self.journal, self.summary, self.events_changed)
+    def _build(self, saved: dict[str, Any], journaled: list[dict[str, Any]]) -> None:
+        """The parts that watch the run, resuming from the cursor ``saved`` past the events ``journaled``."""
+        self.outbox = Outbox(
+            self.journal,
+            self.summary,
+            self.events_changed,
+            self.paths.cursor,
+            lambda: {**self.ingest.position(), "checked": self.checks.checked, "held": self._held},
+        )
         # Events journaled after the cursor was saved will be regenerated: the outbox skips them once.
-        recovered = self.outbox.skip_journaled(int(saved.get("seq", 0)))
+        recovered = self.outbox.skip_journaled(journaled, int(saved.get("seq", 0)))
         self.ingest = LogIngest(
             self.chain,
             self.lines,
@@ -121,12 +126,6 @@ class RunWatcher:
             self._shape_failed,
             self._checks_advanced,
         )
-        self.cursor = Cursor(
-            self.paths.cursor,
-            self.journal,
-            self.outbox.commit,
-            lambda: {**self.ingest.position(), "checked": self.checks.checked, "held": self._held},
-        )
         self._last_data = self._dirty_since = self._active = time.monotonic()
         self._flushed = True
         self._checks_came = False  # results from the check children are queued: save the cursor
@@ -144,11 +143,6 @@ class RunWatcher:
         if isinstance(sched, dict) and sched.get("phase") in ("submitted", "pending"):
             return "pending"
         return "running"
-
-    @property
-    def line(self) -> int:
-        """The number of the last log line the rules have taken (an active run's)."""
-        return self.ingest.line
 
     def status(self) -> dict[str, Any]:
         """The ``status`` reply of this run."""
@@ -212,7 +206,7 @@ class RunWatcher:
         self.outbox.add(events)
         self.outbox.commit()
         if held:
-            self.cursor.save(force=True)
+            self.outbox.save(force=True)
         self.wake()
 
     # --- the loop --------------------------------------------------------------------------------
@@ -244,7 +238,7 @@ class RunWatcher:
         finally:
             await self.checks.close()
             with contextlib.suppress(OSError):
-                self.cursor.save(force=True)
+                self.outbox.save(force=True)
 
     async def _step(self) -> bool:
         """One look at the run; True once its final state is journaled.  A bug here must not end watching."""
@@ -273,15 +267,15 @@ class RunWatcher:
             released = self.ingest.release(quiet=now - self._last_data >= GROUP_HOLD_S)
             self._flushed = not self.ingest.holding
             if released or self._flushed:
-                self.cursor.save(force=True)
+                self.outbox.save(force=True)
         if now - self._last_scan >= OUTPUT_SCAN_S:
             self._last_scan = now
             if await self.checks.scan(final=False):
                 self._active = now
-                self.cursor.save(force=True)
+                self.outbox.save(force=True)
         if self._checks_came:  # followers see the results at once; the disk syncs them behind
             self._checks_came = False
-            self.cursor.sync_behind()
+            self.outbox.sync_behind()
         if self.paths.exit.exists():
             await self._finish()
             return True
@@ -317,7 +311,7 @@ class RunWatcher:
         while True:
             n, seam = self.ingest.read()
             if seam:
-                self.cursor.save(force=True)
+                self.outbox.save(force=True)
                 self.log_changed.notify()
                 got = True
                 continue
@@ -336,12 +330,12 @@ class RunWatcher:
                 # A long backlog must not starve the other runs and clients: let them in, and have the
                 # journal synced meanwhile (an fsync is a wait, not work: it never holds this loop up).
                 started = now
-                self.cursor.sync_behind()
+                self.outbox.sync_behind()
                 await asyncio.sleep(0)
         if got:
             # Followers send the new events while the disk syncs them (an fsync can take tens of ms), and
             # the cursor is written only after it.
-            self.cursor.sync_behind()
+            self.outbox.sync_behind()
         return got
 
     # --- the end ---------------------------------------------------------------------------------
@@ -362,7 +356,7 @@ class RunWatcher:
         procs = [{"pid": pid, "cmdline": procfs.cmdline(pid)} for pid in left]
         text = f"{len(left)} process(es) of the run outlived the job: pids {', '.join(map(str, left))}"
         self.outbox.add(
-            [milestone_event("warning", self.line, text, rule="leftover_processes", processes=procs)]
+            [milestone_event("warning", self.ingest.line, text, rule="leftover_processes", processes=procs)]
         )
 
     async def _finish(self, lost: bool = False) -> None:
@@ -391,7 +385,7 @@ class RunWatcher:
                 self.spec.backend,
             )
             if state == "failed" and not self.summary.failed_seen:
-                self.outbox.add([milestone_event("failed", self.line, reason, reason=reason)])
+                self.outbox.add([milestone_event("failed", self.ingest.line, reason, reason=reason)])
             ev: dict[str, Any] = {"type": "state", "state": state, "reason": reason}
             if isinstance(exit_rec, dict):
                 ev["exit"] = {"code": exit_rec.get("code"), "signal": exit_rec.get("signal")}
@@ -399,10 +393,10 @@ class RunWatcher:
         # Followers get the final state now, while the disk syncs it (in a worker thread, like the rest of
         # the journal); the last cursor follows the fsync.
         self.outbox.commit(sync=False)
-        await self.cursor.synced()
+        await self.outbox.synced()
         if self.journal.unsynced:
             await asyncio.to_thread(self.journal.sync)
-        self.cursor.save(force=True)
+        self.outbox.save(force=True)
         self.journal.close()
         self.chain.close(keep_unnamed=True)  # streams reopen the named file; a renamed one is kept open
         self.log_changed.notify()  # log followers flush the job's unterminated last line now

@@ -1,16 +1,30 @@
-"""A run as a Slurm job: submit it, apply the poller's looks to its run dir, scancel it and confirm."""
+"""A run as a Slurm job: submit it, follow the poller's looks into its run dir, scancel it and confirm.
+
+``sched.json`` in the run dir holds the last look (``job_id``, ``array``, ``phase``, ``state``, ``reason``,
+``position``, ``tasks``, ``error``, ``vanished``). ``advance`` compares a new look with it and returns the
+new record, the journal events to append (``queued`` while the job waits, with Slurm's reason and the queue
+position; ``scheduled`` when its tasks start; a ``warning`` when Slurm cannot be asked, once per outage) and,
+once the job has ended, the exit record the watcher turns into the final state (summary.final_state).
+The daemon's one ``SlurmPoller`` makes one squeue call per interval for every submitted run at once.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
+from agent import settings
 from agent.paths import RunPaths, atomic_write_json, read_json
+from agent.runs.summary import milestone_event
 from agent.sched import slurm
 from agent.sched.options import SlurmOptions
-from agent.sched.slurmstate import JobView, combine, state_of, task_states
-from agent.sched.tracking import advance, exit_record
+from agent.sched.slurmstate import JobView, combine, exit_fields, state_of, task_states
+
+log = logging.getLogger("eaglewatch.agent")
 
 
 def expected_tasks(paths: RunPaths) -> int | list[int] | None:
@@ -158,3 +172,216 @@ def stop(paths: RunPaths, grace_s: float, poll_s: float = 2.0) -> dict[str, Any]
     else:
         result["remaining"] = [job_id]
     return result
+
+
+# ---- what a look means for the run (pure) ---------------------------------------------------------
+def exit_record(view: JobView, now: float) -> dict[str, Any]:
+    """exit.json for an ended job: the worst task's exit status and the Slurm state that decides."""
+    return {
+        **exit_fields(view.exit_status),
+        "ended_at": now,
+        "scheduler": "slurm",
+        "job_id": view.job_id,
+        "scheduler_state": view.state,
+        "scheduler_reason": state_of(view.state).meaning,
+        "tasks": view.tasks,
+    }
+
+
+def task_outcome(slurm_state: str, stopping: bool) -> str:
+    """The run state one ended array task stands for: completed, failed, or stopped (cancelled by a stop;
+    a task cancelled otherwise, e.g. ``scancel JOB_TASK`` by hand or by an admin, failed)."""
+    outcome = state_of(slurm_state).outcome
+    if outcome == "cancelled":
+        return "stopped" if stopping else "failed"
+    return outcome or "failed"
+
+
+def _task_event(job_id: str, task: int, state: str, outcome: str, reason: str, line: int) -> dict[str, Any]:
+    return milestone_event(
+        "task_ended",
+        line,
+        f"Slurm job {job_id} task {task} {reason}",
+        job_id=job_id,
+        shard=task,
+        slurm_state=state,
+        outcome=outcome,
+        reason=reason,
+    )
+
+
+def ended_tasks(
+    prev: dict[str, Any], view: JobView, line: int, stopping: bool
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """A ``task_ended`` milestone (fields ``shard``, ``slurm_state``, ``outcome``, ``reason``) for each array
+    task that has ended since the last look (what lets the controller show each shard's own state), and
+    the ids of tasks that left the queue unseen (``gone``).
+
+    A pending task cancelled on its own (``scancel JOB_TASK``) leaves no record: it only drops out of the
+    array's pending range, so it is taken as cancelled. A running task that vanished without its end seen
+    (past MinJobAge while the daemon was down) is taken as failed, its outcome unknown."""
+    given = prev.get("tasks")
+    before = task_states(given if isinstance(given, dict) else {})
+    now = task_states(view.tasks)
+    gone_before = {int(t) for t in prev.get("gone") or [] if isinstance(t, int)}
+    events = []
+    for task, state in sorted(now.items()):
+        if state_of(state).phase != "ended" or state_of(before.get(task, "")).phase == "ended":
+            continue
+        reason = f"{state}: {state_of(state).meaning}"
+        events.append(_task_event(view.job_id, task, state, task_outcome(state, stopping), reason, line))
+    gone = []
+    for task, state in sorted(before.items()):
+        if task in now or task in gone_before or state_of(state).phase == "ended":
+            continue
+        gone.append(task)
+        if state_of(state).phase == "pending":
+            reason = "CANCELLED: left the queue before it started (cancelled)"
+            events.append(
+                _task_event(view.job_id, task, "CANCELLED", task_outcome("CANCELLED", stopping), reason, line)
+            )
+        else:
+            reason = f"left the queue in state {state} without its end being seen: outcome unknown"
+            events.append(_task_event(view.job_id, task, state, "failed", reason, line))
+    return events, gone
+
+
+def advance(
+    prev: dict[str, Any],
+    view: JobView | None,
+    error: str | None,
+    line: int,
+    now: float,
+    stopping: bool = False,
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
+    """(record, events, exit record or None) after a look that found ``view`` (None: not listed any more)
+    or failed with ``error`` (Slurm not reachable: the job is left as it was, never called lost).
+    ``stopping``: a stop was asked for (a cancelled task was stopped, not failed)."""
+    rec = dict(prev)
+    events: list[dict[str, Any]] = []
+    job = str(prev.get("job_id"))
+    if error is not None:
+        if not prev.get("error"):
+            events.append(
+                milestone_event(
+                    "warning",
+                    line,
+                    f"cannot ask Slurm about job {job}: {error}",
+                    rule="slurm_unreachable",
+                    job_id=job,
+                )
+            )
+        rec["error"] = error
+        return rec, events, None
+    rec["error"] = None
+    if view is None:
+        rec["vanished"] = True
+        return rec, events, None
+    ran_before = prev.get("phase") in ("running", "ended")
+    if view.phase == "pending" and ran_before:  # requeued (preempted, node failure): waits again
+        events.append({"type": "state", "state": "pending", "reason": view.describe()})
+    elif not ran_before and (
+        view.phase == "running" or (view.phase == "ended" and view.outcome != "cancelled")
+    ):
+        # It left the queue (perhaps ending between two looks): the run was running, whatever comes next.
+        events.append({"type": "state", "state": "running"})
+    rec.update(
+        phase=view.phase, state=view.state, reason=view.reason, position=view.position, tasks=view.tasks
+    )
+    if view.phase == "pending" and (prev.get("phase") != "pending" or prev.get("reason") != view.reason):
+        events.append(
+            milestone_event(
+                "queued",
+                line,
+                view.describe(),
+                job_id=job,
+                slurm_state=view.state,
+                reason=view.reason,
+                position=view.position,
+            )
+        )
+    elif view.phase in ("running", "ended") and not ran_before and view.outcome != "cancelled":
+        events.append(
+            milestone_event(
+                "scheduled",
+                line,
+                f"Slurm job {job} is running",
+                job_id=job,
+                slurm_state=view.state,
+                tasks=view.tasks,
+            )
+        )
+    if prev.get("array") is not None:
+        said, gone = ended_tasks(prev, view, line, stopping)
+        events.extend(said)
+        if gone:
+            rec["gone"] = sorted({*(prev.get("gone") or []), *gone})
+    if view.phase == "ended":
+        return rec, events, exit_record(view, now)
+    return rec, events, None
+
+
+# ---- the daemon's poller ---------------------------------------------------------------------------
+Look = Callable[[str, JobView | None, str | None], None]
+
+
+class SlurmPoller:
+    """Tracks run → (job id, array size or task ids); calls ``on_look(run, view, error)`` after each look.
+
+    interval_s: seconds between scheduler calls (default settings.SLURM_POLL_S: gentle on slurmctld)."""
+
+    def __init__(self, on_look: Look, interval_s: float | None = None) -> None:
+        self.on_look = on_look
+        self.interval_s = settings.SLURM_POLL_S.get() if interval_s is None else interval_s
+        self.jobs: dict[str, tuple[str, int | list[int] | None]] = {}
+        self.calls = 0
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def track(self, run: str, job_id: str, array: int | list[int] | None) -> None:
+        """Watch ``job_id`` for ``run`` (a new submission or one re-adopted after a restart)."""
+        self.jobs[run] = (job_id, array)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="slurm-poller")
+        self._wake.set()
+
+    def untrack(self, run: str) -> None:
+        """Stop asking about ``run`` (it has ended)."""
+        self.jobs.pop(run, None)
+
+    def close(self) -> None:
+        """Stop polling (the jobs keep running; a restarted daemon re-adopts them)."""
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _loop(self) -> None:
+        while True:
+            if not self.jobs:
+                self._wake.clear()
+                await self._wake.wait()
+            try:
+                await self.poll_once()
+            except Exception:  # a bug here must not end polling for every run
+                log.exception("slurm poll failed")
+            await asyncio.sleep(self.interval_s)  # a fixed pace: at most one squeue per interval
+
+    async def poll_once(self) -> None:
+        """One squeue call for all tracked runs; sacct only for a job squeue no longer lists."""
+        # Only runs tracked before squeue is asked: a job submitted while the call is under way is missing
+        # from its answer, and would read as gone.
+        asked = dict(self.jobs)
+        try:
+            rows = await asyncio.to_thread(slurm.query)
+        except slurm.SlurmError as exc:
+            for run in asked:
+                self.on_look(run, None, str(exc))
+            return
+        finally:
+            self.calls += 1
+        for run, (job_id, array) in asked.items():
+            if self.jobs.get(run) != (job_id, array):
+                continue  # untracked (ended, or re-tracked) while squeue ran
+            view = combine(job_id, rows, array)
+            if view is None:  # past MinJobAge: only accounting, where the cluster keeps it, still knows
+                view = await asyncio.to_thread(slurm.accounted, job_id)
+            self.on_look(run, view, None)

@@ -19,6 +19,13 @@ from agent.sched.slurmstate import SQUEUE_FORMAT, JobView, TaskRow, parse_sacct,
 
 _PKG_ROOT = Path(__file__).resolve().parents[2]
 COMMAND_TIMEOUT_S = 30.0
+#: What Slurm's commands say when the controller cannot be reached (not a refusal of the request).
+_UNREACHABLE = (
+    "Unable to contact slurm controller",
+    "Could not establish a configuration",
+    "Connection refused",
+    "Zero Bytes were transmitted",
+)
 
 
 class SlurmError(Exception):
@@ -91,15 +98,7 @@ def _why(proc: subprocess.CompletedProcess[str]) -> str:
     text = (
         "; ".join(ln.removeprefix("sbatch: error: ") for ln in lines[-3:]) or f"exit status {proc.returncode}"
     )
-    if any(
-        s in text
-        for s in (
-            "Unable to contact slurm controller",
-            "Could not establish a configuration",
-            "Connection refused",
-            "Zero Bytes were transmitted",
-        )
-    ):
+    if any(s in text for s in _UNREACHABLE):
         return f"Slurm is not reachable: {text}"
     return text
 

@@ -193,7 +193,7 @@ def combine(job_id: str, rows: list[TaskRow], array: int | list[int] | None) -> 
     """The view of job ``job_id`` from all squeue rows; None when squeue no longer lists it.
 
     ``array``: the array's size (tasks 0 to N-1) or the task ids still to be seen to end (tasks that left
-    the queue unseen are taken out: tracking.ended_tasks), None for a plain job."""
+    the queue unseen are taken out: jobs.ended_tasks), None for a plain job."""
     mine = [r for r in rows if r.job_id == job_id]
     if not mine:
         return None

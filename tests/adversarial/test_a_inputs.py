@@ -10,10 +10,9 @@ import time
 
 import pytest
 
-from agent.milestones.conversions import convert
 from agent.milestones.engine import MilestoneEngine, load_rules
 from agent.milestones.regex_safety import check_user_regex
-from agent.milestones.rulefile import RuleError
+from agent.milestones.rulefile import RuleError, convert
 from agent.protocol import ProtocolError, decode_message, decode_request
 
 RULES = load_rules()

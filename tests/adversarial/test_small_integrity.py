@@ -19,7 +19,7 @@ from agent.checks.dirs import SHARD_MANIFEST, family, is_capture_file
 from agent.extract.planning.preflight import load_spec
 from agent.milestones.rulefile import RuleError, validate_rule
 from agent.paths import run_paths, valid_run_id
-from agent.runs.outputs import GROUP_DIR
+from agent.runs.capture_checks import GROUP_DIR
 from agent.spec import Shard, parse_spec
 from controller.alerts import AlertPolicy
 from controller.crud import insert_run, transition

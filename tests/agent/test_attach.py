@@ -250,7 +250,7 @@ def test_attach_by_log_from_now_then_stop_only_detaches(
         msgs += c.wait_for(terminal_event, timeout=20)
     events = [m["event"] for m in msgs if m.get("type") == "event"]
     assert stopped["detached"] is True and stopped["killed"] == []
-    assert job.poll() is None and procfs.is_running(job.pid)  # never signalled
+    assert job.poll() is None and procfs.is_same_process(job.pid, None, None)  # never signalled
     assert "error" not in _kinds(events)  # the OOM line was written before attaching
     done = [e["fields"]["samples_done"] for e in events if e.get("kind") == "progress"]
     assert done == list(range(2, 10))

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.logs.block import Block, BlockLines, clean_block
 from agent.logs.linebuffer import LineBuffer
-from agent.logs.splitter import LineSplitter
+from agent.logs.splitter import Block, BlockLines, LineSplitter, clean_block
 from agent.milestones.engine import Milestone, MilestoneEngine, load_rules
 from agent.milestones.rulefile import RuleSet
 from tests.helpers.vllm_log import FAILURES, make_log, steady_lines

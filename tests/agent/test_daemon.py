@@ -276,7 +276,7 @@ def test_shutdown_leaves_jobs_running(agent_daemon: AgentProc, tmp_path: Path) -
     assert agent_daemon.proc.wait(10) == 0
     from agent.jobs import procfs
 
-    assert procfs.is_running(res["pid"])
+    assert procfs.is_same_process(res["pid"], None, None)
     assert not agent_daemon.socket.exists()
     assert read_json(run_paths(agent_daemon.state_dir, "keep").exit) is None
 

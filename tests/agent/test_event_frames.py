@@ -9,7 +9,7 @@ from agent import protocol
 from agent.paths import run_paths
 from agent.runs.journal import Journal, read_raw, scan
 from tests.helpers.agentjobs import marker, printer
-from tests.helpers.agentproc import AgentClient, AgentProc, agent_daemon, terminal_event
+from tests.helpers.agentproc import AgentClient, AgentProc, agent_daemon, decode_messages, terminal_event
 
 __all__ = ["agent_daemon"]
 
@@ -32,9 +32,9 @@ def test_raw_frames_are_the_encoded_events_byte_for_byte(tmp_path: Path) -> None
     journal.close()
     found, offset = read_raw(path, 0)
     assert [seq for seq, _ in found] == [1, 2, 3] and offset == path.stat().st_size
-    expected = b"".join(protocol.encode(protocol.event("r-1", ev)) for ev in scan(path))
+    expected = b"".join(protocol.encode({"type": "event", "run": "r-1", "event": ev}) for ev in scan(path))
     assert protocol.event_frames("r-1", [raw for _, raw in found]) == expected
-    assert protocol.decode_messages(expected)[1]["event"]["problems"] == [{"mean": None}]
+    assert decode_messages(expected)[1]["event"]["problems"] == [{"mean": None}]
     # the same frames from the lines as they lie in the file, all at once
     assert protocol.event_block_frames("r-1", path.read_bytes()) == expected
     assert protocol.event_block_frames("r-1", b"") == b""

@@ -126,7 +126,7 @@ def test_stop_kills_a_setsid_child_that_outlives_its_parent(state: Path, tmp_pat
     killed = {k["pid"]: k for k in result["killed"]}
     assert {rec["pid"], worker} <= set(killed)
     assert killed[worker]["signal"] == "SIGKILL"  # it ignores SIGTERM
-    assert not procfs.is_running(worker)
+    assert not procfs.is_same_process(worker, None, None)
 
 
 def test_stop_after_the_job_ended_still_kills_its_leftover_worker(state: Path, tmp_path: Path) -> None:
@@ -135,11 +135,13 @@ def test_stop_after_the_job_ended_still_kills_its_leftover_worker(state: Path, t
     jobs.spawn(p, forker(tmp_path, pidfile, parent_exits=True), {})
     assert _wait_exit(p)["code"] == 0
     worker = int(pidfile.read_text())
-    assert procfs.is_running(worker)  # the vLLM-worker case: the job is gone, its GPU holder is not
+    assert procfs.is_same_process(
+        worker, None, None
+    )  # the vLLM-worker case: the job is gone, its GPU holder is not
     assert jobs.classify(p).status == "finished"
     result = jobs.stop(p, grace_s=0.3)
     assert [k["pid"] for k in result["killed"]] == [worker] and result["confirmed"] is True
-    assert not procfs.is_running(worker)
+    assert not procfs.is_same_process(worker, None, None)
 
 
 def test_stop_of_a_quick_job_reports_sigterm(state: Path, tmp_path: Path) -> None:

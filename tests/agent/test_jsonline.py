@@ -1,4 +1,4 @@
-"""Journal lines (agent/runs/jsonline.py): the template path writes the bytes of the plain JSON encoder."""
+"""Journal lines (agent/runs/journal.py): the template path writes the bytes of the plain JSON encoder."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from agent.runs.jsonline import encode_lines
+from agent.runs.journal import encode_lines
 
 TS = 1764553921.123
 

@@ -11,8 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from agent.checks.checker import expectation_from_model, find_kv_lora_rank
-from agent.checks.child import expectation
+from agent.checks.checker import expectation, expectation_from_model, find_kv_lora_rank
 from agent.checks.formats import SPECFORGE, check_sample
 from agent.checks.shapes import MLA_LATENT_HINT, Expectation, TensorMeta, check_layer_list, check_shapes
 

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from agent.checks.checker import Expectation, check_path
 from agent.checks.shapes import CODES
-from agent.runs.outputs import check_events
+from agent.runs.capture_checks import check_events
 
 T, L, H = 12, 4, 64
 EXPECT = Expectation(layers=L, hidden_size=H)

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from agent.checks.checker import Expectation, check_path, expectation_from_model, index_gaps, is_capture_file
+from agent.checks.checker import Expectation, check_path, expectation_from_model
+from agent.checks.dirs import index_gaps, is_capture_file
 
 T, L, H = 8, 4, 32
 EXPECT = Expectation(layers=L, hidden_size=H)

@@ -95,7 +95,7 @@ def test_prefilter_skips_most_steady_lines_and_is_bounded(monkeypatch: pytest.Mo
     pre = MilestoneEngine(load_rules())._prefilter
     assert pre.usable
     texts = steady_lines(5000, tp=8)
-    hits = pre.hits(texts)
+    hits = pre.hits_of(pre.keys(texts))
     assert len(pre.memo) < 50  # digits removed, a steady log is a few dozen line shapes
     # Only lines some rule may match: "Added request" holds a gate word, but no rule's literal.
     assert len(hits) < len(texts) / 20
@@ -103,8 +103,8 @@ def test_prefilter_skips_most_steady_lines_and_is_bounded(monkeypatch: pytest.Mo
     assert set(hits) >= {i for i, t in enumerate(texts) if pre.gate.candidates(t)}  # never a false negative
     monkeypatch.setattr("agent.milestones.logline.MEMO_MAX", 10)
     free = [f"free text {w} number {i}" for i, w in enumerate(["a", "b", "c", "d", "e", "f"] * 5)]
-    assert pre.hits(free) == [] and len(pre.memo) <= len(set(map(pre.key, free))) + 10
-    assert pre.hits(["x\ny", "z"]) == []  # a text holding a newline: keyed line by line
+    assert pre.hits_of(pre.keys(free)) == [] and len(pre.memo) <= len(set(map(pre.key, free))) + 10
+    assert pre.hits_of(pre.keys(["x\ny", "z"])) == []  # a text holding a newline: keyed line by line
 
 
 def test_prefilter_unusable_when_a_gate_word_has_a_digit() -> None:
@@ -124,6 +124,9 @@ def test_a_literal_with_a_digit_is_confirmed_line_by_line() -> None:
     half = "Loading safetensors checkpoint shards: 50% Completed | 2/4 [00:02<00:02, 1.02it/s]"
     for texts in ([half, done], [done, half]):
         pre.memo.clear()
-        assert pre.hits(texts) == [0, 1]  # both may match: the shape alone cannot tell them apart
+        assert pre.hits_of(pre.keys(texts)) == [
+            0,
+            1,
+        ]  # both may match: the shape alone cannot tell them apart
         assert [r.name for r in pre.rules_for(done) or []] == ["weight_shards_done"]
         assert "weight_shards_done" not in [r.name for r in pre.rules_for(half) or []]

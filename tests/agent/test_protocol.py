@@ -74,7 +74,7 @@ def test_decode_request_refuses(line: bytes | str, code: ErrorCode, request_id: 
 
 
 GOOD_MESSAGES: list[tuple[bytes | str, dict[str, Any]]] = [
-    (protocol.encode(protocol.hello("0.1.0", "gpu1", 7)), protocol.hello("0.1.0", "gpu1", 7)),
+    (protocol.encode(protocol.hello("0.1.0", "gpu1", 7, "/s")), protocol.hello("0.1.0", "gpu1", 7, "/s")),
     (
         protocol.encode(protocol.reply(1, {"runs": []})),
         {"type": "reply", "id": 1, "ok": True, "result": {"runs": []}},
@@ -83,7 +83,10 @@ GOOD_MESSAGES: list[tuple[bytes | str, dict[str, Any]]] = [
         protocol.encode(protocol.error(None, ErrorCode.TOO_LONG, "long")),
         {"type": "error", "id": None, "code": "too_long", "message": "long"},
     ),
-    ('{"type": "event", "run": "r", "event": {"seq": 1}}', protocol.event("r", {"seq": 1})),
+    (
+        '{"type": "event", "run": "r", "event": {"seq": 1}}',
+        {"type": "event", "run": "r", "event": {"seq": 1}},
+    ),
     (
         '{"type": "future_kind", "x": 1}',
         {"type": "future_kind", "x": 1},

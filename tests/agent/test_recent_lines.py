@@ -1,11 +1,10 @@
-"""The journal's newest lines in memory (agent/runs/recent.py): what live followers take, not the file."""
+"""The journal's newest lines in memory (agent/runs/journal.py): what live followers take, not the file."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from agent.runs.journal import Journal, read_raw
-from agent.runs.recent import RecentLines
+from agent.runs.journal import Journal, RecentLines, read_raw
 
 
 def test_a_follower_at_a_write_start_gets_every_line_after_it() -> None:

@@ -221,7 +221,7 @@ def test_sigterm_leaves_job_running_and_new_daemon_readopts_it(state: Any, tmp_p
         launched = c.result("launch", run="term", spec=_cmd(printer(tmp_path, lines, delay=0.1)))
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.proc.wait(10) == 0
-    assert procfs.is_running(launched["pid"])
+    assert procfs.is_same_process(launched["pid"], None, None)
     agent = start()
     with AgentClient(agent.socket) as c:
         assert c.result("status", run="term")["state"] == "running"

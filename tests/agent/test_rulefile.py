@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 
-from agent.milestones.conversions import convert
 from agent.milestones.engine import MilestoneEngine, load_rules
 from agent.milestones.logline import Gate
-from agent.milestones.rulefile import BUILTIN_DIR, BUILTIN_FILES, RuleError, read_rule_file
+from agent.milestones.rulefile import BUILTIN_DIR, BUILTIN_FILES, RuleError, convert, read_rule_file
 
 GOOD = {
     "name": "mine",

@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 
-from agent.logs.block import BlockLines, clean_block
-from agent.logs.splitter import LineSplitter
-from agent.milestones.conversions import convert
+from agent.logs.splitter import BlockLines, LineSplitter, clean_block
+from agent.milestones import logline
 from agent.milestones.engine import Milestone, MilestoneEngine, load_rules
-from agent.milestones.logline import LAYOUT_PATTERNS, line_layout, parse_line
+from agent.milestones.logline import line_layout, parse_line
 from agent.milestones.plans import digit_uniform, fields_builder
-from agent.milestones.rulefile import RuleSet
+from agent.milestones.rulefile import RuleSet, convert
 from tests.helpers.vllm_log import FAILURES, make_log, steady_lines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -79,7 +78,8 @@ def test_digit_uniform(pattern: str, uniform: bool) -> None:
 
 def test_the_layout_patterns_are_digit_uniform() -> None:
     """What makes one layout hold for every line of a shape."""
-    assert all(digit_uniform(p) for p in LAYOUT_PATTERNS)
+    patterns = (logline._PREFIX_RE, logline._HEADER_RE, logline._TP_RE, logline._TAG_RE)
+    assert all(digit_uniform(p) for p in patterns)
 
 
 def test_line_layout_cuts_lines_as_parse_line_does() -> None:
@@ -94,7 +94,12 @@ def test_line_layout_cuts_lines_as_parse_line_does() -> None:
     ]
     for text in texts:
         want, lay = parse_line(text), line_layout(text)
-        assert (lay.proc(text), lay.rank_of(text), lay.level, text[lay.message :]) == (
+        assert (
+            lay.proc(text),
+            None if lay.rank is None else int(text[slice(*lay.rank)]),
+            lay.level,
+            text[lay.message :],
+        ) == (
             want.proc,
             want.rank,
             want.level,

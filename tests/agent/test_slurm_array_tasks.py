@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 
 from agent.paths import RunPaths
-from agent.sched.jobs import disjoint_shards, live_claim, shard_claim
+from agent.sched.jobs import advance, disjoint_shards, live_claim, shard_claim, task_outcome
 from agent.sched.options import SlurmOptions
 from agent.sched.slurm import sbatch_argv
 from agent.sched.slurmstate import combine, parse_squeue, task_ids
-from agent.sched.tracking import advance, task_outcome
 from agent.spec import parse_spec
 from controller.sharding import array_spec, job_document, task_state
 from controller.shardruns import shard_jobs, slurm_arrays

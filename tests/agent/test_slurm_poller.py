@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from agent.sched import poller as poller_mod
-from agent.sched.poller import SlurmPoller
+from agent.sched import jobs as poller_mod
+from agent.sched.jobs import SlurmPoller
 from agent.sched.slurmstate import JobView, TaskRow
 
 

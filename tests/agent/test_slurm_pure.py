@@ -8,6 +8,7 @@ import pytest
 
 from agent.paths import RunPaths
 from agent.runs.summary import RunSummary, final_state
+from agent.sched.jobs import advance, exit_record
 from agent.sched.logmerge import LogMerger, shard_of
 from agent.sched.options import SlurmOptions, sbatch_arg_problem
 from agent.sched.slurmstate import (
@@ -19,7 +20,6 @@ from agent.sched.slurmstate import (
     parse_squeue,
     state_of,
 )
-from agent.sched.tracking import advance, exit_record
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.logs.tail import Broadcast, Inotify, Pulse, read_from
-from agent.runs.journal import Journal, read_events, scan
+from agent.runs.journal import Journal, read_raw, scan
 
 
 def test_journal_seq_and_recovery_of_a_torn_line(tmp_path: Path) -> None:
@@ -42,12 +42,13 @@ def test_journal_recovers_seq_from_a_long_file(tmp_path: Path) -> None:
     assert Journal(only_torn).last_seq == 0 and only_torn.read_bytes() == b""
 
 
-def test_read_events_stops_at_the_last_complete_line(tmp_path: Path) -> None:
+def test_reads_stop_at_the_last_complete_line(tmp_path: Path) -> None:
     path = tmp_path / "e.jsonl"
     path.write_bytes(json.dumps({"seq": 1}).encode() + b"\n" + b'{"seq": 2')
-    events, offset = read_events(path, 0)
-    assert [e["seq"] for e in events] == [1] and offset == len(json.dumps({"seq": 1})) + 1
-    assert read_events(tmp_path / "missing", 5) == ([], 5)
+    assert [e["seq"] for e in scan(path)] == [1]
+    lines, offset = read_raw(path, 0)
+    assert [seq for seq, _ in lines] == [1] and offset == len(json.dumps({"seq": 1})) + 1
+    assert scan(tmp_path / "missing") == [] and read_raw(tmp_path / "missing", 5) == ([], 5)
 
 
 def test_read_from_follows_growth_and_resets_on_truncation(tmp_path: Path) -> None:
@@ -111,7 +112,7 @@ def test_journal_events_are_readable_before_a_deferred_fsync(tmp_path: Path) -> 
     j = Journal(tmp_path / "events.jsonl")
     written = j.append_many([{"type": "milestone", "kind": "progress"}, {"type": "x"}], sync=False)
     assert [e["seq"] for e in written] == [1, 2] and j.unsynced  # the fsync is still to come
-    assert [e["seq"] for e in read_events(j.path)[0]] == [1, 2]
+    assert [e["seq"] for e in scan(j.path)] == [1, 2]
     j.sync()
     assert not j.unsynced
     assert j.append({"type": "y"})["seq"] == 3 and not j.unsynced  # the default fsyncs before returning

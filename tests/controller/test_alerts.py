@@ -15,7 +15,7 @@ from pydantic import SecretStr
 from controller import alerts, crud, queries
 from controller.alerts import AlertPolicy
 from controller.bus import Bus
-from controller.outbox import OutboxWorker
+from controller.service import OutboxWorker
 from controller.settings import Settings
 from controller.store import Store, Tx
 from tests.helpers.sshd import free_port

@@ -23,6 +23,7 @@ from controller.service import Controller
 from controller.store import Store, connect, create_schema
 from controller.supervisor import HostSupervisor
 from tests.controller.test_store import _block, _milestone, _run
+from tests.helpers.agentproc import decode_messages
 from tests.web.conftest import settings_for
 from web.app import create_app
 
@@ -59,7 +60,7 @@ def test_offsets_are_kept_only_when_not_natural(
     assert block.lines() == list(zip(offsets, text.split("\n"), strict=True))
     msg = protocol.log_block("r", offsets, text, nxt)
     assert ("offsets" in msg) == (not natural)
-    assert Block.from_message(protocol.decode_messages(protocol.encode(msg))[0]).lines() == block.lines()
+    assert Block.from_message(decode_messages(protocol.encode(msg))[0]).lines() == block.lines()
 
 
 @pytest.mark.parametrize(
@@ -187,7 +188,7 @@ async def test_the_supervisor_stores_overlapping_blocks_once_and_drops_a_malform
     for chunk in (lines[:6], lines[3:]):
         nxt = chunk[-1][0] + len(chunk[-1][1]) + 1
         msg = protocol.log_block("r-1", [o for o, _ in chunk], "\n".join(t for _, t in chunk), nxt)
-        await sup.on_stream(protocol.decode_messages(protocol.encode(msg))[0])
+        await sup.on_stream(decode_messages(protocol.encode(msg))[0])
     await sup.on_stream({"type": "log_block", "run": "r-1", "offset": -5, "next_offset": 1, "text": "x"})
     await store.write(lambda tx: None)  # behind the queued writes
     assert await _all(store) == lines
@@ -344,7 +345,7 @@ async def test_a_follow_sends_disk_and_buffer_lines_as_blocks() -> None:
     msgs: list[dict[str, Any]] = []
 
     async def send(msg: dict[str, Any]) -> None:
-        msgs.append(protocol.decode_messages(protocol.encode(msg))[0])
+        msgs.append(decode_messages(protocol.encode(msg))[0])
 
     task = asyncio.create_task(stream_log(send, watcher, 0))  # type: ignore[arg-type]
     await asyncio.sleep(0.05)
@@ -371,8 +372,9 @@ def test_a_blocks_text_travels_raw_after_its_line() -> None:
     head, rest = wire.split(b"\n", 1)
     assert json.loads(head) == {k: v for k, v in block.items() if k != "text"} | {"size": len(text.encode())}
     assert rest == text.encode() + b"\n"  # raw: nothing escaped
-    stream = protocol.encode(protocol.event("r", {"seq": 1})) + wire + protocol.encode(protocol.reply(3, {}))
-    assert protocol.decode_messages(stream) == [protocol.event("r", {"seq": 1}), block, protocol.reply(3, {})]
+    event = {"type": "event", "run": "r", "event": {"seq": 1}}
+    stream = protocol.encode(event) + wire + protocol.encode(protocol.reply(3, {}))
+    assert decode_messages(stream) == [event, block, protocol.reply(3, {})]
 
 
 @pytest.mark.parametrize(
@@ -388,4 +390,4 @@ def test_a_blocks_text_travels_raw_after_its_line() -> None:
 def test_a_malformed_block_payload_is_refused(head: dict[str, Any], payload: bytes) -> None:
     line = json.dumps({"type": "log_block", "run": "r", "offset": 0, "next_offset": 9, **head}).encode()
     with pytest.raises(protocol.ProtocolError):
-        protocol.decode_messages(line + b"\n" + payload)
+        decode_messages(line + b"\n" + payload)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from controller.models import HostCreate
-from controller.sshdest import parse_destination
+from controller.models import HostCreate, parse_destination
 
 
 @pytest.mark.parametrize(

@@ -247,7 +247,7 @@ async def test_concurrent_readers_while_writing(store: Store) -> None:
     assert len(await store.read(queries.read_log, "r-1", -1, 1000, None, False)) == 50
 
 
-# --- batches: many stream messages, one transaction (crud.apply_event_batch, controller/eventqueue.py) ---
+# --- batches: many stream messages, one transaction (crud.apply_event_batch, supervisor.EventQueue) ---
 
 
 async def _stored(store: Store, run_id: str) -> tuple[list[int], int]:
@@ -316,7 +316,7 @@ async def test_crash_mid_batch_loses_nothing(store: Store, monkeypatch: pytest.M
 
 
 async def test_event_queue_one_write_takes_all_and_none_is_left_behind(store: Store) -> None:
-    from controller.eventqueue import EventQueue
+    from controller.supervisor import EventQueue
 
     await store.write(_run)
     queue, writes = EventQueue(), 0

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from agent.extract.capture.costs import CaptureCosts, StepCost, percentile
-from agent.extract.engine import tuning
+from agent.extract.engine.setup import Tuning, tuning_from_env
 
 
 class _Timed:
@@ -26,13 +26,13 @@ def test_costs_add_up_across_threads_and_give_per_step_means() -> None:
 
     def writer() -> None:
         for _ in range(1000):
-            costs.add(write_s=0.001, files=1)
+            costs.add_write(0.001)
 
     threads = [threading.Thread(target=writer) for _ in range(4)]
     for t in threads:
         t.start()
     for _ in range(4):
-        costs.add(steps=1, forward_thread_s=0.002, buffer_wait_s=0.0005)
+        costs.add_step(StepCost(begin_ms=0.5, launch_ms=1.0, wait_ms=0.5, end_ms=0.5))
         costs.add_step_timing((_Timed(0.0), _Timed(1.5), _Timed(2.0), _Timed(6.0)))
     costs.add_step_timing(None)  # a CPU step has no events
     for t in threads:
@@ -89,13 +89,13 @@ def test_percentile_by_nearest_rank() -> None:
 )
 def test_malformed_tuning_names_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        tuning.from_env(env)
+        tuning_from_env(env)
 
 
 def test_tuning_defaults_and_values() -> None:
-    assert tuning.from_env({}) == tuning.Tuning(pinned_buffers=6, writers=4, writeback_mb=1024, trace=None)
-    got = tuning.from_env({"EAGLEWATCH_PINNED_BUFFERS": "10", "EAGLEWATCH_WRITERS": " 8 "})
+    assert tuning_from_env({}) == Tuning(pinned_buffers=6, writers=4, writeback_mb=1024, trace=None)
+    got = tuning_from_env({"EAGLEWATCH_PINNED_BUFFERS": "10", "EAGLEWATCH_WRITERS": " 8 "})
     assert (got.pinned_buffers, got.writers) == (10, 8)
-    assert tuning.from_env({"EAGLEWATCH_WRITEBACK_MB": "0"}).writeback_mb == 0
+    assert tuning_from_env({"EAGLEWATCH_WRITEBACK_MB": "0"}).writeback_mb == 0
     assert "trace" not in got.fields()
-    assert tuning.from_env({"EAGLEWATCH_COSTS_TRACE": "/t.json"}).trace == "/t.json"
+    assert tuning_from_env({"EAGLEWATCH_COSTS_TRACE": "/t.json"}).trace == "/t.json"

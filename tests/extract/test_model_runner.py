@@ -4,7 +4,7 @@ vLLM's Model Runner V2 needs Triton on a GPU (on this CPU vLLM refuses it: "Mode
 Triton"), so the V2 runner below is a stand-in: it exposes what V2 exposes in vLLM 0.26 and 0.32 (a
 `prepare_inputs` that returns an InputBatch whose `req_ids` are sorted decode → short → long, and
 `req_states`) and runs real torch modules with the extension's real hooks into a real sink writing real
-files. The real V2 runner is exercised on the H200 (tests/gpu/validation.md).
+files (through the writer process). The real V2 runner is exercised on the H200 (tests/gpu/validation.md).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from agent.extract.capture.assembly import CaptureSink, SinkConfig
+from agent.extract.capture.assembly import SinkConfig
 from agent.extract.capture.worker_ext import EagleWatchCapture, plan_hooks, runner_kind
+from agent.extract.writing.writer_proc import ProcessSink
 
 H = 4
 LAYERS = [1, 2, 3]  # input convention over 3 layers: id 3 is the output of the last one
@@ -83,7 +84,7 @@ def test_v2_order_comes_from_prepare_inputs_not_the_scheduler(tmp_path: Path) ->
     runner = FakeV2Runner()
     ext = EagleWatchCapture()
     ext.model_runner = runner  # type: ignore[attr-defined]
-    ext._ew_init(runner_kind(runner), len(LAYERS), CaptureSink(SinkConfig(str(tmp_path), len(LAYERS), H)))
+    ext._ew_init(runner_kind(runner), len(LAYERS), ProcessSink(SinkConfig(str(tmp_path), len(LAYERS), H)))
     for li, where, slot in plan_hooks(LAYERS, "input", 3):
         if where == "pre":
             runner.layers[li].register_forward_pre_hook(

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from agent.extract.engine.results_lane import ResultsLane
+from agent.extract.engine.driver import ResultsLane
 
 
 def test_an_overlapped_take_runs_beside_the_caller_until_joined() -> None:

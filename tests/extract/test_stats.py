@@ -15,6 +15,7 @@ from agent.extract.capture.stats import (
     BASELINE_FILES,
     RunStats,
     append_files,
+    baseline_means,
     file_stats,
     fused_step_stats,
     judge,
@@ -132,7 +133,8 @@ def _file(rms: float, zero_fraction: float = 0.0, n: float = 100.0) -> dict[str,
 )
 def test_judge(rms: float, zero_fraction: float, want: list[str]) -> None:
     base = [summary(_file(1.0)), summary(_file(1.2)), summary(_file(0.8))]
-    assert [what for what, _ in judge({"rms": rms, "zero_fraction": zero_fraction}, base)] == want
+    got = judge({"rms": rms, "zero_fraction": zero_fraction}, baseline_means(base))
+    assert [what for what, _ in got] == want
 
 
 def test_run_stats_totals_baseline_and_findings_once(tmp_path: Path) -> None:

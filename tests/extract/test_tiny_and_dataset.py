@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
@@ -76,18 +75,16 @@ def test_dataset_errors_name_file_and_line(tmp_path: Path, content: str, message
         load(data, tmp_path, seq_len=8, max_samples=None)
 
 
-def test_milestone_line_format() -> None:
-    buf = io.StringIO()
+def test_milestone_line_format(capsys: pytest.CaptureFixture[str]) -> None:
     emit(
         "progress",
-        buf,
         samples_done=3,
         samples_total=10,
         tokens_per_s=12.5,
         files_written=3,
         bytes_written=99,
     )
-    line = buf.getvalue()
+    line = capsys.readouterr().out
     assert line.endswith("\n") and line.startswith("EAGLEWATCH {")
     assert json.loads(line[len("EAGLEWATCH ") :]) == {
         "kind": "progress",

@@ -107,7 +107,7 @@ GRAPHS = [
     ("worker-extension-graphs", "worker-extension", True, {}, False),
     ("worker-extension-graphs-again", "worker-extension", True, {}, False),
 ]
-#: the capture's tuning knobs (agent/extract/engine/tuning.py) against the writer process as it ships, each
+#: the capture's tuning knobs (agent/extract/engine/setup.py) against the writer process as it ships, each
 #: with a per-step trace of its costs in the logs
 TUNE = [
     ("tune-process", "worker-extension", True, {}, False),
@@ -131,7 +131,7 @@ CONFIRM = [
 ]
 #: end to end as it ships (on CUDA: the writer process, each file's write-out started by a flusher thread as
 #: it is written, agent/extract/writing/writeback.py, a drain's results taken in beside the next batch,
-#: agent/extract/engine/results_lane.py) against results taken in between batches (ARGS: the job's own
+#: agent/extract/engine/driver.py) against results taken in between batches (ARGS: the job's own
 #: options), twice each, alternating
 E2E = [
     ("e2e-default", "worker-extension", True, {}, False),

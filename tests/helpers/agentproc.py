@@ -128,7 +128,7 @@ def _hello_pid(socket_path: Path) -> int | None:
 def cleanup_runs(state_dir: Path) -> None:
     """Kill every job (and leftover worker) of every run under ``state_dir``, then their supervisors."""
     from agent.jobs import control as jobs
-    from agent.jobs.procfs import is_running
+    from agent.jobs.procfs import is_same_process
     from agent.paths import read_json, run_paths
 
     runs = state_dir / "runs"
@@ -153,7 +153,7 @@ def cleanup_runs(state_dir: Path) -> None:
                 os.killpg(job["pid"], signal.SIGKILL)
                 killed.append(job["pid"])
     deadline = time.monotonic() + 10
-    while any(map(is_running, killed)) and time.monotonic() < deadline:
+    while any(is_same_process(p, None, None) for p in killed) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -281,6 +281,22 @@ def log_lines(msg: dict[str, Any]) -> list[tuple[int, str]]:
     texts = msg["text"].split("\n")
     offsets = msg.get("offsets") or protocol.natural_offsets(msg["offset"], msg["text"], texts)[:-1]
     return list(zip(offsets, texts, strict=True))
+
+
+def decode_messages(data: bytes) -> list[dict[str, Any]]:
+    """Every message in ``data`` (complete lines and their payloads), e.g. what a daemon sent."""
+    out: list[dict[str, Any]] = []
+    pos = 0
+    while pos < len(data):
+        end = data.index(b"\n", pos) + 1
+        msg = protocol.decode_message(data[pos:end])
+        pos = end
+        size = protocol.payload_size(msg)
+        if size is not None:
+            msg = protocol.attach_payload(msg, data[pos : pos + size])
+            pos += size
+        out.append(msg)
+    return out
 
 
 def last_log_text(msg: dict[str, Any]) -> str | None:

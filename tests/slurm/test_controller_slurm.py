@@ -143,8 +143,8 @@ async def _scenario(tmp: Path, settings: Settings, model: Path) -> dict[str, Any
         res["shard1_done"] = await wait_for(
             lambda: shard_state(cancel, 1, "completed"), timeout=300, what="resumed shard 1 completed"
         )
-        res["stop_cancel"] = await ctl.runs.stop(cancel)
-        res["stop_queued"] = await ctl.runs.stop(queued)
+        res["stop_cancel"] = await ctl.stop_job(cancel)
+        res["stop_queued"] = await ctl.stop_job(queued)
         res["cancel_end"] = await wait_for(lambda: _ended(ctl, cancel), timeout=60, what="cancel run ended")
         res["queued_end"] = await wait_for(lambda: _ended(ctl, queued), timeout=60, what="queued run ended")
         res["queued_array"] = (await ctl.get_run(res["queued_end"].shards[0].job_id)).scheduler_job

@@ -92,8 +92,7 @@ class SinkConfig:
 class CaptureSink:
     """Assembles step tensors into per-request [T, L, H] samples and writes them from writer threads.
 
-    The caller only enqueues (host tensor or shared-memory views + CUDA event). The assembler thread
-    waits on the event and places each request's rows by position, so chunked prefill, reordering and
+    The assembler thread places each request's rows by position, so chunked prefill, reordering and
     recomputation after preemption all land right. A request whose whole prompt came in one step is
     written straight from the step's buffer (no copy). Finished samples are checked and written by a
     small pool of threads (file writes release the GIL).
@@ -120,17 +119,12 @@ class CaptureSink:
         self,
         host: torch.Tensor,
         spans: list[Span],
-        event: Any = None,
         release: Callable[[], None] | None = None,
         flags: torch.Tensor | None = None,
         stats: torch.Tensor | None = None,
-        timing: tuple[Any, ...] | None = None,
     ) -> None:
-        """Rows [tokens, L, H] of a step (+ token_flags, token_stats); waits on event; release() frees it.
-
-        timing: the step's CUDA timing events (costs.CaptureCosts.add_step_timing), read once event is done.
-        """
-        self._q.put(("step", host, spans, event, release, flags, stats, timing))
+        """Rows [tokens, L, H] of a step (+ token_flags, token_stats); release() frees them once used."""
+        self._q.put(("step", host, spans, release, flags, stats))
 
     def drain(self, wait: bool = True) -> list[dict[str, Any]]:
         """Return (and forget) the finished-sample results; wait: first let everything submitted finish."""
@@ -186,15 +180,10 @@ class CaptureSink:
         self,
         host: torch.Tensor,
         spans: list[Span],
-        event: Any,
-        release: Any,
+        release: Callable[[], None] | None,
         flags: torch.Tensor | None,
-        stats: torch.Tensor | None = None,
-        timing: tuple[Any, ...] | None = None,
+        stats: torch.Tensor | None,
     ) -> None:
-        if event is not None:
-            event.synchronize()
-        self.costs.add_step_timing(timing)
         ref = _Ref(release)
         try:
             if flags is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.checks.shapes import Expectation, check_shapes
 
@@ -28,13 +28,6 @@ class Finding:
     def to_dict(self) -> dict[str, str]:
         """Plain dict for RPC results and milestone fields."""
         return {"code": self.code, "message": self.message}
-
-
-def st_dtype(dtype: Any) -> str:
-    """safetensors spelling of a torch dtype (torch.bfloat16 -> 'BF16')."""
-    return {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "int64": "I64"}.get(
-        str(dtype).removeprefix("torch."), str(dtype).upper()
-    )
 
 
 def apply_fault(hidden: torch.Tensor, fault: str | None, idx: int = 0, batched: bool = False) -> torch.Tensor:
@@ -81,7 +74,8 @@ def check_sample(
     flags: token_flags() computed earlier (on the device); None computes them here from hidden.
     """
     expect = Expectation(layers=layers, hidden_size=hidden_size)
-    tdt, hdt = st_dtype(token_ids.dtype), st_dtype(hidden.dtype)
+    # check_shapes reads torch's dtype spellings ("torch.bfloat16") as safetensors' ("BF16")
+    tdt, hdt = str(token_ids.dtype), str(hidden.dtype)
     problems = check_shapes(file, tuple(token_ids.shape), tuple(hidden.shape), hdt, expect, tdt)
     found = [Finding(p.code, p.message) for p in problems]
     if token_ids.numel() != len(prompt) or token_ids.tolist() != list(prompt):

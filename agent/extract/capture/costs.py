@@ -1,10 +1,7 @@
 """Where the capture's time goes, per run: the forward thread's own time, device time, copies and writes.
 
-Rank 0's worker keeps one `CaptureCosts`; the forward thread adds its time per step (split into the step's
-begin, the capture's launch and the step's end) and any wait for a free pinned buffer (the writer falling
-behind), the thread that waits for each step's copy reads that step's CUDA event timings, the writer
-threads add their file writes. `fields()` is what the `completed` milestone carries as `capture_costs`, so a
-user can tell a slow disk from a slow device step, and a few slow steps from a steady cost.
+`fields()` is what the `completed` milestone carries as `capture_costs`, so a user can tell a slow disk
+from a slow device step, and a few slow steps from a steady cost.
 """
 
 from __future__ import annotations
@@ -68,12 +65,6 @@ class CaptureCosts:
     _writes: list[float] = field(default_factory=list, repr=False, compare=False)
     #: a writer process's own write fields (write_s, files, write_ms_*), as its last drain reported them
     writer_fields: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    def add(self, **deltas: float) -> None:
-        """Add to the named totals."""
-        with self._lock:
-            for name, value in deltas.items():
-                setattr(self, name, getattr(self, name) + value)
 
     def add_step(self, step: StepCost) -> None:
         """One finished step of the forward thread: adds to the totals and keeps it for percentiles."""

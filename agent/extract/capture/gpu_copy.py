@@ -1,4 +1,4 @@
-"""CUDA device->host path: async copies into pinned buffers on a side stream, from a small pool."""
+"""Device->host path: async CUDA copies into pinned buffers on a side stream, from a bounded pool."""
 
 from __future__ import annotations
 
@@ -10,13 +10,53 @@ from collections.abc import Callable
 import torch
 
 
+class BufferPool:
+    """At most `max_buffers` host buffers from `alloc`, handed out and back; `get` blocks while all are in
+    use (backpressure), so host memory stays bounded however slow the disk is."""
+
+    def __init__(
+        self,
+        max_buffers: int,
+        alloc: Callable[[int], torch.Tensor],
+        drop: Callable[[torch.Tensor], None],
+        min_bytes: int = 1 << 20,
+    ) -> None:
+        self.max_buffers, self.min_bytes = max_buffers, min_bytes
+        self._alloc, self._drop = alloc, drop
+        self._free: queue.Queue[torch.Tensor] = queue.Queue()
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def get(self, nbytes: int) -> torch.Tensor:
+        """A buffer of at least nbytes: a new one while under the bound, else the next one handed back."""
+        with self._lock:
+            if self._free.empty() and self._count < self.max_buffers:
+                self._count += 1
+                return self._alloc(max(nbytes, self.min_bytes))
+        buf = self._free.get()  # blocks until the writer hands one back
+        if buf.numel() < nbytes:  # grow: drop the small one, allocate a bigger one
+            size = max(nbytes, 2 * buf.numel())
+            self._drop(buf)
+            buf = self._alloc(size)
+        return buf
+
+    def put(self, buf: torch.Tensor) -> None:
+        """Hand a buffer back."""
+        self._free.put(buf)
+
+    def reserve(self, nbytes: int) -> None:
+        """Allocate the pool up front (pinning takes long: better at start than in the middle of a step)."""
+        with self._lock:
+            while self._count < self.max_buffers:
+                self._count += 1
+                self._free.put(self._alloc(max(nbytes, self.min_bytes)))
+
+
 class PinnedCopier:
     """Copy step tensors off the GPU without stalling the forward stream.
 
     The copy is queued on a side stream after an event recorded on the compute stream, into a pinned
-    buffer from a pool of at most `max_buffers`; the consumer waits on the returned event, reads the host
-    view and calls release(). When every buffer is in use the producer blocks (backpressure), so host
-    memory stays bounded however slow the disk is.
+    buffer of a BufferPool; the consumer waits on the returned event, reads the host view and calls release().
     """
 
     def __init__(
@@ -30,34 +70,18 @@ class PinnedCopier:
         """alloc/free: where pinned buffers come from (default: torch's pinned allocator; the writer
         process passes shared-memory ones)."""
         self.device = device
-        self._alloc = alloc or (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True))
-        self._drop = free or (lambda buf: None)
         self.stream = torch.cuda.Stream(device=device)
-        self.max_buffers = max_buffers
-        self.min_bytes = min_bytes
-        self._free: queue.Queue[torch.Tensor] = queue.Queue()
-        self._count = 0
-        self._lock = threading.Lock()
+        self.pool = BufferPool(
+            max_buffers,
+            alloc or (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True)),
+            free or (lambda buf: None),
+            min_bytes,
+        )
         self.waited_s = 0.0  # blocked in copy_async waiting for a buffer the writer had not handed back
 
-    def _buffer(self, nbytes: int) -> torch.Tensor:
-        with self._lock:
-            if self._free.empty() and self._count < self.max_buffers:
-                self._count += 1
-                return self._alloc(max(nbytes, self.min_bytes))
-        buf = self._free.get()  # blocks until the writer hands one back
-        if buf.numel() < nbytes:  # grow: drop the small one, pin a bigger one
-            size = max(nbytes, 2 * buf.numel())
-            self._drop(buf)
-            buf = self._alloc(size)
-        return buf
-
-    def reserve(self, nbytes: int, count: int | None = None) -> None:
-        """Pin the pool up front (pinning takes long: better at start than in the middle of a step)."""
-        with self._lock:
-            while self._count < min(count or self.max_buffers, self.max_buffers):
-                self._count += 1
-                self._free.put(self._alloc(max(nbytes, self.min_bytes)))
+    def reserve(self, nbytes: int) -> None:
+        """Allocate every pinned buffer now, at setup."""
+        self.pool.reserve(nbytes)
 
     def copy_async(
         self, *tensors: torch.Tensor
@@ -73,7 +97,7 @@ class PinnedCopier:
             starts.append(total)
             total += n + (-n % 64)  # keep every view aligned
         t0 = time.perf_counter()
-        buf = self._buffer(total)
+        buf = self.pool.get(total)
         self.waited_s += time.perf_counter() - t0
         ready = torch.cuda.Event(enable_timing=True)
         ready.record(torch.cuda.current_stream(self.device))
@@ -90,4 +114,4 @@ class PinnedCopier:
             done.record(self.stream)
         for t in tensors:
             t.record_stream(self.stream)  # keep the allocator from reusing t before the copy ran
-        return hosts, done, lambda: self._free.put(buf), (ready, began, done)
+        return hosts, done, lambda: self.pool.put(buf), (ready, began, done)

@@ -189,7 +189,7 @@ class RunStats:
                 if len(base) == BASELINE_FILES:
                     self.means[layer] = baseline_means(base)
                 continue
-            for what, message in judge(values, base, self.means.get(layer)):
+            for what, message in judge(values, self.means[layer]):
                 if (layer, what) not in self.flagged:
                     self.flagged.add((layer, what))
                     found.append({"layer": layer, "what": what, "message": f"layer {layer}: {message}"})
@@ -213,14 +213,9 @@ def baseline_means(base: list[dict[str, float | int]]) -> tuple[float, float]:
     return rms0, nz0
 
 
-def judge(
-    values: dict[str, float | int],
-    base: list[dict[str, float | int]],
-    means: tuple[float, float] | None = None,
-) -> list[tuple[str, str]]:
-    """Collapse / explosion of one file's values against the baseline files' mean (pure; means: the
-    baseline's, computed once by the caller)."""
-    rms0, nz0 = means if means is not None else baseline_means(base)
+def judge(values: dict[str, float | int], means: tuple[float, float]) -> list[tuple[str, str]]:
+    """Collapse / explosion of one file's values against the baseline files' means (baseline_means; pure)."""
+    rms0, nz0 = means
     rms, nz = float(values["rms"]), 1.0 - float(values["zero_fraction"])
     out: list[tuple[str, str]] = []
     if rms0 > 0 and (rms == 0 or rms * COLLAPSE_FACTOR <= rms0):

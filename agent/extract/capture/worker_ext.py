@@ -29,8 +29,8 @@ from agent.extract.capture.assembly import SinkConfig, spans_for_step
 from agent.extract.capture.costs import StepCost
 from agent.extract.capture.gpu_copy import PinnedCopier
 from agent.extract.capture.stats import StepStats, fused_step_stats, step_stats, warm, warm_sizes
-from agent.extract.engine import tuning
 from agent.extract.engine.canary import CANARY_KEY
+from agent.extract.engine.setup import tuning_from_env
 from agent.extract.writing.writer_proc import ProcessSink
 
 IDX_KEY = "eaglewatch_idx"
@@ -53,13 +53,10 @@ def plan_hooks(layer_ids: list[int], convention: str, n: int) -> list[tuple[int,
     """(layer index, 'pre'|'post', slot) per requested id; input id N is the output of the last layer."""
     plan = []
     for slot, k in enumerate(layer_ids):
+        aux_capture.aux_index(k, convention, n)  # the range check
         if convention == "input":
-            if not 0 <= k <= n:
-                raise ValueError(f"layer id {k} out of range 0..{n} (convention input)")
             plan.append((k, "pre", slot) if k < n else (n - 1, "post", slot))
         else:
-            if not 0 <= k < n:
-                raise ValueError(f"layer id {k} out of range 0..{n - 1} (convention output)")
             plan.append((k, "post", slot))
     return plan
 
@@ -109,7 +106,7 @@ class EagleWatchCapture:
         self._ew_aux_slots: list[int] = []  # aux path: per slot, its position in the model's aux list
         self._ew_stats: StepStats = step_stats
         self._ew_stats_how = "eager"
-        self._ew_tuning = tuning.from_env({})
+        self._ew_tuning = tuning_from_env({})
         self._ew_warm_ms: dict[int, float] = {}  # compiled statistics warmed at setup: ms per token count
 
     def eaglewatch_setup(self, cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -127,7 +124,7 @@ class EagleWatchCapture:
         tp_rank = ps.get_tp_group().rank_in_group
         hidden = int(text_cfg.hidden_size)
         device = torch.device(getattr(runner, "device", torch.device("cpu")))
-        tune = tuning.from_env()
+        tune = tuning_from_env()
         sink_cfg = SinkConfig(
             cfg["output_dir"],
             len(cfg["layer_ids"]),

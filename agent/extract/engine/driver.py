@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 from agent.extract import signals
 from agent.extract.capture import stats
 from agent.extract.capture.stats import RunStats
-from agent.extract.engine import canary, tuning
-from agent.extract.engine.results_lane import ResultsLane
-from agent.extract.engine.setup import CaptureFailed, engine_kwargs, one_result, prepare_engine
+from agent.extract.engine import canary
+from agent.extract.engine.setup import (
+    CaptureFailed,
+    engine_kwargs,
+    one_result,
+    prepare_engine,
+    tuning_from_env,
+)
 from agent.extract.planning import forecast
 from agent.extract.planning.dataset import Sample
 from agent.extract.planning.preflight import Plan
@@ -91,6 +97,67 @@ class Progress:
         signals.say(f"{self.done}/{self.total} samples, {tps} tok/s, {self.files} files, {self.bytes} bytes")
 
 
+class ResultsLane:
+    """Runs each drain's result-taking in order: on one background thread when ``overlap``, else inline.
+
+    Taking results in (checks reported, statistics, manifest, progress lines) between two batches would
+    leave the engine idle; overlapped, a take runs while the driver waits in the next ``llm.generate``.
+    At most one take is in flight: ``run`` and ``join`` wait for it first, so the driver reads what takes
+    update only after a join; a take's error is raised there. ``waited_s`` is the driver's own time on takes.
+    """
+
+    def __init__(self, overlap: bool) -> None:
+        self.waited_s = 0.0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="eaglewatch-results") if overlap else None
+        self._pending: Future[None] | None = None
+
+    def run(self, take: Callable[[], None], inline: bool = False) -> None:
+        """Take one drain's results, behind the one in flight; ``inline``: done before returning."""
+        self.join()
+        if self._pool is None or inline:
+            t0 = time.monotonic()
+            try:
+                take()
+            finally:
+                self.waited_s += time.monotonic() - t0
+            return
+        self._pending = self._pool.submit(take)
+
+    def join(self) -> None:
+        """Wait for the take in flight; its error is raised here."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        t0 = time.monotonic()
+        try:
+            pending.result()
+        finally:
+            self.waited_s += time.monotonic() - t0
+
+    def close(self) -> None:
+        """Finish the take in flight (raising its error) and end the thread."""
+        try:
+            self.join()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> ResultsLane:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        # The driver fails already: wait for the take so nothing writes after this, keep the driver's error.
+        try:
+            self.close()
+        except Exception as also:
+            signals.say(f"taking results in failed too: {type(also).__name__}: {also}")
+
+
 def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest, prog: Progress) -> None:
     """Emit check lines for finished samples, update counters and the manifest; raise on policy stop."""
     stop_reason = None
@@ -144,7 +211,7 @@ def run_worker_extension(
 
     spec = plan.spec
     try:  # the workers read the same env: refuse a malformed knob before the engine takes minutes to start
-        tune = tuning.from_env()
+        tune = tuning_from_env()
     except ValueError as e:
         raise CaptureFailed(str(e)) from None
     extra, capture = prepare_engine(plan)
@@ -169,12 +236,7 @@ def run_worker_extension(
     }
     info = one_result(llm.collective_rpc("eaglewatch_setup", args=(cfg,)))
     manifest.dtype = info["dtype"]
-    found = {
-        "model_runner": info.get("model_runner"),
-        "capture": info.get("capture"),
-        "stats_kernel": info.get("stats_kernel"),
-        "tuning": info.get("tuning"),
-    }
+    found = {k: info.get(k) for k in ("model_runner", "capture", "stats_kernel", "tuning")}
     configured(plan, info["dtype"], info["layer_class"], **found)
     try:
         capture_batches(llm, plan, todo, manifest, prog, overlap_results)
@@ -395,13 +457,3 @@ def batches_done(batches: list[list[Sample]], prog: Progress) -> None:
         signals.emit("batch_captured", batch=prog.batches, samples=len(batch), tokens=tokens)
     if batches:
         prog.emit()
-
-
-def command_line() -> list[str]:
-    """How this job was started, for the manifest."""
-    return [sys.executable, *sys.argv]
-
-
-def apply_env(env: dict[str, str]) -> None:
-    """Spec env goes into os.environ before vLLM is imported (CUDA_VISIBLE_DEVICES and friends)."""
-    os.environ.update(env)

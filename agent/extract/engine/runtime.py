@@ -1,7 +1,7 @@
 """Engine decisions made before vLLM starts: the version gate, the model runner, safe CPU-engine defaults.
 
 Pure functions of what the job can read without an engine (vLLM's version, the model's config, the
-spec's env and engine arguments, the host's CPUs); `engine_setup.prepare_engine` applies what they return and
+spec's env and engine arguments, the host's CPUs); `setup.prepare_engine` applies what they return and
 reports it in one `engine_config` milestone. The user's own settings always win over a default.
 """
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,32 @@ from agent.extract.planning.preflight import Plan
 
 class CaptureFailed(RuntimeError):
     """The run must stop (policy stop on a bad sample, or a worker error); the message is the reason."""
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The capture's tuning knobs (agent/settings.py) one worker runs with, for capture_configured."""
+
+    pinned_buffers: int
+    writers: int
+    writeback_mb: int
+    trace: str | None
+
+    def fields(self) -> dict[str, object]:
+        """The capture_configured fields (the trace path only when set)."""
+        out = {k: v for k, v in asdict(self).items() if k != "trace"}
+        return {**out, **({"trace": self.trace} if self.trace else {})}
+
+
+def tuning_from_env(env: Mapping[str, str] | None = None) -> Tuning:
+    """The tuning in env (default os.environ; the job's env reaches every worker); SettingError naming the
+    variable when one is malformed."""
+    return Tuning(
+        pinned_buffers=settings.PINNED_BUFFERS.get(env),
+        writers=settings.WRITERS.get(env),
+        writeback_mb=settings.WRITEBACK_MB.get(env),
+        trace=settings.COSTS_TRACE.get(env),
+    )
 
 
 def engine_kwargs(model: str, vllm_args: list[str]) -> dict[str, Any]:

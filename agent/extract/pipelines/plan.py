@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from agent.extract.engine.native import CONNECTOR, CONNECTOR_MODULE
+from agent.extract.engine.native import CONNECTOR, CONNECTOR_MODULE, native_layer_ids
 from agent.extract.engine.runtime import EngineDefaults, has_arg
 from agent.spec import RunSpec, SpecForgeOptions, SpeculatorsOptions, eagle3_default_layers
 
@@ -51,8 +51,7 @@ def capture_layers(spec: RunSpec, num_hidden_layers: int) -> list[int]:
     """Layer ids in vLLM's "input" convention (what extract_hidden_states takes); default EAGLE-3's."""
     if spec.layers is None:
         return eagle3_default_layers(num_hidden_layers)
-    shift = 1 if spec.layer_convention == "output" else 0
-    return [i + shift for i in spec.layers]
+    return native_layer_ids(spec.layers, spec.layer_convention)
 
 
 def transfer_config(platform: str, staging: str) -> dict[str, object]:

@@ -1,18 +1,11 @@
 """Run a user's own pipeline as the job: SpecForge's torchrun, or speculators' server then client.
 
-Before either starts, the job prints its disk forecast (agent/extract/pipelines/forecast.py) and refuses to
-start when the output will not fit, unless the spec allows the overrun; while the tool runs, a thread
-prints ``progress`` lines about its files and the free space (agent/extract/pipelines/disk.py). SpecForge's
-torchrun is our child in our process group, its output going straight to the job log. The speculators job
-is this process plus two children in its process group (so the agent's stop, which
-signals the job's group and every process carrying the run id, ends both). Each child's output is copied
-to the job log line by line behind its tag, ``[server] `` or ``[client] `` (a tqdm bar's ``\\r`` updates
-become lines of their own), so the milestone rules see both logs and tell them apart. Before the server
-starts, the job asks the server's Python which platform vLLM runs on and reports the defaults the server
-gets for it (one ``engine_config``; agent/extract/pipelines/plan.py `server_defaults`). The client starts
-once the server's ``/health`` answers 200; the job ends with the client's exit status, the server is then
-terminated (what it prints from then on goes to ``server-teardown.log``: the outcome is already known). A
-server that exits first, or is not ready in time, fails the job with a ``failed`` line.
+Before either starts, the job prints its disk forecast and refuses an output that will not fit (unless the
+spec allows the overrun); while the tool runs, a thread prints ``progress`` lines about its files
+(agent/extract/pipelines/disk.py). The children run in the job's process group, so the agent's stop ends
+them too. speculators' server and client lines are relayed behind their tags (``[server] ``, ``[client] ``)
+so the milestone rules tell them apart; the client starts once the server's ``/health`` answers, and once
+it exits the server is terminated, its last lines going to ``server-teardown.log``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Capture files pushed to disk as they are written, with a bound on the bytes still on their way there.
 
-Left to itself the kernel keeps every written file in the page cache until its dirty thresholds are
-crossed, and then throttles *every* process on the host that writes a byte: the job's log lines, its
-manifest, the agent's journal. At the end of large captures on the H200 the job stalled for seconds while
-the file writers themselves were not slowed, with gigabytes of capture data dirty (docs/benchmarks.md).
-sync_file_range(2) starts each file's write-out at once; when more than the bound is in flight
-the writer waits for its oldest files, so the wait lands on the writer (where the pinned-buffer
-backpressure already handles it) and never on the rest of the host. Linux only, through ctypes (stdlib);
-elsewhere, or where the file system refuses the call, it does nothing and says why in `reason`.
+Left to itself the kernel keeps written files dirty in the page cache until its thresholds are crossed, and
+then throttles *every* writer on the host (the job's log, its manifest, the agent's journal): on the H200
+the job stalled for seconds with gigabytes of capture data dirty (docs/benchmarks.md). sync_file_range(2)
+starts each file's write-out at once, and past the bound the writer waits for its oldest files, so the
+wait lands on the writer (behind the pinned-buffer backpressure). Linux only, through ctypes; elsewhere, or
+where the file system refuses the call, it does nothing and says why in `reason`.
 """
 
 from __future__ import annotations
@@ -102,8 +100,8 @@ class Writeback:
             out: dict[str, object] = {
                 "writeback_wait_s": round(self.wait_s, 3),
                 "writeback_waits": self.waits,
+                "writeback_peak_mb": round(self.peak / 2**20, 1),
             }
-            out["writeback_peak_mb"] = round(self.peak / 2**20, 1)
             if self.reason:
                 out["writeback"] = self.reason
         return out
@@ -133,18 +131,13 @@ class Writeback:
             with self._cond:
                 while not self._queue and not self._inflight and not self._closed and self.active:
                     self._cond.wait()
-                if not self.active:
-                    return
-                if self._closed and not self._queue:
+                if not self.active or (self._closed and not self._queue):
                     return
                 # start new files first, unless half the bound is already in flight: then retire the oldest
                 start = bool(self._queue) and (not self._inflight or self._inflight_bytes <= self.limit // 2)
                 item = self._queue.popleft() if start else self._inflight.popleft()
             try:
-                if start:
-                    self._sync(item[0], 0, 0, WRITE)
-                else:
-                    self._sync(item[0], 0, 0, WAIT_BEFORE | WRITE | WAIT_AFTER)
+                self._sync(item[0], 0, 0, WRITE if start else WAIT_BEFORE | WRITE | WAIT_AFTER)
             except BaseException as e:
                 os.close(item[0])
                 if not isinstance(e, OSError):

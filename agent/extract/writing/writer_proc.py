@@ -1,15 +1,11 @@
 """The capture writer: a child process fed through shared memory, so the worker's forward thread never waits
-for the GIL behind assembly, checks and file writes, and a batch's last writes overlap the next batch's steps.
+for the GIL behind assembly, checks and file writes (writer threads inside the worker fell short on the H200).
 
-It is the only writer (the CPU engine's too): in the H200 validation runs, writer threads inside the worker
-made each batch wait for its files and fell short end to end where the process did not.
-
-The worker keeps only what must run beside the forward: hooks, the device-to-host copy into a buffer of
-shared memory (a memfd, pinned with cudaHostRegister on CUDA), and two light threads — one waits for each
-step's copy and sends a JSON line describing it, one reads the child's replies. The child
-(`python -m agent.extract.writing.writer_proc FD`) gets each buffer's fd over a Unix socket, maps it and runs
-the ordinary CaptureSink (assembly and writer threads, agent/extract/capture/assembly.py); it answers
-`release` once it no longer needs a buffer (backpressure) and `drained` with the results.
+The worker keeps the device-to-host copy into shared buffers (memfds, pinned with cudaHostRegister on CUDA),
+a thread that waits for each step's copy and sends a JSON line describing it, and one reading the replies.
+The child (`python -m agent.extract.writing.writer_proc FD`) gets each buffer's fd over a Unix socket and
+runs the CaptureSink (agent/extract/capture/assembly.py); it answers `release` once it no longer needs a
+buffer (backpressure) and `drained` with the results.
 """
 
 from __future__ import annotations
@@ -36,6 +32,7 @@ import torch
 
 from agent.extract.capture.assembly import CaptureSink, SinkConfig, Span
 from agent.extract.capture.costs import CaptureCosts
+from agent.extract.capture.gpu_copy import BufferPool
 
 #: capture_costs fields only the writer process knows: its last drain brings them back
 WRITER_FIELDS = (
@@ -93,9 +90,7 @@ class ProcessSink:
         self.costs = CaptureCosts()  # the child's write time arrives with each drain
         self.pin = pin
         self._segments: dict[int, _Segment] = {}  # base pointer -> segment
-        self._free: queue.Queue[torch.Tensor] = queue.Queue()  # staging buffers for host-side submits
-        self._staged = 0
-        self._max = max_buffers
+        self._staging = BufferPool(max_buffers, self.alloc, self.free)  # for host-side submits
         self._q: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._releases: dict[int, Callable[[], None] | None] = {}
         self._ids = itertools.count()
@@ -149,24 +144,14 @@ class ProcessSink:
     def _stage(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], Callable[[], None]]:
         """Copy host tensors into a shared buffer (CPU engine path); blocks when all buffers are in use."""
         sizes = [t.numel() * t.element_size() for t in tensors]
-        total = sum(n + (-n % 64) for n in sizes)
-        buf = None
-        if self._free.empty() and self._staged < self._max:
-            self._staged += 1
-        else:
-            buf = self._free.get()
-            if buf.numel() < total:
-                self.free(buf)
-                buf = None
-        if buf is None:
-            buf = self.alloc(max(total, 1 << 20))
+        buf = self._staging.get(sum(n + (-n % 64) for n in sizes))
         views, at = [], 0
         for t, n in zip(tensors, sizes, strict=True):
             v = buf[at : at + n].view(t.dtype).view(t.shape)
             v.copy_(t)
             views.append(v)
             at += n + (-n % 64)
-        return views, lambda: self._free.put(buf)
+        return views, lambda: self._staging.put(buf)
 
     def wait_ready(self, timeout: float = 300.0) -> float:
         """Block until the child has started (seconds waited); RuntimeError if it died or never did.
