@@ -20,7 +20,7 @@ DELEGATED = {
     "milestones": ("agent.milestones.cli", "run"),
     "check": ("agent.checks.cli", "run"),
     "extract": ("agent.extract.cli", "run_extract"),
-    "tiny-model": ("agent.extract.cli", "run_tiny_model"),
+    "tiny-model": ("agent.extract.tinymodel", "main"),
     "merge-manifests": ("agent.extract.writing.shards", "run"),
 }
 

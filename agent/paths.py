@@ -28,6 +28,16 @@ def valid_run_id(run: object) -> bool:
     return isinstance(run, str) and RUN_ID_RE.match(run) is not None and run not in (".", "..")
 
 
+class _RunFile:
+    """A file of the run directory, read as ``paths.<name>``: ``paths.dir / filename``."""
+
+    def __init__(self, filename: str) -> None:
+        self.filename = filename
+
+    def __get__(self, paths: RunPaths, owner: object = None) -> Path:
+        return paths.dir / self.filename
+
+
 @dataclass(frozen=True)
 class RunPaths:
     """The files of one run under ``<state>/runs/<id>/``."""
@@ -35,55 +45,26 @@ class RunPaths:
     run: str
     dir: Path
 
-    @property
-    def spec(self) -> Path:
-        """The run spec as received (written before anything starts)."""
-        return self.dir / "spec.json"
-
-    @property
-    def launch(self) -> Path:
-        """argv, env additions and cwd handed to the supervisor."""
-        return self.dir / "launch.json"
-
-    @property
-    def log(self) -> Path:
-        """The job's stdout+stderr."""
-        return self.dir / "output.log"
-
-    @property
-    def events(self) -> Path:
-        """The journal."""
-        return self.dir / "events.jsonl"
-
-    @property
-    def job(self) -> Path:
-        """pid, start time and boot id of the job, written by the supervisor."""
-        return self.dir / "job.json"
-
-    @property
-    def exit(self) -> Path:
-        """The job's exit code or signal, written by the supervisor when it ends."""
-        return self.dir / "exit.json"
-
-    @property
-    def stop(self) -> Path:
-        """Present once a stop was requested (by a client or by the agent's own shape-check policy)."""
-        return self.dir / "stop.json"
-
-    @property
-    def cursor(self) -> Path:
-        """The watcher's durable position: log offset, line number, engine snapshot, checked files."""
-        return self.dir / "cursor.json"
-
-    @property
-    def sched(self) -> Path:
-        """The scheduler's last word on a submitted job (Slurm: state, reason, queue position, tasks)."""
-        return self.dir / "sched.json"
-
-    @property
-    def supervisor_log(self) -> Path:
-        """The supervisor's own stderr (start failures)."""
-        return self.dir / "supervisor.log"
+    #: The run spec as received (written before anything starts).
+    spec = _RunFile("spec.json")
+    #: argv, env additions and cwd handed to the supervisor.
+    launch = _RunFile("launch.json")
+    #: The job's stdout+stderr.
+    log = _RunFile("output.log")
+    #: The journal.
+    events = _RunFile("events.jsonl")
+    #: pid, start time and boot id of the job, written by the supervisor.
+    job = _RunFile("job.json")
+    #: The job's exit code or signal, written by the supervisor when it ends.
+    exit = _RunFile("exit.json")
+    #: Present once a stop was requested (by a client or by the agent's own shape-check policy).
+    stop = _RunFile("stop.json")
+    #: The watcher's durable position: log offset, line number, engine snapshot, checked files.
+    cursor = _RunFile("cursor.json")
+    #: The scheduler's last word on a submitted job (Slurm: state, reason, queue position, tasks).
+    sched = _RunFile("sched.json")
+    #: The supervisor's own stderr (start failures).
+    supervisor_log = _RunFile("supervisor.log")
 
 
 def runs_dir(state_dir: Path) -> Path:

@@ -311,10 +311,7 @@ def decode_message(line: bytes | str) -> dict[str, Any]:
     """Parse one daemon→client line (controller side); raise ProtocolError when malformed."""
     try:
         obj = json.loads(line)
-    except (
-        ValueError,
-        RecursionError,
-    ) as exc:  # JSONDecodeError, UnicodeDecodeError, huge ints, deep nesting
+    except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, huge ints, deep nesting
         raise ProtocolError(
             ErrorCode.BAD_JSON, f"daemon sent a line that is not JSON: {str(exc)[:200]}"
         ) from None

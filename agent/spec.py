@@ -22,6 +22,7 @@ from pydantic import (
     StrictInt,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -32,8 +33,6 @@ from agent.backends import DEFAULT, OWN, PIPELINES, Backend
 from agent.milestones.rulefile import RuleError, validate_rules
 from agent.runs.outdir import output_dir_error
 
-LayerConvention = Literal["input", "output"]
-ShapeFailurePolicy = Literal["alert", "stop"]
 #: Deliberate faults for the demo and the tests: make the capture go wrong the way real runs do.
 Fault = Literal["drop_layer", "flatten", "zero", "zero_layer", "batch_skew"]
 
@@ -112,8 +111,6 @@ class Expect(_Fields):
     )
 
 
-#: The longest idle timeout an attach may ask for (30 days).
-MAX_IDLE_TIMEOUT_S = 30 * 24 * 3600
 _SLURM_JOB_RE = re.compile(r"[0-9]{1,20}")
 
 
@@ -139,7 +136,7 @@ class Attach(_Fields):
     idle_timeout_s: StrictInt | None = Field(
         default=None,
         ge=1,
-        le=MAX_IDLE_TIMEOUT_S,
+        le=30 * 24 * 3600,  # 30 days
         description="end watching after this many seconds with no new log line or file (not for a slurm_job)",
     )
 
@@ -280,7 +277,7 @@ class RunSpec(_Fields):
         max_length=limits.MAX_LAYERS,
         description="layer ids; default EAGLE-3 [2, N//2, N-3, N]",
     )
-    layer_convention: LayerConvention = "input"
+    layer_convention: Literal["input", "output"] = "input"
     tensor_parallel_size: StrictInt = Field(default=1, ge=1, le=limits.MAX_TENSOR_PARALLEL)
     dataset: _AbsPath | None = Field(default=None, description="absolute path of a JSONL dataset on the host")
     max_samples: StrictInt | None = Field(default=None, ge=1, le=limits.MAX_SAMPLES)
@@ -302,7 +299,7 @@ class RunSpec(_Fields):
     rules: list[dict[str, Any]] = Field(
         default_factory=list, max_length=limits.MAX_RULES, description="extra milestone rules"
     )
-    on_shape_failure: ShapeFailurePolicy = "alert"
+    on_shape_failure: Literal["alert", "stop"] = "alert"
     allow_disk_overrun: StrictBool = Field(
         default=False, description="launch even when the forecast says the output will not fit on disk"
     )
@@ -426,25 +423,14 @@ class RunSpec(_Fields):
 
     @field_validator("vllm_args", "command")
     @classmethod
-    def _argv(cls, v: list[str]) -> list[str]:
+    def _argv(cls, v: list[str], info: ValidationInfo) -> list[str]:
         if any("\x00" in a for a in v):
             raise ValueError("arguments must not contain NUL bytes")
-        return v
-
-    @field_validator("vllm_args")
-    @classmethod
-    def _options(cls, v: list[str]) -> list[str]:
-        for arg in v:
-            problem = limits.option_problem(arg)
-            if problem:
-                raise ValueError(problem)
-        return v
-
-    @field_validator("command")
-    @classmethod
-    def _program(cls, v: list[str]) -> list[str]:
-        problem = limits.program_problem(v)
-        if problem:
+        if info.field_name == "command":
+            problems = [limits.program_problem(v)]
+        else:
+            problems = [limits.option_problem(arg) for arg in v]
+        if problem := next((p for p in problems if p), None):
             raise ValueError(problem)
         return v
 

@@ -19,6 +19,7 @@ from rich.text import Text
 import agent
 from cli.common import JSON_FLAG, err, invalid, out, print_json, run_ctl
 from cli.runs import runs_app
+from controller.bootstrap import fetch_host_key
 from controller.errors import HostKeyRejected, SpecInvalid, Unreachable
 from controller.models import HostCreate
 from controller.settings import Settings
@@ -102,7 +103,7 @@ def hosts_add(
     async def go(ctl: Any) -> None:
         if ssh != "local":
             try:
-                fp = await ctl.supervisors.fetch_fingerprint(ssh)
+                fp = await fetch_host_key(ssh, ctl.settings)
                 out.print(f"host key of {ssh}: [bold]{fp}[/]")
             except Unreachable as exc:
                 err.print(Text(f"warning: {exc.message}", style="yellow"))

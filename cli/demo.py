@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.backends import Backend
+from agent.jobs import procfs
 from agent.spec import parse_spec
 from cli.terminal import TerminalView
 from controller.errors import NotFound
@@ -162,12 +163,6 @@ def hold_home(home: Path) -> int | None:
     return fd
 
 
-def note_url(fd: int, url: str) -> None:
-    """Write the running demo's URL into its lock file (what a second demo on the home prints)."""
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, url.encode() + b"\n", 0)
-
-
 def agent_request(
     sock_path: Path, requests: list[dict[str, Any]], timeout: float = 30.0
 ) -> list[dict[str, Any]]:
@@ -207,19 +202,12 @@ def stop_agent(paths: DemoPaths) -> None:
 
 def daemons_of(state_dir: Path) -> list[int]:
     """Pids of `agent daemon` processes serving exactly this state dir (one may wait for the other's lock)."""
-    wanted = [b"agent", b"daemon", b"--state-dir", str(state_dir).encode()]
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z" and any(argv[k : k + 4] == wanted for k in range(len(argv))):
-            found.append(int(entry.name))
-    return found
+    wanted = f" agent daemon --state-dir {state_dir} "
+    return [
+        pid
+        for pid in procfs.pids()
+        if (st := procfs.stat(pid)) is not None and st.state != "Z" and wanted in f" {procfs.cmdline(pid)} "
+    ]
 
 
 def _end_daemons(state_dir: Path, grace_s: float = 2.0, timeout_s: float = 15.0) -> None:
@@ -327,7 +315,7 @@ async def _demo(home: Path, bind: str, port: int, extract: bool, broken: bool, l
             await asyncio.to_thread(build_model, paths)
         save_templates(home, paths, extract)
         url = f"http://{bind}:{bound}/"
-        note_url(lock, url)
+        os.pwrite(lock, url.encode() + b"\n", 0)  # what a second demo on this home prints
         link = f"{url}login/link?code={app.state.login_links.issue()}"
         minutes = round(app.state.login_links.ttl_s / 60)
         print(

@@ -1,5 +1,5 @@
-"""Open a link to a host's agent: SSH connect (verified host keys), upload the agent (SFTP, else an exec
-channel), run connect, then go straight to the daemon's socket where sshd allows it (streamlocal.py).
+"""Open a link to a host's agent: SSH connect (verified host keys), upload the agent over an exec channel,
+run connect, then go straight to the daemon's socket where sshd allows it (streamlocal.py).
 
 The agent core is stdlib-only, so it runs under the host's own Python straight from the uploaded package:
 ``<home>/.local/share/eaglewatch/agent-<version>-<digest>/agent``; the command is built with ``shlex.join``
@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import shlex
-import uuid
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from controller.errors import HostKeyRejected, Unreachable
 from controller.link import Link, LocalTransport, SSHTransport, StreamHandler
 from controller.models import parse_destination
 from controller.settings import Settings
-from controller.streamlocal import ROUTE_BRIDGE, ROUTE_LOCAL, go_direct
+from controller.streamlocal import ROUTE_LOCAL, go_direct
 
 log = logging.getLogger(__name__)
 AGENT_DIR = Path(agent.__file__).resolve().parent
@@ -62,20 +61,6 @@ def agent_digest() -> str:
     for rel, data in agent_files():
         h.update(rel.encode() + b"\0" + data + b"\0")
     return h.hexdigest()[:10]
-
-
-def remote_dir_name() -> str:
-    """Directory (under ~/.local/share/eaglewatch) holding this controller's agent copy."""
-    return f"agent-{agent.__version__}-{agent_digest()}"
-
-
-def connect_argv(python: str, pythonpath: str | None, state_dir: str | None) -> list[str]:
-    """argv of the bridge command run on the host."""
-    argv = ["env", f"PYTHONPATH={pythonpath}"] if pythonpath else []
-    argv += [python, "-m", "agent", "connect"]
-    if state_dir:
-        argv += ["--state-dir", state_dir]
-    return argv
 
 
 def _target(dest: str) -> dict[str, Any]:
@@ -129,11 +114,10 @@ async def ssh_connect(name: str, dest: str, settings: Settings) -> Any:
         raise Unreachable(f"host {name}: cannot connect to {dest}: {type(exc).__name__}: {exc}") from None
 
 
-#: The fixed program that receives the agent over an exec channel (hosts whose sshd offers no ``sftp``): run
-#: by the host's own Python, only its argv items vary (``shlex.join`` quotes them).  ``check`` prints
-#: ``present`` or ``absent`` and the absolute target; ``write`` reads a JSON header line
-#: ``{"files": [[relative path, size], ...]}`` then the files' bytes back to back, and renames a temporary
-#: directory into place with the same ``.complete`` marker as the SFTP upload.
+#: The fixed program that receives the agent over an exec channel: run by the host's own Python, only its argv
+#: items vary (``shlex.join`` quotes them).  ``check`` prints ``present`` or ``absent`` and the absolute
+#: target; ``write`` reads a JSON header line ``{"files": [[relative path, size], ...]}`` then the files'
+#: bytes back to back, and renames a temporary directory into place with a ``.complete`` marker.
 RECEIVER = r"""
 import json, os, shutil, sys, uuid
 mode, base, name = sys.argv[1], os.path.expanduser(sys.argv[2]), sys.argv[3]
@@ -171,89 +155,40 @@ print(target)
 """
 
 
-async def upload_over_exec(
-    conn: Any, python: str, base: str, name: str, files: tuple[tuple[str, bytes], ...]
-) -> str:
-    """Make sure ``<base>/<name>`` holds ``files`` under ``agent/``; returns that directory on the host."""
+async def ensure_agent(conn: Any, remote_base: str, python: str) -> str:
+    """Upload the agent package through ``RECEIVER`` unless this version is already there; returns the
+    remote PYTHONPATH.  An exec channel works on every host, with or without an sftp subsystem."""
 
     def tail(text: str | bytes | None) -> str:
         if isinstance(text, bytes):
             text = text.decode(errors="replace")
         return (text or "").strip()[-500:] or "no message"
 
-    check = await conn.run(shlex.join([python, "-c", RECEIVER, "check", base, name]), check=False)
+    name = f"agent-{agent.__version__}-{agent_digest()}"
+    check = await conn.run(shlex.join([python, "-c", RECEIVER, "check", remote_base, name]), check=False)
     if check.exit_status != 0:
         raise Unreachable(f"cannot run {python} on the host to receive the agent: {tail(check.stderr)}")
     state, _, target = str(check.stdout).strip().partition(" ")
     if state == "present":
         return target
+    files = agent_files()
     header = json.dumps({"files": [[rel, len(data)] for rel, data in files]}).encode() + b"\n"
     res = await conn.run(
-        shlex.join([python, "-c", RECEIVER, "write", base, name]),
+        shlex.join([python, "-c", RECEIVER, "write", remote_base, name]),
         input=header + b"".join(data for _, data in files),
         encoding=None,
         check=False,
     )
     if res.exit_status != 0:
         raise Unreachable(f"uploading the agent over an exec channel failed: {tail(res.stderr)}")
+    log.info("uploaded agent to %s", target)
     return res.stdout.decode().strip() or target
 
 
-async def ensure_agent(
-    conn: Any, remote_base: str = ".local/share/eaglewatch", python: str = "python3"
-) -> str:
-    """Upload the agent package unless this version is already there; returns the remote PYTHONPATH.
-
-    SFTP when the host's sshd offers it; otherwise (no ``Subsystem sftp`` line) a fixed receiver program
-    run by the host's ``python`` over an exec channel (``upload_over_exec``).
-    """
-    import asyncssh
-
-    try:
-        sftp_client = await conn.start_sftp_client()
-    except asyncssh.ChannelOpenError as exc:
-        log.info("no sftp subsystem (%s); uploading the agent over an exec channel", exc.reason)
-        try:
-            return await upload_over_exec(conn, python, remote_base, remote_dir_name(), agent_files())
-        except Unreachable as up_exc:
-            raise Unreachable(
-                f"the host's sshd has no sftp subsystem and the fallback upload failed ({up_exc.message}); "
-                "add 'Subsystem sftp internal-sftp' to its sshd_config, or install the agent there with "
-                "pip install eaglewatch"
-            ) from None
-    async with sftp_client as sftp:
-        home = await sftp.realpath(".")
-        base = remote_base if remote_base.startswith("/") else f"{home}/{remote_base}"
-        target = f"{base}/{remote_dir_name()}"
-        if await sftp.exists(f"{target}/.complete"):
-            return target
-        tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
-        await sftp.makedirs(f"{tmp}/agent", exist_ok=True)
-        for rel, data in agent_files():
-            parent = f"{tmp}/agent/{rel}".rsplit("/", 1)[0]
-            await sftp.makedirs(parent, exist_ok=True)
-            async with sftp.open(f"{tmp}/agent/{rel}", "wb") as f:
-                await f.write(data)
-        async with sftp.open(f"{tmp}/.complete", "wb") as f:
-            await f.write(b"ok\n")
-        try:
-            await sftp.posix_rename(tmp, target)
-        except Exception:
-            # Another controller uploaded the same version concurrently; theirs is as good as ours.
-            if not await sftp.exists(f"{target}/.complete"):
-                raise
-            await sftp.rmtree(tmp, ignore_errors=True)
-        log.info("uploaded agent to %s", target)
-        return target
-
-
 async def open_link(
-    host: dict[str, Any], settings: Settings, on_stream: StreamHandler | None, direct: bool = True
+    host: dict[str, Any], settings: Settings, on_stream: StreamHandler | None
 ) -> tuple[Link, str | None]:
-    """Connect to ``host`` (a hosts row), bootstrap the agent, return (started Link, host key fingerprint).
-
-    ``direct=False`` keeps the connect bridge even where sshd would allow the direct channel (benchmarks).
-    """
+    """Connect to ``host`` (a hosts row), bootstrap the agent, return (started Link, host key fingerprint)."""
     for attempt in range(2):
         conn: Any = None
         if host["ssh"] == LOCAL_DEST:
@@ -265,20 +200,21 @@ async def open_link(
             fp = fingerprint(conn.get_server_host_key())
             try:
                 pythonpath = await ensure_agent(conn, settings.remote_base, host["python"])
-                command = shlex.join(connect_argv(host["python"], pythonpath, host.get("state_dir")))
+                argv = ["env", f"PYTHONPATH={pythonpath}", host["python"], "-m", "agent", "connect"]
+                if host.get("state_dir"):
+                    argv += ["--state-dir", host["state_dir"]]
+                command = shlex.join(argv)
                 process = await conn.create_process(command, encoding=None)
             except Exception as exc:
                 conn.close()
                 raise Unreachable(
                     f"host {host['name']}: bootstrap failed: {type(exc).__name__}: {exc}"
                 ) from None
-            link = Link(SSHTransport(conn, process, command), on_stream)
+            link = Link(SSHTransport(conn, process.stdout, process.stdin, f"ssh:{command}"), on_stream)
         hello = await link.start()
         if attempt == 1 or not is_older(str(hello.get("agent_version", "")), agent.__version__):
-            if conn is not None and direct:  # the bridge started the daemon; now skip it where sshd allows
+            if conn is not None:  # the bridge started the daemon; now skip it where sshd allows
                 link = await go_direct(host["name"], conn, link, on_stream)
-            elif conn is not None:
-                link.route, link.route_reason = ROUTE_BRIDGE, "direct channel not asked for"
             return link, fp
         # An older daemon: ask it to exit, leaving its jobs running; the next connect starts ours.
         log.info(

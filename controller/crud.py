@@ -1,10 +1,8 @@
 """Every write to the database: data functions with a keyword-only ``tx`` (the store's writer transaction).
 
-The store runs each function in its own savepoint and publishes the BusEvents it queued (``tx.events``)
-only after commit.  What to write for journal and lifecycle events is decided by the pure ingest.py; the
-functions here carry its plans out.  INSERTs are compiled (once per column set) from the SQLModel tables
-of models.py, so a column the schema lacks fails loudly; rare rows are built as table models, with their
-defaults.  Reads live in queries.py.
+What to write for journal and lifecycle events is decided by the pure ingest.py; the functions here carry
+its plans out.  INSERTs are compiled (once per column set) from the SQLModel tables of models.py, so a
+column the schema lacks fails loudly; rare rows are built as table models, with their defaults.
 """
 
 from __future__ import annotations

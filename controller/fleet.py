@@ -13,7 +13,7 @@ from functools import partial
 
 from controller import crud, queries
 from controller.alerts import AlertPolicy
-from controller.bootstrap import fetch_host_key, open_link
+from controller.bootstrap import open_link
 from controller.errors import AgentError, ControllerError, HostKeyRejected, NotFound, Unreachable
 from controller.link import Link
 from controller.settings import Settings
@@ -124,10 +124,6 @@ class Supervisors:
             return sup.route
         return self._checked.get(name)
 
-    async def fetch_fingerprint(self, dest: str) -> str:
-        """Host key fingerprint presented at ``dest``."""
-        return await fetch_host_key(dest, self.settings)
-
     async def refresh(self, name: str, timeout: float) -> Freshness:
         """Catch ``name``'s runs up from its agent's journal within ``timeout`` seconds (for processes that
         do not supervise): a one-shot link does what a supervisor does on connect, waits until the store
@@ -173,13 +169,13 @@ class Freshness:
     error: str | None = None
     last_seen: float | None = None
 
-    def describe(self, now: float | None = None) -> str:
+    def describe(self) -> str:
         """One plain sentence for a user (empty when the host answered)."""
         if self.ok:
             return ""
         heard = "never heard from"
         if self.last_seen is not None:
-            ago = max(0.0, (now or time.time()) - self.last_seen)
+            ago = max(0.0, time.time() - self.last_seen)
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.last_seen))
             heard = f"last heard {_ago(ago)} ago ({when})"
         return f"host {self.host}: not reachable now ({self.error}); {heard}: showing what was stored then"

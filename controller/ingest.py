@@ -1,7 +1,5 @@
 """Journal events and lifecycle events → effects, pure: what storing them must do, exactly once, in order.
 
-How it works
-------------
 ``plan_events(run, events, now)`` reads a run as stored (``last_seq``, progress timing) and a batch of
 journal events from its agent.  An event whose ``seq`` is not above ``last_seq`` was already applied (a
 replay after reconnect, a duplicate within the batch, or another controller process following the same
@@ -9,14 +7,14 @@ run) and is skipped.  The ``Plan`` lists the effects in order and the new ``last
 decides to stop a run: on_shape_failure = stop is the agent's decision (agent/runs/watcher.py), and the
 controller records what the journal then says (the stop, the final state).
 ``plan_transition(run, event, …)`` does the same for one lifecycle event: the new state and the columns it
-sets.  crud.py carries plans out inside one writer transaction; UNIQUE(run_id, seq) is the safety net.
+sets.  UNIQUE(run_id, seq) is the safety net.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from controller import alerts, lifecycle
@@ -127,7 +125,9 @@ def plan_events(run: dict[str, Any], events: list[dict[str, Any]], now: float) -
     """The effects of one run's journal events, in seq order; already applied ones are skipped."""
     last_seq = int(run["last_seq"])
     progress_at, interval = run.get("last_progress_at"), run.get("progress_interval_s")
-    total = stored_total(run.get("progress_json"))
+    stored = json.loads(run["progress_json"]) if run.get("progress_json") else {}
+    total = stored.get("samples_total") if isinstance(stored, dict) else None
+    total = total if isinstance(total, int) and not isinstance(total, bool) else None
     effects: list[Effect] = []
     changed = False
     applied = 0
@@ -146,19 +146,10 @@ def plan_events(run: dict[str, Any], events: list[dict[str, Any]], now: float) -
             continue  # alerts for failed/lost come with the transition
         if etype == "milestone":
             kind, fields = str(ev.get("kind")), ev.get("fields") or {}
-            text = str(ev.get("text", ""))
-            line, rank = ev.get("line"), ev.get("rank")
-            effects.append(StoreMilestone(seq, kind, at, line, rank, fields, text))
-            data = {
-                "seq": seq,
-                "kind": kind,
-                "at": at,
-                "line": line,
-                "rank": rank,
-                "fields": fields,
-                "text": text,
-            }
-            effects.append(Record(seq, "milestone", data, at))
+            milestone = StoreMilestone(
+                seq, kind, at, ev.get("line"), ev.get("rank"), fields, str(ev.get("text", ""))
+            )
+            effects += [milestone, Record(seq, "milestone", asdict(milestone), at)]
             if kind == "progress":
                 if progress_at is not None and at > progress_at:
                     gap = at - progress_at
@@ -176,16 +167,6 @@ def plan_events(run: dict[str, Any], events: list[dict[str, Any]], now: float) -
             effects.append(Record(seq, "journal", {"seq": seq, "journal": ev}, at))
         effects.extend(RaiseAlert(d) for d in alerts.rules_for_event(run, ev))
     return Plan(effects, last_seq, changed, applied)
-
-
-def stored_total(progress_json: str | None) -> int | None:
-    """samples_total of the run's stored progress, if it has one."""
-    try:
-        stored = json.loads(progress_json) if progress_json else None
-    except json.JSONDecodeError:
-        return None
-    total = stored.get("samples_total") if isinstance(stored, dict) else None
-    return total if isinstance(total, int) and not isinstance(total, bool) else None
 
 
 def with_total(fields: dict[str, Any], total: int | None) -> tuple[dict[str, Any], int | None]:

@@ -1,11 +1,5 @@
-"""Run lifecycle: a pure transition table (state → event → next state), no I/O.
-
-``pending`` is written before anything is sent to the agent, and a Slurm job waiting in its queue is
-``pending`` again (told apart from a never-launched run by its job id).  A dropped link turns
-``starting``/``running`` into ``unknown``, never ``failed``: the agent's status moves it on after a
-reconnect.  Terminal states never move back: the same terminal event again is a no-op (journal replays),
-any other raises ``InvalidTransition``.
-"""
+"""Run lifecycle: a pure transition table (state → event → next state), no I/O (docs/architecture.md, "Run
+lifecycle", draws it and says why)."""
 
 from __future__ import annotations
 

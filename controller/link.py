@@ -1,13 +1,8 @@
 """Links to an agent daemon: the JSON-lines protocol client over a transport (SSH channel or local pipes).
 
-How it works
-------------
-A transport yields a byte-stream pair running ``eaglewatch-agent connect``: ``SSHTransport`` over an
-asyncssh connection (host keys verified against known_hosts, agent forwarding off, keepalives on, connect
-timeout), ``LocalTransport`` over a subprocess's pipes (embedded demo, tests without SSH).  ``Link`` reads
-the daemon's hello, then one reader task decodes every line: replies resolve the pending request with the
-same id; ``event`` and ``log_block`` stream messages go, in arrival order, to the ``on_stream`` coroutine
-(a ``log_block``'s raw text, which follows its line, read first: agent/protocol.py).
+``Link`` reads the daemon's hello, then one reader task decodes every line: replies resolve the pending
+request with the same id; ``event`` and ``log_block`` stream messages go, in arrival order, to the
+``on_stream`` coroutine (a ``log_block``'s raw text, which follows its line, read first: agent/protocol.py).
 """
 
 from __future__ import annotations
@@ -113,39 +108,46 @@ class LocalTransport:
 
 
 class SSHTransport:
-    """The connect command running in an SSH session channel."""
+    """A channel of an asyncssh connection: the connect command's session, or a ``direct-streamlocal``
+    channel to the daemon's socket (streamlocal.py)."""
 
-    def __init__(self, conn: Any, process: Any, command: str) -> None:
+    def __init__(
+        self, conn: Any, reader: Reader, writer: Any, name: str, owns_connection: bool = True
+    ) -> None:
         self.conn = conn
-        self.process = process
-        self.command = command
-        self.reader: Reader = process.stdout
+        self.reader = reader
+        self._writer = writer
+        self.name = name
+        #: Whether closing this transport closes the connection too (a direct channel once the bridge has
+        #: handed the connection on).
+        self.owns_connection = owns_connection
 
     def write(self, data: bytes) -> None:
         """Send bytes over the channel."""
-        self.process.stdin.write(data)
+        self._writer.write(data)
 
     async def drain(self) -> None:
         """Wait for the channel window."""
-        await self.process.stdin.drain()
+        await self._writer.drain()
 
     async def close_channel(self) -> None:
-        """Close this channel only (the bridge exits), keeping the connection for another channel."""
+        """Close this channel only (a bridge exits), keeping the connection for another channel."""
         with contextlib.suppress(Exception):
-            self.process.stdin.write_eof()
+            self._writer.write_eof()
         with contextlib.suppress(Exception):
-            self.process.close()
+            self._writer.close()
 
     async def close(self) -> None:
-        """Close the channel and the connection (jobs and the daemon keep running on the host)."""
+        """Close the channel and, when it owns it, the connection (jobs and the daemon keep running)."""
         await self.close_channel()
-        self.conn.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.conn.wait_closed(), 3)
+        if self.owns_connection:
+            self.conn.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.conn.wait_closed(), 3)
 
     def describe(self) -> str:
         """Human-readable transport name."""
-        return f"ssh:{self.command}"
+        return self.name
 
 
 class Link:

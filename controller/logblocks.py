@@ -1,7 +1,5 @@
 """Pure: log blocks, the unit in which log lines travel, are stored and are published (no per-line rows).
 
-How it works
-------------
 A ``Block`` is consecutive complete lines of one run's log: their texts joined by ``\\n`` (a line's text
 never holds one), the stream offset of the first line and the offset after the last.  Each line's own
 offset is natural (the first line's offset plus the UTF-8 length + 1 of each line before it:
@@ -89,11 +87,6 @@ class Block:
         """A stored ``log_blocks`` row."""
         return cls(offset, next_offset, text, None if blob is None else unpack_offsets(blob))
 
-    @classmethod
-    def from_data(cls, data: dict[str, Any]) -> Block:
-        """The block a ``log`` BusEvent carries (``to_data``)."""
-        return cls(data["offset"], data["next_offset"], data["text"], data.get("offsets"))
-
     def to_data(self) -> dict[str, Any]:
         """What a ``log`` BusEvent carries: JSON-ready, no per-line objects."""
         return asdict(self)
@@ -127,8 +120,3 @@ class Block:
             return None
         text = self.text.split("\n", keep)[-1]
         return Block.make(offsets[keep:], text, self.next_offset)
-
-
-def lines_data(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """A ``log`` BusEvent's lines as ``{"offset", "text"}`` (what the API and the pages show)."""
-    return [{"offset": o, "text": t} for o, t in Block.from_data(data).lines()]

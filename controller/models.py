@@ -235,11 +235,8 @@ def parse_run_spec(data: object) -> RunSpec:
 
 
 def parse_destination(dest: str) -> tuple[str, int | None, str | None]:
-    """Split ``[ssh://][user@]host[:port]`` (IPv6 in brackets) into (host, port, user).
-
-    An ``~/.ssh/config`` alias is just a host here; asyncssh applies the config's HostName/Port/User to it.
-    Raises ValueError naming what is wrong.
-    """
+    """Split ``[ssh://][user@]host[:port]`` (IPv6 in brackets) into (host, port, user); ValueError names what
+    is wrong.  An ``~/.ssh/config`` alias is just a host here: asyncssh applies the config to it."""
     rest = dest.removeprefix("ssh://")
     user, sep, hostport = rest.rpartition("@")
     if not sep:

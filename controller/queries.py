@@ -71,10 +71,9 @@ def own_ids(conn: sqlite3.Connection, row: sqlite3.Row | dict[str, Any]) -> list
     return [row["id"], *shard_store.job_ids(conn, row["id"])] if row["shards"] else [row["id"]]
 
 
-def check_tally(conn: sqlite3.Connection, run_id: str, ids: list[str] | None = None) -> verdict.CheckTally:
-    """Files checked and failed (relative to the output directory), problems and alerts of a run (``ids``:
-    of all these runs: a sharded run and its jobs)."""
-    ids = ids or [run_id]
+def check_tally(conn: sqlite3.Connection, ids: list[str]) -> verdict.CheckTally:
+    """Files checked and failed (relative to the output directory), problems and alerts of these runs (a run,
+    or a sharded run and its jobs)."""
     files = conn.execute(
         "SELECT json_extract(data_json, '$.file') AS f, min(coalesce(json_extract(data_json, '$.ok'), 0))"
         f" FROM events WHERE run_id IN {_in(ids)} AND kind='check' GROUP BY f ORDER BY min(id)",
@@ -97,7 +96,7 @@ def _run(conn: sqlite3.Connection, row: sqlite3.Row) -> RunPublic:
     state = row["state"]
     # the verdict judges each shard's latest attempt (a resumed run does not count the run it resumes)
     judged = [row["id"], *shard_store.current_job_ids(conn, row["id"])] if row["shards"] else ids
-    tally = check_tally(conn, row["id"], judged) if state in verdict.TERMINAL else verdict.CheckTally()
+    tally = check_tally(conn, judged) if state in verdict.TERMINAL else verdict.CheckTally()
     return RunPublic.model_validate(
         {
             **dict(row),

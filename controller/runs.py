@@ -15,9 +15,9 @@ from controller.errors import AgentError, SpecInvalid, Unreachable
 FORECAST_TIMEOUT_S = 330
 
 
-def new_run_id(now: float | None = None) -> str:
+def new_run_id() -> str:
     """A sortable, unique run id: r-YYYYMMDD-HHMMSS-xxxx (UTC)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now or time.time()))
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return f"r-{stamp}-{secrets.token_hex(2)}"
 
 

@@ -1,8 +1,5 @@
-"""The controller facade: one ``Controller`` per process; the web and the CLI use only this.
-
-``Controller(settings, supervise=True)`` (``supervise=False``: a short-lived CLI, links opened on demand),
-``await ctl.start()`` / ``await ctl.stop()`` or ``async with``; ``ctl.bus.subscribe()`` iterates BusEvents.
-Errors are the typed ``controller.errors`` classes, each with an HTTP ``status``.
+"""The controller facade: one ``Controller`` per process (``supervise=False``: a short-lived CLI, links opened
+on demand); the web and the CLI use only this.  ``ctl.bus.subscribe()`` iterates BusEvents.
 
 BusEvent kinds and ``data``:
     "run"       RunPublic as a dict (after every state/progress change the controller commits)
@@ -10,10 +7,8 @@ BusEvent kinds and ``data``:
     "check"     {"seq", "at", "file", "ok", "format", "problems": [{code, file, message}]}
     "alert"     AlertPublic as a dict
     "log"       {"offset", "next_offset", "text", "offsets"}  (a block of one run's lines, their texts joined
-                by newlines: controller/logblocks.py; ``lines_data`` gives [{"offset", "text"}, ...])
+                by newlines: controller/logblocks.py)
     "host"      HostPublic as a dict (run_id None)
-``cursor`` is an opaque string, ordered (string comparison) in commit order; ``feed_since(run, cursor)``
-returns everything committed after it (for SSE ``Last-Event-ID`` resume).
 """
 
 from __future__ import annotations
@@ -52,8 +47,6 @@ OUTBOX_POLL_S = 0.5
 
 class Controller:
     """One per process: the store, one supervisor per host, the alert outbox worker."""
-
-    new_id = staticmethod(new_run_id)
 
     def __init__(
         self,
@@ -144,11 +137,6 @@ class Controller:
         await self.get_host(name)
         await self.supervisors.check(name)
         return await self.get_host(name)
-
-    async def host_key(self, name: str) -> str:
-        """The SHA256 fingerprint the host's sshd presents (fetched without trusting it)."""
-        host = await self.get_host(name)
-        return await self.supervisors.fetch_fingerprint(host.ssh)
 
     # ------------------------------------------------------------------ runs
 
@@ -405,48 +393,40 @@ class OutboxWorker:
             await asyncio.sleep(OUTBOX_POLL_S)
 
     async def deliver_due(self) -> int:
-        """One round: try every due row once; returns how many were delivered."""
+        """One round: claim each due row, send it, record the outcome; returns how many were delivered."""
         now = time.time()
-        rows = await self.store.read(queries.due_outbox, now)
         delivered = 0
-        for row in rows:
-            delivered += await self._deliver(row, now)
+        for row in await self.store.read(queries.due_outbox, now):
+            if not await self.store.write(functools.partial(crud.claim_outbox, outbox_id=row["id"], now=now)):
+                continue
+            ok, err = await self._send(row)
+            if ok:
+                delivered += 1
+                await self.store.write(functools.partial(crud.outbox_delivered, row=row))
+            else:
+                backoff = min(2.0 ** (row["attempts"] + 1), self.settings.outbox_max_backoff_s)
+                delay = backoff * random.uniform(0.5, 1.0)
+                await self.store.write(
+                    functools.partial(crud.outbox_failed, row=row, delay_s=delay, error=err)
+                )
         return delivered
-
-    async def _deliver(self, row: dict[str, Any], now: float) -> bool:
-        """Claim one due row, send it, record the outcome; True when delivered."""
-        if not await self.store.write(lambda tx: crud.claim_outbox(tx=tx, outbox_id=row["id"], now=now)):
-            return False
-        ok, err = await self._send(row)
-        if ok:
-            await self.store.write(lambda tx: crud.outbox_delivered(tx=tx, row=row))
-        else:
-            backoff = min(2.0 ** (row["attempts"] + 1), self.settings.outbox_max_backoff_s)
-            delay = backoff * random.uniform(0.5, 1.0)
-            await self.store.write(lambda tx: crud.outbox_failed(tx=tx, row=row, delay_s=delay, error=err))
-        return ok
 
     async def _send(self, row: dict[str, Any]) -> tuple[bool, str | None]:
         urls = [u.get_secret_value() for u in self.settings.apprise_urls]
         if not urls:
             return False, "no apprise_urls configured"
-        ap = _apprise(urls)
+        # apprise (heavy) is imported lazily; its plugins, loaded on the first ``add``, import stdlib modules
+        # deprecated in 3.11 (imghdr): silence that here only
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import apprise
+
+            ap = apprise.Apprise()
+            for url in urls:
+                ap.add(url)
         title = f"eaglewatch [{row['severity']}] {row['rule']}"
         try:
             ok = bool(await ap.async_notify(body=row["message"], title=title))
         except Exception as exc:  # apprise plugins may raise on odd input; keep the row for retry
             return False, f"{type(exc).__name__}: {exc}"
         return ok, None if ok else "apprise could not deliver to every URL"
-
-
-def _apprise(urls: list[str]) -> Any:
-    """An Apprise object for ``urls``; apprise (heavy) is imported lazily, and its plugins, loaded on the
-    first ``add``, import stdlib modules deprecated in 3.11 (imghdr): silence that here only."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import apprise
-
-        ap = apprise.Apprise()
-        for url in urls:
-            ap.add(url)
-    return ap

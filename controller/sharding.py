@@ -1,8 +1,5 @@
-"""Pure: a sharded run's placement over hosts and GPU groups, its jobs' specs, and its one state and progress.
-
-The decisions controller/shardruns.py (the fan-out) and controller/shard_store.py (the aggregate row) make,
-kept apart from I/O so they are tested on their own.
-"""
+"""Pure: a sharded run's placement over hosts and GPU groups, its jobs' specs, and its one state and progress
+(the decisions of shardruns.py and shard_store.py, kept apart from I/O)."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from controller import crud, queries, shard_store
 from controller.errors import Conflict, NotFound, SpecInvalid
 from controller.lifecycle import RESUMABLE_STATES, RunEvent, is_terminal
 from controller.models import ShardPublic, parse_run_spec
+from controller.runs import new_run_id
 from controller.sharding import (
     Placement,
     PlacementError,
@@ -47,11 +48,8 @@ class ShardJob:
 
 
 def shard_jobs(parsed: RunSpec, hosts: dict[str, dict[str, Any]]) -> list[ShardJob]:
-    """The jobs of a sharded run: its shards placed round-robin over its hosts' GPU groups.
-
-    The one place a run turns into per-host jobs (a Slurm host's then become one array job:
-    slurm_arrays).  PlacementError when the shards do not fit the hosts' GPUs.
-    """
+    """The jobs of a sharded run: its shards placed round-robin over its hosts' GPU groups; PlacementError
+    when the shards do not fit the hosts' GPUs."""
     groups = [  # a Slurm login node's own GPUs are not its compute nodes': Slurm hands those out
         (
             name,
@@ -111,7 +109,7 @@ class ShardOps:
     ) -> str:
         attempts = attempts or {}
         arrays = arrays or {}
-        run_id = self.jobs.new_id()
+        run_id = new_run_id()
         document = parsed.model_dump(mode="json")
         in_array = {j.index for tasks in arrays.values() for j in tasks}
         launch = [(f"{run_id}-s{j.index}", j) for j in jobs if j.index not in in_array]
@@ -169,25 +167,22 @@ class ShardOps:
         errors = [r for r in results if isinstance(r, BaseException)]
         refused = [r for r in errors if isinstance(r, SpecInvalid)]
         if refused:
-            await self._discard(run_id, [job_id for job_id, _ in launch] + [j for j, _, _ in array_jobs])
+            # forget the refused new run: stop the jobs that did launch, drop the run, its shards and jobs
+            job_ids = [job_id for job_id, _ in launch] + [j for j, _, _ in array_jobs]
+            for job_id in job_ids:
+                with contextlib.suppress(Exception):  # refused, finished or unreachable: forgotten either way
+                    await self.jobs.stop_job(job_id)
+
+            def forget(tx: Tx) -> None:
+                tx.conn.execute("DELETE FROM run_shards WHERE run_id=?", (run_id,))
+                for rid in [*job_ids, run_id]:
+                    crud.discard_run(tx=tx, run_id=rid)
+
+            await self.store.write(forget)
             raise refused[0]
         if errors:
             raise errors[0]
         return run_id
-
-    async def _discard(self, run_id: str, job_ids: list[str]) -> None:
-        """Stop the jobs of a refused new run that did launch, then forget the run, its shards and jobs."""
-        for job_id in job_ids:
-            # a refused, finished or unreachable job: the run is forgotten either way
-            with contextlib.suppress(Exception):
-                await self.jobs.stop_job(job_id)
-
-        def forget(tx: Tx) -> None:
-            tx.conn.execute("DELETE FROM run_shards WHERE run_id=?", (run_id,))
-            for rid in [*job_ids, run_id]:
-                crud.discard_run(tx=tx, run_id=rid)
-
-        await self.store.write(forget)
 
     def _insert_job(
         self, tx: Tx, run_id: str, job_id: str, job: ShardJob, count: int, resumed_from: str | None

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import create_engine
+from sqlalchemy.dialects import sqlite
 from sqlmodel import SQLModel
 
 from controller import models
@@ -103,33 +104,15 @@ def create_schema(path: Path) -> None:
         conn.close()
 
 
-#: Nullable columns added after a table was first created: (table, column, SQL type).
-ADDED_COLUMNS = (
-    ("runs", "resumed_from", "VARCHAR"),
-    ("runs", "shards", "INTEGER"),
-    ("runs", "shard_of", "VARCHAR"),
-    ("runs", "shard_index", "INTEGER"),
-    ("runs", "scheduler_job", "VARCHAR"),
-    ("runs", "last_check_at", "FLOAT"),
-    ("hosts", "scheduler", "VARCHAR"),
-    ("hosts", "partition", "VARCHAR"),
-    ("hosts", "account", "VARCHAR"),
-    ("hosts", "sbatch_args_json", "VARCHAR"),
-    ("hosts", "slurm_gpus", "VARCHAR"),
-    ("run_shards", "task", "INTEGER"),
-    ("run_shards", "task_state", "VARCHAR"),
-    ("run_shards", "task_reason", "VARCHAR"),
-    ("run_shards", "task_progress_json", "VARCHAR"),
-    ("run_shards", "task_milestone", "VARCHAR"),
-)
-
-
 def _add_missing_columns(conn: sqlite3.Connection) -> None:
-    """create_all makes missing tables only; a database from before a column was added gets it here."""
-    for table, column, sql_type in ADDED_COLUMNS:
-        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
-        if column not in have:
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")
+    """create_all makes missing tables only; a database from before a (nullable) column was added gets it
+    here, typed as the table model says."""
+    for table in SQLModel.metadata.sorted_tables:
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table.name})")}
+        for col in table.columns:
+            if col.name not in have:
+                sql_type = col.type.compile(dialect=sqlite.dialect())
+                conn.execute(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {sql_type}")
 
 
 class Tx:

@@ -170,9 +170,13 @@ class HostSupervisor:
         await self._catch_up_ended(link)
         while not link.closed.is_set():
             await self.follow_new(link)
-            with contextlib.suppress(TimeoutError):
-                self._wake.clear()
-                await asyncio.wait_for(self._race(link.closed.wait(), self._wake.wait()), 1.0)
+            self._wake.clear()
+            waits = [asyncio.ensure_future(link.closed.wait()), asyncio.ensure_future(self._wake.wait())]
+            try:
+                await asyncio.wait(waits, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in waits:
+                    task.cancel()
             await self.store.write(lambda tx: crud.host_seen(tx=tx, name=self.name))
 
     async def follow_new(self, link: Link) -> None:
@@ -208,15 +212,6 @@ class HostSupervisor:
                         "follow", run=run["id"], after_seq=run["last_seq"], log_offset=run["log_offset"]
                     )
 
-    @staticmethod
-    async def _race(*aws: Any) -> None:
-        tasks = [asyncio.ensure_future(a) for a in aws]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in tasks:
-                t.cancel()
-
     async def _follow(self, link: Link, run: dict[str, Any]) -> None:
         run_id = run["id"]
         try:
@@ -231,9 +226,7 @@ class HostSupervisor:
                     else "the agent has no record of this job"
                 )
                 await self.store.write(
-                    lambda tx: crud.transition(
-                        tx=tx, run_id=run_id, event=event, policy=self.policy, reason=reason
-                    )
+                    partial(crud.transition, run_id=run_id, event=event, reason=reason, policy=self.policy)
                 )
                 return
             log.warning("run %s: status failed: %s", run_id, exc)
@@ -247,22 +240,11 @@ class HostSupervisor:
             return
         if status.get("state") in ("running", "pending") and run["state"] in ("unknown", "starting"):
             now = event_for_agent_state(str(status["state"]))  # pending: a Slurm job back in its queue
-            await self.store.write(
-                lambda tx: crud.transition(tx=tx, run_id=run_id, event=now, policy=self.policy)
-            )
+            await self.store.write(partial(crud.transition, run_id=run_id, event=now, policy=self.policy))
         elif status.get("state") == "lost" and run["state"] in ("unknown", "running", "starting", "pending"):
             # A lost job never writes a final journal state of its own.
-            exit, reason = status.get("exit"), "the agent lost the job"
-            await self.store.write(
-                lambda tx: crud.transition(
-                    tx=tx,
-                    run_id=run_id,
-                    event=RunEvent.JOB_LOST,
-                    policy=self.policy,
-                    exit=exit,
-                    reason=reason,
-                )
-            )
+            lost = partial(crud.transition, run_id=run_id, event=RunEvent.JOB_LOST, policy=self.policy)
+            await self.store.write(partial(lost, exit=status.get("exit"), reason="the agent lost the job"))
 
     async def on_stream(self, msg: dict[str, Any]) -> None:
         """Queue a stream message (journal event or log block) to the store, in arrival order."""

@@ -90,9 +90,9 @@ def relative(path: str, output_dir: str | None) -> str:
     return path
 
 
-def file_ranges(files: Iterable[str], max_pieces: int = MAX_PIECES) -> str:
+def file_ranges(files: Iterable[str]) -> str:
     """Numbered files as runs of consecutive indices, ``hs_0 … hs_23, hs_30`` (suffixes dropped); others
-    by name; past ``max_pieces`` pieces, ``and N more``."""
+    by name; past ``MAX_PIECES`` pieces, ``and N more``."""
     series: dict[tuple[str, str], set[int]] = {}
     plain: list[str] = []
     for f in files:
@@ -118,7 +118,7 @@ def file_ranges(files: Iterable[str], max_pieces: int = MAX_PIECES) -> str:
             if n is not None:
                 start = prev = n
     pieces += [(p, 1) for p in sorted(set(plain))]
-    shown, rest = pieces[:max_pieces], pieces[max_pieces:]
+    shown, rest = pieces[:MAX_PIECES], pieces[MAX_PIECES:]
     text = ", ".join(p for p, _ in shown)
     if rest:
         text += f" and {sum(n for _, n in rest)} more"

@@ -11,9 +11,9 @@ import agent
 from agent.spec import RunSpec
 from controller.bus import parse_cursor
 from controller.models import AlertPublic, HostCreate, HostPublic, RunDetail, RunPublic
+from controller.service import Controller
 from web import sse
 from web.filters import masked_spec
-from web.logpage import read_log_page
 from web.middleware import CSRF_REQUIRED, ControllerDep, CsrfTokenDep
 
 
@@ -78,6 +78,7 @@ class CsrfOut(BaseModel):
 
 
 #: SQLite integers are signed 64-bit: larger ids or offsets are refused with 422, not a crash.
+MAX_OFFSET = 2**62
 AlertId = Annotated[int, Path(ge=0, le=2**63 - 1)]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorOut, "description": "CSRF token or Origin refused"},
@@ -191,10 +192,11 @@ async def read_log(
     ctl: ControllerDep,
     run_id: str,
     after: Annotated[
-        int, Query(ge=-1, le=2**62, description="byte offset: lines after it; -1: the last `limit` lines")
+        int,
+        Query(ge=-1, le=2**62, description="byte offset: lines after it; -1: the last `limit` lines"),
     ] = -1,
     before: Annotated[
-        int | None, Query(ge=0, le=2**62, description="page backwards: lines before this offset")
+        int | None, Query(ge=0, le=MAX_OFFSET, description="page backwards: lines before this offset")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
     q: Annotated[str | None, Query(max_length=200, description="only lines containing this text")] = None,
@@ -204,6 +206,30 @@ async def read_log(
     await ctl.get_run(run_id)
     return await read_log_page(
         ctl, run_id, after=after, before=before, limit=limit, q=q, errors_only=errors_only
+    )
+
+
+async def read_log_page(
+    ctl: Controller,
+    run_id: str,
+    *,
+    after: int,
+    before: int | None,
+    limit: int,
+    q: str | None,
+    errors_only: bool,
+) -> list[dict[str, Any]]:
+    """Lines after ``after`` (ascending; unfiltered, only those before ``before``); with ``after == -1``, or
+    a filter and ``before``: the last ``limit`` lines before ``before`` (or the end)."""
+    query = q or None
+    if after >= 0 and (before is None or not (query or errors_only)):
+        lines = await ctl.read_log(
+            run_id, after_offset=after, limit=limit, query=query, errors_only=errors_only
+        )
+        return [ln for ln in lines if before is None or ln["offset"] < before]
+    end = MAX_OFFSET if before is None else before
+    return await ctl.read_log(
+        run_id, after_offset=after, limit=limit, query=query, errors_only=errors_only, before_offset=end
     )
 
 

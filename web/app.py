@@ -48,17 +48,13 @@ def _allowed_hosts(bind: str, configured: Iterable[str]) -> frozenset[str]:
 
 
 def create_app(
-    controller: Controller | None = None,
+    controller: Controller,
     *,
-    settings: Settings | None = None,
     bind: str | None = None,
     require_auth: bool | None = None,
-    manage_controller: bool | None = None,
+    manage_controller: bool = False,
 ) -> FastAPI:
-    """Build the app around a Controller (created from ``settings`` and started by the lifespan if None)."""
-    manage = controller is None if manage_controller is None else manage_controller
-    if controller is None:
-        controller = Controller(settings or Settings())
+    """Build the app around a Controller (started and stopped by its lifespan with ``manage_controller``)."""
     settings = controller.settings
     bind = bind or settings.bind
     auth = (not security.is_loopback(bind)) if require_auth is None else require_auth
@@ -67,12 +63,12 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if manage:
+        if manage_controller:
             await controller.start()
         try:
             yield
         finally:
-            if manage:
+            if manage_controller:
                 await controller.stop()
 
     app = FastAPI(
@@ -89,9 +85,8 @@ def create_app(
             f"the web UI needs a login token but none is stored under {home}; run serve() first"
         )
     generation = security.token_generation(token_hash)
-    signer = security.Signer(security.load_secret(home), generation, ttl_s=settings.session_ttl_s)
     app.state.controller = controller
-    app.state.signer = signer
+    app.state.signer = security.Signer(security.load_secret(home), generation, ttl_s=settings.session_ttl_s)
     app.state.require_auth = auth
     app.state.token_checker = security.TokenChecker(token_hash)
     app.state.sessions = security.SessionTable(home / security.SESSIONS_FILE, generation)
@@ -101,11 +96,8 @@ def create_app(
     app.state.template_store = TemplateStore(home)
     app.state.metrics = metrics.Metrics()
     app.add_middleware(BodyLimit, limit=limits.MAX_BODY_BYTES)  # inside WebSecurity: Host and login first
-    hosts = _allowed_hosts(bind, settings.allowed_hosts)
-    app.add_middleware(
-        WebSecurity, signer=signer, require_auth=auth, checker=app.state.token_checker,
-        sessions=app.state.sessions, allowed_hosts=hosts, metrics=app.state.metrics,
-    )  # fmt: skip
+    app.state.allowed_hosts = _allowed_hosts(bind, settings.allowed_hosts)
+    app.add_middleware(WebSecurity)  # reads what it needs from app.state
     for module in (api, pages, hosts_page):
         app.include_router(module.router)
         app.include_router(module.post_router)
@@ -157,5 +149,5 @@ def serve(settings: Settings, bind: str, port: int) -> None:
         token = security.ensure_token(settings.home)
         if token is not None:
             print(f"eaglewatch web login token (shown once, stored hashed): {token}", flush=True)
-    app = create_app(settings=settings, bind=bind)
+    app = create_app(Controller(settings), bind=bind, manage_controller=True)
     uvicorn.run(app, host=bind, port=port, log_level="info", proxy_headers=False)

@@ -8,10 +8,11 @@ from typing import Any, Protocol
 
 
 class MilestoneLike(Protocol):
-    """The two attributes of a stored milestone the card reads."""
+    """The attributes of a stored milestone the card and the charts read."""
 
     kind: str
     fields: dict[str, Any]
+    at: float
 
 
 @dataclass(frozen=True)
@@ -133,13 +134,10 @@ def capture_card(spec: Mapping[str, Any], milestones: Iterable[MilestoneLike]) -
     )
 
 
-def layer_rms_series(milestones: Iterable[MilestoneLike], ats: Iterable[float]) -> list[dict[str, Any]]:
-    """[{"at", "rms": {layer id: RMS}}] from the `layer_rms` of progress milestones, for the run page chart.
-
-    ats: each milestone's time, in the same order (stored milestones carry it beside their fields).
-    """
+def layer_rms_series(milestones: Iterable[MilestoneLike]) -> list[dict[str, Any]]:
+    """[{"at", "rms": {layer id: RMS}}] from the `layer_rms` of progress milestones (the run page chart)."""
     out: list[dict[str, Any]] = []
-    for m, at in zip(milestones, ats, strict=True):
+    for m in milestones:
         rms = m.fields.get("layer_rms") if m.kind == "progress" else None
         if isinstance(rms, dict) and rms:
             clean = {
@@ -148,7 +146,7 @@ def layer_rms_series(milestones: Iterable[MilestoneLike], ats: Iterable[float]) 
                 if isinstance(v, (int, float)) and not isinstance(v, bool)
             }
             if clean:
-                out.append({"at": at, "rms": clean})
+                out.append({"at": m.at, "rms": clean})
     return out
 
 

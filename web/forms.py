@@ -41,11 +41,14 @@ GENERAL_ERROR_KEY = "_form"
 _WHOLE_RE = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)
 
 
-def _whole(text: str) -> int:
-    """The form's text as an int; the spec model is strict, so text is converted here, never coerced there."""
-    if not _WHOLE_RE.fullmatch(text):
-        raise ValueError(text)
-    return int(text)
+def _whole(text: str, key: str, errors: dict[str, str], label: str | None = None) -> int | None:
+    """The form's text as an int, or None with an error under ``key``: the spec model is strict, so text is
+    converted here, never coerced there."""
+    if _WHOLE_RE.fullmatch(text):
+        return int(text)
+    what = key.removeprefix("attach_").replace("_", " ") if label is None else label
+    errors[key] = f"{what} must be a whole number, got {text!r}".lstrip()
+    return None
 
 
 def _lines(text: str) -> list[str]:
@@ -64,24 +67,18 @@ def form_to_spec(form: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
     if "," in get("host"):  # the host multi-select posts several names (web/pages.py joins them)
         spec["host"] = [h.strip() for h in get("host").split(",") if h.strip()]
     for key in _INT_FIELDS:
-        if get(key):
-            try:
-                spec[key] = _whole(get(key))
-            except ValueError:
-                errors[key] = f"{key.replace('_', ' ')} must be a whole number, got {get(key)!r}"
+        if get(key) and (whole := _whole(get(key), key, errors)) is not None:
+            spec[key] = whole
     if get("layers"):
         parts = [p.strip() for p in re.split(r"[,\s]+", get("layers")) if p.strip()]
-        try:
-            spec["layers"] = [_whole(p) for p in parts]
-        except ValueError:
+        if all(_WHOLE_RE.fullmatch(p) for p in parts):
+            spec["layers"] = [int(p) for p in parts]
+        else:
             errors["layers"] = f"layer ids must be whole numbers separated by commas, got {get('layers')!r}"
     expect: dict[str, int] = {}
     for key, target in (("expect_layers", "layers"), ("expect_hidden_size", "hidden_size")):
-        if get(key):
-            try:
-                expect[target] = _whole(get(key))
-            except ValueError:
-                errors[key] = f"must be a whole number, got {get(key)!r}"
+        if get(key) and (whole := _whole(get(key), key, errors, label="")) is not None:
+            expect[target] = whole
     if expect:
         spec["expect"] = expect
     if get("allow_disk_overrun"):  # a select: "" (no) or "true"
@@ -123,27 +120,18 @@ def _attach_options(form: Mapping[str, str], spec: dict[str, Any], errors: dict[
     """The Attach fieldset as the spec's ``attach`` (when its select says so or a job is named).  An
     attached job is watched as a command, so the backend select's untouched default is dropped (a backend
     chosen on purpose is kept, and refused)."""
-    attach: dict[str, Any] = {}
-    named = False
-    for key in ("attach_pid", "attach_log", "attach_slurm_job", "attach_idle_timeout_s"):
-        text = (form.get(key) or "").strip()
-        if not text:
-            continue
-        named = True
-        if key in ("attach_pid", "attach_idle_timeout_s"):
-            try:
-                attach[key.removeprefix("attach_")] = _whole(text)
-            except ValueError:
-                errors[key] = (
-                    f"{key.removeprefix('attach_').replace('_', ' ')} must be a whole number, got {text!r}"
-                )
-        else:
-            attach[key.removeprefix("attach_")] = text
+    jobs = ("attach_pid", "attach_log", "attach_slurm_job", "attach_idle_timeout_s")
+    named = {key: text for key in jobs if (text := (form.get(key) or "").strip())}
     if not named and (form.get("attach") or "").strip() != "yes":  # "yes": only an output_dir to watch
         return
-    for key, values in _ATTACH_CHOICES.items():
-        if (value := values.get((form.get(key) or "").strip())) is not None:
+    attach: dict[str, Any] = {}
+    for key, text in named.items():
+        value = _whole(text, key, errors) if key in ("attach_pid", "attach_idle_timeout_s") else text
+        if value is not None:
             attach[key.removeprefix("attach_")] = value
+    for key, values in _ATTACH_CHOICES.items():
+        if (choice := values.get((form.get(key) or "").strip())) is not None:
+            attach[key.removeprefix("attach_")] = choice
     spec["attach"] = attach
     if spec.get("backend") == DEFAULT:
         del spec["backend"]
@@ -161,13 +149,10 @@ def _pipeline_options(form: Mapping[str, str], spec: dict[str, Any], errors: dic
             continue
         if key == "pipeline_args":
             options[option] = _lines(text)
-        elif key in ("server_port", "nproc_per_node"):
-            try:
-                options[option] = _whole(text)
-            except ValueError:
-                errors[key] = f"{key.replace('_', ' ')} must be a whole number, got {text!r}"
-        else:
+        elif key not in ("server_port", "nproc_per_node"):
             options[option] = text
+        elif (whole := _whole(text, key, errors)) is not None:
+            options[option] = whole
     if options or backend == Backend.SPECFORGE:
         spec[backend] = options
 

@@ -13,7 +13,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controller.service import Controller
 from web import security
-from web.metrics import Metrics
 from web.run_templates import TemplateStore
 
 _OPEN_PATHS = ("/login", "/static/", "/api/health")
@@ -22,24 +21,8 @@ _OPEN_PATHS = ("/login", "/static/", "/api/health")
 class WebSecurity:
     """One pass over every HTTP request; rejects before the app runs, decorates responses after."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        signer: security.Signer,
-        require_auth: bool,
-        checker: security.TokenChecker,
-        sessions: security.SessionTable,
-        allowed_hosts: frozenset[str],
-        metrics: Metrics,
-    ) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.signer = signer
-        self.require_auth = require_auth
-        self.checker = checker
-        self.sessions = sessions
-        self.allowed_hosts = allowed_hosts
-        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,7 +31,8 @@ class WebSecurity:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         path: str = scope["path"]
         host = headers.get("host")
-        if not security.host_allowed(host, self.allowed_hosts):
+        web = scope["app"].state  # set by create_app: signer, sessions, token checker, allowed hosts…
+        if not security.host_allowed(host, web.allowed_hosts):
             await _reject(send, 400, "bad_host", f"Host header {(host or '')[:80]!r} is not allowed")
             return
         if scope["method"] not in ("GET", "HEAD", "OPTIONS"):
@@ -64,13 +48,13 @@ class WebSecurity:
         except Exception:  # a malformed Cookie header is ignored like a missing one
             cookie = SimpleCookie()
         morsel = cookie.get(security.SESSION_COOKIE)
-        session = self.signer.load(morsel.value if morsel else None)
-        if session is not None and session.authed and not self.sessions.active(session):
+        session = web.signer.load(morsel.value if morsel else None)
+        if session is not None and session.authed and not web.sessions.active(session):
             session = None  # logged out (or never logged in here): the cookie is void
         verdict = security.Verdict.BAD
         auth = headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
-            verdict = await self.checker.check(auth[7:].strip()[:512], client_of(scope))
+            verdict = await web.token_checker.check(auth[7:].strip()[:512], client_of(scope))
         if verdict is security.Verdict.LIMITED:
             await _reject(
                 send, 429, "rate_limited", "too many wrong tokens from this client; retry in a minute"
@@ -79,17 +63,18 @@ class WebSecurity:
         bearer = verdict is security.Verdict.OK
         fresh = session is None
         if session is None:
-            session = self.signer.new_session(authed=False)
+            session = web.signer.new_session(authed=False)
         state = scope.setdefault("state", {})
         state["session"] = session
         state["bearer"] = bearer
-        if self.require_auth and not (session.authed or bearer) and not path.startswith(_OPEN_PATHS):
+        if web.require_auth and not (session.authed or bearer) and not path.startswith(_OPEN_PATHS):
             if path.startswith("/api/") or path == "/metrics" or path == "/openapi.json":
                 await _reject(send, 401, "unauthorized", "log in or send 'Authorization: Bearer <token>'")
             else:
-                await _redirect(send, "/login?next=" + quote(path, safe="/"))
+                location = "/login?next=" + quote(path, safe="/")
+                await _send(send, 303, [(b"location", location.encode("latin-1"))], b"")
             return
-        set_cookie = security.session_cookie(self.signer, session) if fresh else None
+        set_cookie = security.session_cookie(web.signer, session) if fresh else None
         status_holder = {"status": 500}
 
         async def send_wrapper(message: Message) -> None:
@@ -113,7 +98,7 @@ class WebSecurity:
             await self.app(scope, receive, send_wrapper)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.observe_request(scope["method"], route, status_holder["status"])
+            web.metrics.observe_request(scope["method"], route, status_holder["status"])
 
 
 class BodyLimit:
@@ -177,10 +162,6 @@ async def _reject(send: Send, status: int, code: str, message: str) -> None:
     body = json.dumps({"error": code, "message": message}).encode()
     hdrs = [(b"content-type", b"application/json")] + ([(b"retry-after", b"60")] if status == 429 else [])
     await _send(send, status, hdrs, body)
-
-
-async def _redirect(send: Send, location: str) -> None:
-    await _send(send, 303, [(b"location", location.encode("latin-1"))], b"")
 
 
 async def _send(send: Send, status: int, hdrs: list[tuple[bytes, bytes]], body: bytes) -> None:

@@ -16,8 +16,8 @@ from controller.lifecycle import RESUMABLE_STATES
 from controller.service import Controller
 from controller.verdict import group_problems
 from web import forms, security
+from web.api import read_log_page
 from web.capture_card import capture_card, layer_rms_series, sharded_capture_card
-from web.logpage import read_log_page
 from web.middleware import CSRF_REQUIRED, ControllerDep, TemplateStoreDep, client_of, get_csrf_token
 from web.run_templates import TemplateError, TemplateStore
 from web.sse import TERMINAL_STATES
@@ -178,15 +178,11 @@ async def run_page(
         "milestone_count": len(run.milestones),
         "gpus": host.gpus if host else [],
         "output_dir": out_dir,
-        "layer_rms": thin(layer_rms_series(run.milestones, [m.at for m in run.milestones])),
+        "layer_rms": thin(layer_rms_series(run.milestones)),
     }  # fmt: skip
     problem_groups = group_problems(((p.code, p.file, p.message) for p in run.problems), out_dir)
     # a sharded run's milestones come from several jobs: each shard's card first, then their totals
-    card = (
-        sharded_capture_card(run.spec, run.milestones)
-        if run.shards
-        else capture_card(run.spec, run.milestones)
-    )
+    card = (sharded_capture_card if run.shards else capture_card)(run.spec, run.milestones)
     return render(
         request, "run.html", run=run, lines=lines, q=q or "", errors_only=errors, before=before, t0=t0,
         data=data, host=host, terminal=run.state in TERMINAL_STATES, page_size=LOG_PAGE, timeline=timeline,

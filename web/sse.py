@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from fastapi.sse import ServerSentEvent, format_sse_event
 from starlette.responses import StreamingResponse
 
-from controller.bus import BusEvent, Subscription
+from controller.bus import BusEvent
 from controller.errors import NotFound
 from controller.service import Controller
 
@@ -84,20 +84,6 @@ def response(events: AsyncGenerator[ServerSentEvent, None]) -> SSEResponse:
     return SSEResponse(body(), headers=headers)
 
 
-async def _live(sub: Subscription) -> AsyncIterator[BusEvent | None]:
-    """The subscription's events as they come, and None after each ``PING_S`` without one."""
-    while True:
-        try:
-            async with asyncio.timeout(PING_S):
-                ev = await anext(sub)
-        except TimeoutError:
-            yield None
-            continue
-        except StopAsyncIteration:
-            return
-        yield ev
-
-
 def end_event(state: str) -> ServerSentEvent:
     """Sent once a finished run's backlog is complete; the page closes its EventSource on it."""
     return ServerSentEvent(data={"state": state}, event="end")
@@ -134,11 +120,15 @@ async def event_stream(
                         yield end_event(state)
                         return
             from_now = False  # after a lag, resume from the last cursor sent
-            async for item in _live(sub):
-                if item is None:
+            while True:
+                try:
+                    async with asyncio.timeout(PING_S):
+                        ev = await anext(sub)
+                except TimeoutError:
                     yield PING
                     continue
-                ev = item
+                except StopAsyncIteration:
+                    break
                 if not wanted(ev, run_id, host, kinds):
                     continue
                 if ev.cursor:

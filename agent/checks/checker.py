@@ -1,16 +1,9 @@
 """Check captured hidden-state files (or a directory of them) and report problems with stable codes.
 
-How it works: a file's format comes from its name (hs_N / *.safetensors, *.pt, data_N.ckpt[.gz]) or, for
-other names, its first bytes. safetensors files are checked from the header alone (stdlib); torch files
-are loaded with torch when it is importable, else listed as unchecked; *.safetensors.zst files need the
-optional zstandard package (else unchecked) and are decompressed end to end (truncation shows at the end).
-With deep=True, hidden states are scanned for NaN/Inf and all-zero layers (numpy, else torch; skipped with
-a note when neither is there).
-The rules themselves are pure (agent.checks.shapes, agent.checks.formats); this module does the I/O.
-
-Report semantics: ``ok`` is True only when at least one file was checked and no problem was found — a run
-where everything was unchecked (or nothing was found) is never ``ok``. Files still being written (a
-``.lock`` beside them) are unchecked, not problems. check_path never raises for file-system conditions.
+A file's format comes from its name, else its first bytes; the rules are pure (shapes.py, formats.py), this
+module does the I/O.  ``ok`` is True only when at least one file was checked and no problem was found; files
+still being written (a ``.lock`` beside them) are unchecked, not problems.  check_path never raises for
+file-system conditions.
 """
 
 from __future__ import annotations
@@ -29,8 +22,8 @@ from agent.checks.dirs import (
     directory_gaps,
     escapes,
     is_capture_file,
-    is_locked,
     length_problem,
+    lock_names,
     read_sample_lengths,
     walk,
 )
@@ -46,7 +39,7 @@ from agent.checks.shapes import (
 )
 from agent.checks.zstfiles import scannable
 
-_NO_VALUES = "value checks (NaN/Inf, all-zero) skipped: neither numpy nor torch is importable"
+_NO_VALUES = "value checks (NaN/Inf, all-zero) skipped: numpy is not importable"
 
 
 @dataclass(frozen=True)
@@ -114,7 +107,7 @@ def expectation_from_model(model_dir: str | Path, layer_ids: list[int] | None) -
     try:
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return Expectation(layers=layers, hidden_size=None)
+        config = None
     if not isinstance(config, dict):
         return Expectation(layers=layers, hidden_size=None)
     return Expectation(
@@ -123,8 +116,7 @@ def expectation_from_model(model_dir: str | Path, layer_ids: list[int] | None) -
 
 
 def expectation(arg: dict[str, Any]) -> Expectation:
-    """The Expectation for a check request ``arg``: explicit values first, the model's config.json for the
-    rest."""
+    """The Expectation for a check request: explicit values first, the model's config.json for the rest."""
     layers = arg.get("layers")
     hidden = arg.get("hidden_size")
     from_model = Expectation()
@@ -175,7 +167,7 @@ def _check_safetensors(path: Path, expect: Expectation, deep: bool) -> _Result:
         return _unreadable(file, SAFETENSORS, f"not a valid safetensors file: {e}")
     result = _from_header(file, header, expect)
     if deep and scannable(header):
-        if tensorfiles.value_backend() is None:
+        if tensorfiles.optional_module("numpy") is None:
             result.notes.append(_NO_VALUES)
             return result
         hs = header.tensors["hidden_states"]
@@ -333,7 +325,7 @@ def check_path(path: str | Path, expect: Expectation = Expectation(), deep: bool
         entries = walk(p)
         gaps = directory_gaps(p, entries, lengths.keys())
     else:
-        entries = [(p, is_locked(p))]
+        entries = [(p, any((p.parent / lk).exists() for lk in lock_names(p.name)))]
         gaps = []
     problems: list[Problem] = []
     unchecked: list[str] = []

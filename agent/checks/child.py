@@ -1,10 +1,8 @@
 """Checks in long-lived child processes: the child's loop (``python -m agent.checks.child``) and the pool.
 
-The daemon never imports torch or numpy: checks that need them (value scans, torch files) run in a child
-that reads one JSON request per line on stdin — {"path", "layers"?, "hidden_size"?, "model"?, "layer_ids"?,
-"deep"? (default true)} — and writes one report per line on stdout, until stdin closes.  One ``CheckPool``
-per daemon (``shared_pool``) keeps at most ``pool_size()`` such children for all its runs and hands each
-request to an idle one.
+The daemon never imports torch or numpy: checks that need them run in a child that reads one JSON request
+per line on stdin — {"path", "layers"?, "hidden_size"?, "model"?, "layer_ids"?, "deep"? (default true)} —
+and writes one report per line on stdout, until stdin closes.
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ _POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CheckPool] = weakre
 
 
 def shared_pool() -> CheckPool:
-    """The one pool of this daemon's event loop, shared by every run: 8 runs still hold ``pool_size()``
-    children at most (idle ones stay for the next file; they exit with the daemon, when stdin closes)."""
+    """The one pool of this daemon's event loop, shared by every run (idle children stay for more files)."""
     loop = asyncio.get_running_loop()
     if (pool := _POOLS.get(loop)) is None:
         pool = _POOLS[loop] = CheckPool(pool_size())
@@ -80,9 +77,6 @@ class _Child:
         assert self.proc.stderr is not None
         while chunk := await self.proc.stderr.read(4096):
             self.stderr.append(chunk)
-
-    def why(self) -> str:
-        return b"".join(self.stderr)[-STDERR_TAIL:].decode("utf-8", "replace")
 
     async def send(self, requests: list[bytes]) -> bool:
         """Write ``requests`` at once (the child answers them in order); False when it is gone."""
@@ -175,7 +169,8 @@ class CheckPool:
                 raise
             if len(reports) < len(paths):
                 await self._drop(child)
-                why = f"checker failed: {child.why()}"
+                tail = b"".join(child.stderr)[-STDERR_TAIL:].decode("utf-8", "replace")
+                why = f"checker failed: {tail}"
                 return reports + [unchecked(p, why) for p in paths[len(reports) :]]
             self._idle.append(child)
             return reports

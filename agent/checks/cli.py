@@ -29,13 +29,12 @@ class _UsageError(Exception):
 def parse_layers(text: str) -> list[int]:
     """Parse '2,30,58,61' into layer ids; ValueError naming the bad part."""
     parts = [p.strip() for p in text.split(",")]
-    if not text.strip() or any(not p for p in parts):
+    if not all(parts):
         raise ValueError(f"--layers {text!r}: expected comma-separated layer ids like 2,30,58,61")
-    ids = []
     for p in parts:
         if not p.isdigit():
             raise ValueError(f"--layers {text!r}: {p!r} is not a non-negative integer")
-        ids.append(int(p))
+    ids = [int(p) for p in parts]
     if len(set(ids)) != len(ids):
         raise ValueError(f"--layers {text!r}: a layer id is repeated")
     return ids

@@ -50,12 +50,6 @@ def lock_names(name: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def is_locked(path: Path) -> bool:
-    """True when a lock file for path exists beside it."""
-    folder = os.path.dirname(path)
-    return any(os.path.exists(os.path.join(folder, lk)) for lk in lock_names(path.name))
-
-
 def _natural(name: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 

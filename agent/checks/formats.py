@@ -86,7 +86,7 @@ def check_sample(file: str, fmt: str, sample: dict[str, Described], expect: Expe
             problems += p
     if "loss_mask" in sample:
         mask, p = _tensor(file, "loss_mask", sample["loss_mask"])
-        problems += p if mask is None else check_mask(file, "loss_mask", mask, t, "input_ids")
+        problems += p if mask is None else check_mask(file, mask, t)
     if fmt == SPECULATORS_PT and "hidden_states" in sample:
         hs = sample["hidden_states"]
         if isinstance(hs, TensorMeta):
@@ -105,40 +105,22 @@ def check_sample(file: str, fmt: str, sample: dict[str, Described], expect: Expe
     return problems
 
 
-def _last_layer(
-    file: str, key: str, meta: TensorMeta, t: int | None, expect: Expectation
-) -> tuple[int | None, list[Problem]]:
+def _matrix(
+    file: str, key: str, meta: TensorMeta, t: int | None, want: str, last: bool
+) -> tuple[tuple[int, ...] | None, list[Problem]]:
+    """``key``'s [T, width] shape (a batch axis of 1 dropped), or None when it has not two axes; ``last``: a
+    [width, T] last layer counts as a lost hidden dimension too."""
     shape = squeeze_batch(meta.shape)
-    problems = float_check(file, key, meta.dtype)
-    want = f"[{t if t is not None else 'T'}, {expect.hidden_size or 'hidden'}]"
-    if len(shape) < 2 or (len(shape) == 2 and t is not None and shape[-1] == t and shape[0] != t):
-        problems.append(
-            Problem(
-                "hidden_dim_lost",
-                file,
-                f"hidden dimension lost: {key} is {dims(meta.shape)}, expected {want}",
-            )
-        )
-        return None, problems
+    if len(shape) < 2 or (last and len(shape) == 2 and t is not None and shape[-1] == t and shape[0] != t):
+        msg = f"hidden dimension lost: {key} is {dims(meta.shape)}, expected {want}"
+        return None, [Problem("hidden_dim_lost", file, msg)]
     if len(shape) != 2:
-        problems.append(
-            Problem("layer_count_mismatch", file, f"{key} is {dims(meta.shape)}, expected {want}")
-        )
-        return None, problems
+        return None, [Problem("layer_count_mismatch", file, f"{key} is {dims(meta.shape)}, expected {want}")]
     if t is not None and shape[0] != t:
-        problems.append(
+        return shape, [
             Problem("seq_len_mismatch", file, f"{key} has {shape[0]} tokens but input_ids has {t}")
-        )
-    if expect.hidden_size is not None and shape[1] != expect.hidden_size:
-        problems.append(Problem("hidden_size_mismatch", file, width_mismatch(key, shape[1], expect)))
-    return shape[1], problems
-
-
-def _latent_multiple(width: int, expect: Expectation) -> str:
-    rank = expect.kv_lora_rank
-    if rank and width % rank == 0:
-        return f" but of the model's kv_lora_rank {rank}: {MLA_LATENT_HINT}"
-    return ""
+        ]
+    return shape, []
 
 
 def _check_single_and_aux(
@@ -151,9 +133,15 @@ def _check_single_and_aux(
         last, p = _tensor(file, last_key, sample[last_key])
         problems += p
         if last is not None:
-            got_h, p = _last_layer(file, last_key, last, t, expect)
+            problems += float_check(file, last_key, last.dtype)
+            want = f"[{t if t is not None else 'T'}, {expect.hidden_size or 'hidden'}]"
+            shape, p = _matrix(file, last_key, last, t, want, last=True)
             problems += p
-            hidden = hidden or got_h
+            if shape is not None and expect.hidden_size is not None and shape[1] != expect.hidden_size:
+                problems.append(
+                    Problem("hidden_size_mismatch", file, width_mismatch(last_key, shape[1], expect))
+                )
+            hidden = hidden or (shape[1] if shape is not None else None)
     if aux_key is None or aux_key not in sample:
         return problems
     aux, p = _tensor(file, aux_key, sample[aux_key])
@@ -173,34 +161,25 @@ def _check_single_and_aux(
             ),
         ]
     problems += float_check(file, aux_key, aux.dtype)
-    shape = squeeze_batch(aux.shape)
     want = f"[{t if t is not None else 'T'}, {want_aux or 'k'} × {hidden or 'hidden'}]"
-    if len(shape) < 2:
-        problems.append(
-            Problem(
-                "hidden_dim_lost",
-                file,
-                f"hidden dimension lost: {aux_key} is {dims(aux.shape)}, expected {want}",
-            )
-        )
+    shape, p = _matrix(file, aux_key, aux, t, want, last=False)
+    problems += p
+    if shape is None:
         return problems
-    if len(shape) != 2:
-        problems.append(
-            Problem("layer_count_mismatch", file, f"{aux_key} is {dims(aux.shape)}, expected {want}")
-        )
-        return problems
-    if t is not None and shape[0] != t:
-        problems.append(
-            Problem("seq_len_mismatch", file, f"{aux_key} has {shape[0]} tokens but input_ids has {t}")
-        )
     if hidden:
         if shape[1] % hidden:
+            rank = expect.kv_lora_rank
+            latent = (
+                f" but of the model's kv_lora_rank {rank}: {MLA_LATENT_HINT}"
+                if rank and shape[1] % rank == 0
+                else ""
+            )
             problems.append(
                 Problem(
                     "hidden_size_mismatch",
                     file,
                     f"hidden size mismatch: {aux_key}'s last axis {shape[1]} "
-                    f"is not a multiple of {hidden}" + _latent_multiple(shape[1], expect),
+                    f"is not a multiple of {hidden}{latent}",
                 )
             )
         elif shape[1] // hidden != want_aux:

@@ -13,26 +13,11 @@ from typing import Any
 
 # Bits per element; the official format also allows sub-byte float types (byte length = bits * numel / 8).
 DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8,
-    "U8": 8,
-    "I8": 8,
-    "F8_E5M2": 8,
-    "F8_E4M3": 8,
-    "F8_E8M0": 8,
-    "I16": 16,
-    "U16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "I32": 32,
-    "U32": 32,
-    "F32": 32,
-    "I64": 64,
-    "U64": 64,
-    "F64": 64,
-    "C64": 64,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 8),
+    **dict.fromkeys(("I16", "U16", "F16", "BF16"), 16),
+    **dict.fromkeys(("I32", "U32", "F32"), 32),
+    **dict.fromkeys(("I64", "U64", "F64", "C64"), 64),
+    **{"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6},
 }
 
 # The reference implementation refuses headers above 100 MB; a bigger length means a corrupt prefix.

@@ -1,10 +1,7 @@
 """Pure shape and value rules for capture files: shapes and dtypes in, Problems out (no I/O, stdlib only).
 
-How it works: each format has one function taking the tensors' metadata (shape + dtype, never data) and
-the Expectation; it returns a list of Problems with stable codes and messages a UI can show as they are.
-Layer counting: ``Expectation.layers`` counts every captured layer, the final one included (EAGLE-3 default
-4 = three auxiliary layers + the last); SpecForge stores the auxiliary ones fused in ``aux_hidden_state`` and
-the last one apart in ``hidden_state``, so it must hold ``layers - 1`` fused layers.
+``Expectation.layers`` counts every captured layer, the final one included (EAGLE-3 default 4 = three
+auxiliary layers + the last).
 """
 
 from __future__ import annotations
@@ -12,19 +9,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
-
-CODES = (
-    "unreadable",
-    "missing_key",
-    "hidden_dim_lost",
-    "layer_count_mismatch",
-    "hidden_size_mismatch",
-    "seq_len_mismatch",
-    "dtype_unexpected",
-    "non_finite",
-    "all_zero",
-    "index_gap",
-)
 
 FLOAT_DTYPES = frozenset({"BF16", "F16", "F32"})
 INT_DTYPES = frozenset({"I64", "I32", "U32", "I16", "U16", "U64", "I8", "U8"})
@@ -140,18 +124,14 @@ def float_check(file: str, key: str, dtype: str) -> list[Problem]:
     return [Problem("dtype_unexpected", file, f"{key} is {d}, expected a float dtype (BF16, F16 or F32)")]
 
 
-def _int_check(file: str, key: str, dtype: str) -> list[Problem]:
-    d = canonical_dtype(dtype)
-    if d in INT_DTYPES:
-        return []
-    return [Problem("dtype_unexpected", file, f"{key} is {d}, expected an integer dtype")]
-
-
 def token_count(
     file: str, key: str, shape: tuple[int, ...], dtype: str | None
 ) -> tuple[int | None, list[Problem]]:
     """The number of tokens T of a [T] (or [1, T]) id tensor, with problems when it is not one."""
-    problems = _int_check(file, key, dtype) if dtype is not None else []
+    problems: list[Problem] = []
+    d = canonical_dtype(dtype) if dtype is not None else None
+    if d is not None and d not in INT_DTYPES:
+        problems.append(Problem("dtype_unexpected", file, f"{key} is {d}, expected an integer dtype"))
     if len(shape) == 2 and shape[0] == 1:
         shape = shape[1:]  # a batch axis of 1 is harmless
     if len(shape) != 1:
@@ -291,14 +271,14 @@ def _ids(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:8])) + (", …" if len(ids) > 8 else "")
 
 
-def check_mask(file: str, key: str, meta: TensorMeta, t: int | None, id_key: str) -> list[Problem]:
-    """A loss mask must have one entry per token."""
+def check_mask(file: str, meta: TensorMeta, t: int | None) -> list[Problem]:
+    """A loss_mask must have one entry per token (a batch axis of 1 is harmless)."""
     shape = meta.shape[1:] if len(meta.shape) == 2 and meta.shape[0] == 1 else meta.shape
-    if t is None:
+    if t is None or shape == (t,):
         return []
-    if len(shape) != 1 or shape[0] != t:
-        return [Problem("seq_len_mismatch", file, f"{key} is {dims(meta.shape)} but {id_key} has {t} tokens")]
-    return []
+    return [
+        Problem("seq_len_mismatch", file, f"loss_mask is {dims(meta.shape)} but input_ids has {t} tokens")
+    ]
 
 
 def value_problems(file: str, key: str, stats: ValueStats) -> list[Problem]:

@@ -1,7 +1,8 @@
-"""Optional tensor I/O: torch loads .pt/.ckpt samples; numpy (or torch) scans values. Both imported lazily."""
+"""Optional tensor I/O: torch loads .pt/.ckpt samples; numpy scans values. Both imported lazily."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib
 import io
@@ -19,8 +20,9 @@ from agent.checks.shapes import Described, TensorMeta, ValueStats, canonical_dty
 # Bytes per value-scan chunk: big enough to amortise per-call overhead, small enough to bound temporaries.
 CHUNK_BYTES = 16 << 20
 
-# dtype -> (unsigned view, exponent mask, magnitude mask): a value is NaN/Inf iff all exponent bits are set,
-# and zero iff every bit but the sign is clear — integer tests that work for bf16 without a bf16 type.
+# dtype -> (unsigned view, item size, exponent mask, magnitude mask): a value is NaN/Inf iff all exponent
+# bits are set, and zero iff every bit but the sign is clear — integer tests that work for bf16 without a
+# bf16 type.
 _BITS = {
     "BF16": ("<u2", 2, 0x7F80, 0x7FFF),
     "F16": ("<u2", 2, 0x7C00, 0x7FFF),
@@ -51,7 +53,7 @@ MAX_RATIO = 32
 RATIO_FLOOR = 64 << 20
 #: Slack past a declared size, so that a stream slightly longer than declared is reported as a mismatch.
 SIZE_MARGIN = 1 << 20
-_DRAIN_BYTES = 1 << 20
+DRAIN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -106,20 +108,13 @@ class BoundedReader:
         return n
 
 
-_MISSING = object()
-_modules: dict[str, Any] = {}
-
-
+@functools.cache
 def optional_module(name: str) -> Any | None:
     """Import name once and return it, or None when it is not importable (never raises ImportError)."""
-    mod = _modules.get(name, _MISSING)
-    if mod is _MISSING:
-        try:
-            mod = importlib.import_module(name)
-        except Exception:  # ImportError, or a broken install failing at import time: both mean "not usable"
-            mod = None
-        _modules[name] = mod
-    return mod
+    try:
+        return importlib.import_module(name)
+    except Exception:  # ImportError, or a broken install failing at import time: both mean "not usable"
+        return None
 
 
 def require_module(name: str) -> Any:
@@ -128,14 +123,6 @@ def require_module(name: str) -> Any:
     if mod is None:
         raise LoadError(f"{name} is not importable")
     return mod
-
-
-def value_backend() -> str | None:
-    """Which library the value scans use: 'numpy', else 'torch', else None (scans skipped)."""
-    for name in ("numpy", "torch"):
-        if optional_module(name) is not None:
-            return name
-    return None
 
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -169,7 +156,7 @@ def _gzip_isize(path: Path) -> int | None:
 def _gunzip(path: Path) -> io.BytesIO:
     bound = decompression_bound(path.stat().st_size, _gzip_isize(path), wrap=1 << 32)
     out = io.BytesIO()
-    buf = memoryview(bytearray(_DRAIN_BYTES))
+    buf = memoryview(bytearray(DRAIN_BYTES))
     try:
         with gzip.open(path, "rb") as f:
             reader = BoundedReader(f, bound)
@@ -216,11 +203,10 @@ def load_torch_file(path: Path) -> Any:
         KeyError,
     ) as e:
         raise LoadError(f"torch.load failed (truncated or corrupt?): {_short(e)}") from None
-    except pickle.UnpicklingError as e:
-        if str(e).startswith(_NOT_WEIGHTS_ONLY):
+    except Exception as e:
+        # a weights-only refusal, or anything else torch's unpickler raises on a hostile or corrupt file
+        if isinstance(e, pickle.UnpicklingError) and str(e).startswith(_NOT_WEIGHTS_ONLY):
             raise LoadError(_refusal(str(e))) from None
-        raise LoadError(f"torch.load failed: {type(e).__name__}: {_short(e)}") from None
-    except Exception as e:  # anything else torch's unpickler raises on a hostile or corrupt file
         raise LoadError(f"torch.load failed: {type(e).__name__}: {_short(e)}") from None
 
 
@@ -285,65 +271,6 @@ def torch_layer_stats(layers: list[Any]) -> ValueStats:
     return ValueStats(layer_nonzero=tuple(nonzero), non_finite=bad, first_bad=first)
 
 
-class _NumpyOps:
-    """Chunk operations on numpy views of the raw bits (no float conversion, one scratch buffer)."""
-
-    def __init__(self, np: Any, dtype: str, elems: int) -> None:
-        self.np = np
-        self.view = np.dtype(_BITS[dtype][0])
-        self.signed = np.dtype(_BITS[dtype][0].replace("u", "i"))
-        self.scratch = np.empty(elems, dtype=self.view)
-
-    def all_finite(self, buf: bytearray, count: int, exp_mask: int, mag_mask: int) -> bool:
-        """Two reductions over the raw bits, nothing written: a positive NaN/Inf is the largest signed value
-        at or above the exponent mask, a negative one an unsigned value at or above sign bit + mask."""
-        sign = mag_mask + 1
-        if int(self.np.frombuffer(buf, dtype=self.signed, count=count).max()) >= exp_mask:
-            return False
-        return int(self.np.frombuffer(buf, dtype=self.view, count=count).max()) < sign | exp_mask
-
-    def magnitude(self, buf: bytearray, count: int, mask: int) -> Any:
-        a = self.np.frombuffer(buf, dtype=self.view, count=count)
-        return self.np.bitwise_and(a, mask, out=self.scratch[:count])
-
-    def max(self, mag: Any) -> int:
-        return int(mag.max())
-
-    def layer_max(self, mag: Any, rows: int, layers: int) -> list[int]:
-        return [int(x) for x in mag.reshape(rows, layers, -1).max(axis=0).max(axis=1)]
-
-    def at_least(self, mag: Any, threshold: int) -> tuple[int, int]:
-        hit = mag >= threshold
-        return int(self.np.count_nonzero(hit)), int(self.np.argmax(hit))
-
-
-class _TorchOps:
-    """The same operations on torch tensors (signed views are fine: the sign bit is masked off first)."""
-
-    def __init__(self, torch: Any, dtype: str, elems: int) -> None:
-        self.torch = torch
-        self.view = torch.int16 if _BITS[dtype][1] == 2 else torch.int32
-        self.scratch = torch.empty(elems, dtype=self.view)
-
-    def magnitude(self, buf: bytearray, count: int, mask: int) -> Any:
-        a = self.torch.frombuffer(buf, dtype=self.view, count=count)
-        return self.torch.bitwise_and(a, mask, out=self.scratch[:count])
-
-    def all_finite(self, buf: bytearray, count: int, exp_mask: int, mag_mask: int) -> bool:
-        """torch has no unsigned max for these widths: the masked magnitude's max."""
-        return self.max(self.magnitude(buf, count, mag_mask)) < exp_mask
-
-    def max(self, mag: Any) -> int:
-        return int(mag.max().item())
-
-    def layer_max(self, mag: Any, rows: int, layers: int) -> list[int]:
-        return [int(x) for x in mag.reshape(rows, layers, -1).amax(dim=0).amax(dim=1).tolist()]
-
-    def at_least(self, mag: Any, threshold: int) -> tuple[int, int]:
-        hit = mag >= threshold
-        return int(hit.sum().item()), int(self.torch.argmax(hit.to(self.torch.uint8)).item())
-
-
 def read_exact(f: Reader, view: memoryview) -> int:
     """readinto until view is full or the stream ends (streams such as zstd readers return short reads)."""
     got = 0
@@ -367,17 +294,15 @@ def scan_safetensors(path: Path, offset: int, nbytes: int, shape: tuple[int, ...
 
 
 def scan_stream(f: Reader, nbytes: int, shape: tuple[int, ...], dtype: str) -> ValueStats:
-    """Scan the next nbytes of f (one tensor) for NaN/Inf and all-zero layers, chunk by chunk.
+    """Scan the next nbytes of f (one tensor) for NaN/Inf and all-zero layers, chunk by chunk, on raw bits.
 
-    Works on the raw bits, no float conversion (so bf16 needs no bf16 type).  A chunk is all finite when
-    its largest signed and its largest unsigned value stay below a NaN/Inf's (two reductions, nothing
-    written); only a chunk that is not, and the first chunks until every layer has shown a non-zero value,
-    get their magnitude bits (sign masked off) to count and place the NaN/Inf and to see the zeros.
+    A chunk is all finite when its largest signed value is below the exponent mask and its largest unsigned
+    one below sign bit | mask (two reductions, nothing written); only other chunks, and the first ones until
+    every layer has shown a non-zero value, get their magnitude bits to count and place NaN/Inf and zeros.
     """
-    backend = value_backend()
-    if backend is None:
-        raise LoadError("neither numpy nor torch is importable")
-    _, itemsize, exp_mask, mag_mask = _BITS[dtype]
+    np = require_module("numpy")
+    view, itemsize, exp_mask, mag_mask = _BITS[dtype]
+    unsigned, signed = np.dtype(view), np.dtype(view.replace("u", "i"))
     rows = shape[0] if len(shape) >= 2 else 1
     layers = shape[1] if len(shape) == 3 else 1
     row_elems = nbytes // itemsize // max(rows, 1)
@@ -385,36 +310,37 @@ def scan_stream(f: Reader, nbytes: int, shape: tuple[int, ...], dtype: str) -> V
     row_bytes = row_elems * itemsize
     chunk_rows = max(1, min(rows, CHUNK_BYTES // max(row_bytes, 1)))
     buf = bytearray(chunk_rows * row_bytes)
-    ops: _NumpyOps | _TorchOps = (
-        _NumpyOps(require_module("numpy"), dtype, chunk_rows * row_elems)
-        if backend == "numpy"
-        else _TorchOps(require_module("torch"), dtype, chunk_rows * row_elems)
-    )
+    scratch = np.empty(chunk_rows * row_elems, dtype=unsigned)
     nonzero = [False] * layers
     bad, first = 0, None
     done = 0
     while done < rows:
         n = min(chunk_rows, rows - done)
+        count = n * row_elems
         got = read_exact(f, memoryview(buf)[: n * row_bytes])
         if got != n * row_bytes:
             missing = nbytes - done * row_bytes - got
             raise LoadError(f"file ended {missing} bytes early while reading values (truncated?)")
+        if (
+            all(nonzero)
+            and int(np.frombuffer(buf, dtype=signed, count=count).max()) < exp_mask
+            and int(np.frombuffer(buf, dtype=unsigned, count=count).max()) < (mag_mask + 1) | exp_mask
+        ):
+            done += n  # the usual chunk: nothing to count
+            continue
+        mag = np.bitwise_and(np.frombuffer(buf, dtype=unsigned, count=count), mag_mask, out=scratch[:count])
         if all(nonzero):
-            if ops.all_finite(buf, n * row_elems, exp_mask, mag_mask):  # the usual chunk: nothing to count
-                done += n
-                continue
-            mag = ops.magnitude(buf, n * row_elems, mag_mask)
-            top = ops.max(mag)
+            top = int(mag.max())
         else:
             # only until every layer has shown a non-zero value: usually the first chunk
-            mag = ops.magnitude(buf, n * row_elems, mag_mask)
-            maxes = ops.layer_max(mag, n, layers)
+            maxes = [int(x) for x in mag.reshape(n, layers, -1).max(axis=0).max(axis=1)]
             nonzero = [seen or m > 0 for seen, m in zip(nonzero, maxes, strict=True)]
             top = max(maxes)
         if top >= exp_mask:
-            count, idx = ops.at_least(mag, exp_mask)
-            bad += count
+            hit = mag >= exp_mask
+            bad += int(np.count_nonzero(hit))
             if first is None:
+                idx = int(np.argmax(hit))
                 first = (done + idx // row_elems, (idx // per_layer) % layers)
         done += n
     return ValueStats(layer_nonzero=tuple(nonzero), non_finite=bad, first_bad=first)

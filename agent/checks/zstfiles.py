@@ -1,9 +1,7 @@
 """zstd-compressed safetensors (`*.safetensors.zst`, vLLM's online connector with compression): one pass.
 
-The header is read from the start of the decompressed stream; the whole stream is then decompressed (a
-truncated file only shows at its end), scanning hidden_states on the way when asked. Decompression stops at
-the file's bound (tensorfiles.decompression_bound), so a bomb costs bounded memory and time. Needs the
-optional `zstandard` package (imported lazily); numpy or torch for the value scan.
+The whole stream is decompressed (a truncated file only shows at its end), up to the file's bound (a bomb
+costs bounded memory and time), scanning hidden_states on the way when asked.
 """
 
 from __future__ import annotations
@@ -14,25 +12,25 @@ from typing import Any
 from agent.checks.safetensors_header import Header, HeaderError, header_length, parse_header
 from agent.checks.shapes import ValueStats
 from agent.checks.tensorfiles import (
+    DRAIN_BYTES,
     BoundedReader,
     DecompressionBomb,
     LoadError,
     decompression_bound,
+    optional_module,
     read_exact,
     require_module,
     scan_stream,
-    value_backend,
 )
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _UNKNOWN_SIZE = 1 << 62  # placeholder total while the real size is not known yet
-_DRAIN = 1 << 20
 
 
 def _read(reader: BoundedReader, n: int) -> bytes:
     # chunk by chunk: a corrupt length field must not allocate its claim before the data is there
     out = bytearray()
-    buf = memoryview(bytearray(min(n, _DRAIN)))
+    buf = memoryview(bytearray(min(n, DRAIN_BYTES)))
     while len(out) < n:
         want = min(len(buf), n - len(out))
         got = read_exact(reader, buf[:want])
@@ -43,7 +41,7 @@ def _read(reader: BoundedReader, n: int) -> bytes:
 
 
 def _skip(reader: BoundedReader, n: int) -> None:
-    buf = memoryview(bytearray(min(n, _DRAIN) or 1))
+    buf = memoryview(bytearray(min(n, DRAIN_BYTES) or 1))
     while n > 0 and (got := read_exact(reader, buf[: min(len(buf), n)])):
         n -= got
 
@@ -81,7 +79,7 @@ def read_zst(path: Path, deep: bool) -> tuple[Header, ValueStats | None]:
             header = parse_header(header_bytes, size)
             stats = None
             hs = header.tensors["hidden_states"] if scannable(header) else None
-            if deep and hs is not None and value_backend() is not None:
+            if deep and hs is not None and optional_module("numpy") is not None:
                 _skip(reader, hs.begin)
                 try:
                     stats = scan_stream(reader, hs.end - hs.begin, hs.shape, hs.dtype)

@@ -18,20 +18,6 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def output_dir_unusable(out: str) -> str | None:
-    """Why ``out`` cannot be created or written (None when it exists writable, or its nearest existing
-    ancestor is a writable directory)."""
-    path = os.path.normpath(out)
-    while not os.path.lexists(path):
-        path = os.path.dirname(path)
-    if not os.path.isdir(path):
-        return f"cannot create output_dir {out}: {path} is not a directory"
-    if not os.access(path, os.W_OK | os.X_OK):
-        verb = "write into" if path == os.path.normpath(out) else "create"
-        return f"cannot {verb} output_dir {out}: {path} is not writable"
-    return None
-
-
 def path_error(spec: dict[str, Any], backend: Backend) -> str | None:
     """``field: why`` for the first path of ``spec`` (run by ``backend``) this host cannot use; None when
     every one is usable.  A watched command names its own paths in its argv: only extractions are checked."""
@@ -58,8 +44,16 @@ def path_error(spec: dict[str, Any], backend: Backend) -> str | None:
             return f"{key}.scripts_dir: scripts_dir {scripts} does not exist on this host"
         if script is not None and not os.path.isfile(os.path.join(scripts, script)):
             return f"{key}.scripts_dir: scripts_dir {scripts} has no {script}"
-    if (out := _text(spec.get("output_dir"))) is not None and (why := output_dir_unusable(out)):
-        return f"output_dir: {why}"
+    if (out := _text(spec.get("output_dir"))) is not None:
+        # it exists writable, or its nearest existing ancestor is a writable directory
+        path = os.path.normpath(out)
+        while not os.path.lexists(path):
+            path = os.path.dirname(path)
+        if not os.path.isdir(path):
+            return f"output_dir: cannot create output_dir {out}: {path} is not a directory"
+        if not os.access(path, os.W_OK | os.X_OK):
+            verb = "write into" if path == os.path.normpath(out) else "create"
+            return f"output_dir: cannot {verb} output_dir {out}: {path} is not writable"
     return None
 
 

@@ -137,11 +137,6 @@ class Daemon:
             os.umask(old)
         self._socket_ino = path.stat().st_ino
 
-    async def serve_forever(self) -> None:
-        """Run until SIGTERM/SIGINT or a ``shutdown`` request, then close (jobs keep running)."""
-        await self._stopping.wait()
-        await self.close()
-
     def request_shutdown(self) -> None:
         """Ask the daemon to exit after the current replies."""
         self._stopping.set()
@@ -241,9 +236,9 @@ class Daemon:
         """Write the run record, start the job detached (or submit it to Slurm), journal ``launched`` +
         state ``running``.
 
-        The output dir is taken atomically: the runs holding theirs are read, and this launch's claim is
-        added, in one step of the event loop, and the claim is held until the run is adopted (or refused),
-        so of two launches into one directory the second always sees the first."""
+        The output dir is claimed in one step of the event loop (the holders read, this claim added) and
+        held until the run is adopted or refused: of two launches into one directory the second sees the
+        first."""
         if not isinstance(run, str) or not valid_run_id(run):
             raise ProtocolError(
                 ErrorCode.BAD_ARGS, f"run id {str(run)[:80]!r} must match ^[A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}$"
@@ -289,10 +284,9 @@ class Daemon:
     async def _check_output_dir(
         self, view: JobSpec, spec: Any, others: list[tuple[str, str]], sharded: bool
     ) -> None:
-        """The spec's host paths (launch_paths.py), then launch_output_dir_error, as an error naming the
-        field.  A directory holding capture files is compared with the capture the spec asks for (resolved
-        by the job's own code in a child: no pydantic in the daemon); the same capture is carried on only
-        by a spec that says ``resume`` (or by one shard among others writing there)."""
+        """The spec's host paths, then its output dir, as an error naming the field.  A directory holding
+        capture files must hold the capture the spec asks for (resolved in a child: no pydantic in the
+        daemon), carried on only with ``resume`` (or by one shard among others writing there)."""
         if (unusable := await asyncio.to_thread(path_error, spec, view.backend)) is not None:
             raise ProtocolError(ErrorCode.BAD_ARGS, f"spec.{unusable}")
         out = view.output_dir or ""
@@ -308,8 +302,7 @@ class Daemon:
             raise ProtocolError(ErrorCode.BAD_ARGS, f"spec.{err}")
 
     def _new_run_dir(self, run: str, spec: Any, view: JobSpec) -> RunPaths:
-        """The run's own rules checked, its directory made (a second launch of ``run`` is a conflict) and its
-        spec written: what a launched and an attached run share before they differ."""
+        """Check the run's rules, make its directory (a second ``run`` is a conflict), write its spec."""
         try:
             load_rules(extra=view.rules)
         except (RuleError, TypeError) as exc:
@@ -323,8 +316,14 @@ class Daemon:
         return paths
 
     async def _launch(self, run: str, spec: Any, view: JobSpec, opts: SlurmOptions | None) -> dict[str, Any]:
-        argv, env = launch_argv(run, view, self.state_dir)
         paths = self._new_run_dir(run, spec, view)
+        argv, env = list(view.command), dict(view.env)
+        if view.backend != Backend.COMMAND:
+            # the job imports the very agent package this daemon runs (vLLM's workers: its worker extension)
+            pkg_root = str(Path(__file__).resolve().parents[2])
+            inherited = view.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+            env["PYTHONPATH"] = pkg_root + (os.pathsep + inherited if inherited else "")
+            argv = [sys.executable, "-m", "agent", "extract", "--spec", str(paths.spec)]
         journal = Journal(paths.events)
         if opts is not None:
             return await self._submit(paths, journal, view, argv, env, opts)
@@ -342,9 +341,8 @@ class Daemon:
         return _launched(run, record["pid"], record["start_time"], argv)
 
     async def _attach(self, run: str, spec: Any, view: JobSpec) -> dict[str, Any]:
-        """Watch a job this agent did not start: what it names is checked first, then the run is recorded
-        and adopted like a launched one (its log linked as output.log); nothing is spawned, and an output
-        dir is only read, so no directory is claimed."""
+        """Watch a job this agent did not start: recorded and adopted like a launched one (its log linked as
+        output.log); nothing is spawned and an output dir is only read, so none is claimed."""
         attach = view.attach
         assert attach is not None
         if (unusable := await asyncio.to_thread(attach_error, spec, attach)) is not None:
@@ -433,18 +431,6 @@ def _dump_tasks() -> None:
     sys.stderr.flush()
 
 
-def launch_argv(run: str, spec: JobSpec, state_dir: Path) -> tuple[list[str], dict[str, str]]:
-    """The job's argv and environment additions for a checked spec."""
-    if spec.backend == Backend.COMMAND:
-        return list(spec.command), dict(spec.env)
-    spec_file = run_paths(state_dir, run).spec
-    # The job imports the very agent package this daemon runs (and vLLM's workers its worker extension).
-    pkg_root = str(Path(__file__).resolve().parents[2])
-    inherited = spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    env = {**spec.env, "PYTHONPATH": pkg_root + (os.pathsep + inherited if inherited else "")}
-    return [sys.executable, "-m", "agent", "extract", "--spec", str(spec_file)], env
-
-
 async def run_daemon(
     state_dir: Path, socket_path: Path, lock_wait_s: float = 10.0, inotify: bool = True
 ) -> int:
@@ -455,5 +441,6 @@ async def run_daemon(
     except (DaemonError, settings.SettingError) as exc:
         print(f"eaglewatch-agent daemon: {exc}", file=sys.stderr)
         return 1
-    await daemon.serve_forever()
+    await daemon._stopping.wait()  # SIGTERM/SIGINT or a ``shutdown`` request; the jobs keep running
+    await daemon.close()
     return 0

@@ -1,4 +1,4 @@
-"""Entry points `extract --spec RUN.json` and `tiny-model DIR --arch ...` (dispatched by agent/cli.py)."""
+"""Entry point `extract --spec RUN.json` (dispatched by agent/cli.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ import os
 import sys
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.backends import PIPELINES, Backend
+from agent.extract import signals
+
+if TYPE_CHECKING:
+    from agent.extract.planning.dataset import Sample
+    from agent.extract.planning.preflight import Plan
 
 
 def run_extract(argv: list[str]) -> int:
@@ -36,14 +41,10 @@ def run_extract(argv: list[str]) -> int:
     )
     args = p.parse_args(argv)
 
-    from agent.extract import signals
     from agent.extract.planning.preflight import SpecError, load_spec, preflight
 
-    if args.forecast:
-        return _print_forecast(args.spec)
-    if args.capture:
-        return _print_capture(args.spec)
-
+    if args.forecast or args.capture:
+        return _print_one(args.spec, args.forecast)
     try:
         spec = load_spec(args.spec)
         if spec.backend in PIPELINES:
@@ -52,9 +53,7 @@ def run_extract(argv: list[str]) -> int:
             return run_pipeline(spec)
         plan = preflight(spec)
     except SpecError as e:
-        print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
-        signals.emit("failed", reason=str(e))
-        return 2
+        return signals.cannot_start(e)
     from agent.extract.planning.dataset import DatasetError, count, load
 
     try:
@@ -63,89 +62,71 @@ def run_extract(argv: list[str]) -> int:
             window = spec.shard.bounds(count(plan.spec.dataset or "", spec.max_samples))
         samples = load(plan.spec.dataset or "", plan.model_dir, spec.seq_len, spec.max_samples, window)
     except DatasetError as e:
-        print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
-        signals.emit("failed", reason=str(e))
-        return 2
+        return signals.cannot_start(e)
     return _run(plan, samples, window, args.worker_extension, not args.results_between_batches)
 
 
-def _print_forecast(path: str) -> int:
-    """`extract --spec S --forecast`: one JSON object on stdout, exit 0; 2 with a message on a bad spec."""
+def _print_one(path: str, forecast: bool) -> int:
+    """`extract --spec S --forecast|--capture`: one JSON object on stdout, exit 0; 2 with a message when it
+    cannot be told (a bad spec, an unreadable model or dataset, a backend that captures nothing of ours)."""
     from agent.extract.planning.forecast import forecast_spec
-    from agent.extract.planning.preflight import SpecError, load_spec
-
-    try:
-        spec = load_spec(path)
-        if spec.backend == Backend.COMMAND:
-            raise SpecError(f"backend '{Backend.COMMAND}' writes nothing the job knows of: no forecast")
-        if spec.backend in PIPELINES:
-            from agent.extract.pipelines.forecast import forecast_pipeline
-
-            result = forecast_pipeline(spec)
-        else:
-            result = forecast_spec(spec)
-    except (SpecError, OSError) as e:
-        print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    print(json.dumps(result.to_dict()), flush=True)
-    return 0
-
-
-def _print_capture(path: str) -> int:
-    """`extract --spec S --capture`: one JSON object on stdout, exit 0; 2 with a message when the spec's
-    capture cannot be told (a bad spec, an unreadable model, a backend that captures nothing of ours)."""
     from agent.extract.planning.preflight import SpecError, load_spec
     from agent.extract.writing.writer import wanted_capture
 
     try:
-        capture = wanted_capture(load_spec(path))
-    except SpecError as e:
-        print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    print(json.dumps(capture.to_dict()), flush=True)
+        spec = load_spec(path)
+        if not forecast:
+            result = wanted_capture(spec).to_dict()
+        elif spec.backend == Backend.COMMAND:
+            raise SpecError(f"backend '{Backend.COMMAND}' writes nothing the job knows of: no forecast")
+        elif spec.backend in PIPELINES:
+            from agent.extract.pipelines.forecast import forecast_pipeline
+
+            result = forecast_pipeline(spec).to_dict()
+        else:
+            result = forecast_spec(spec).to_dict()
+    except (SpecError, OSError) as e:
+        return signals.cannot_start(e, failed=False)
+    print(json.dumps(result), flush=True)
     return 0
 
 
 def _run(
-    plan: object,
-    samples: list[Any],
-    window: tuple[int, int] | None = None,
-    extension: str | None = None,
-    overlap_results: bool = True,
+    plan: Plan,
+    samples: list[Sample],
+    window: tuple[int, int] | None,
+    extension: str | None,
+    overlap_results: bool,
 ) -> int:
     from agent import settings
-    from agent.extract import signals
     from agent.extract.capture.stats import RunStats
     from agent.extract.engine import driver, setup
     from agent.extract.planning.forecast import engine_dtype, forecast_lengths, refuse_overrun
-    from agent.extract.planning.preflight import Plan, SpecError
+    from agent.extract.planning.preflight import SpecError
     from agent.extract.writing.writer import (
         MANIFEST,
+        ST_DTYPES,
         Manifest,
         OutputDirTaken,
         card_spec,
         config_sha256,
         existing_valid,
-        safetensors_dtype,
         take_output_dir,
         versions,
         wanted_capture,
     )
 
-    assert isinstance(plan, Plan)
     spec = plan.spec
     out = spec.output_dir or "."
     try:  # the daemon refuses another capture's directory at launch: this is the last guard
         wanted = wanted_capture(spec)
         take_output_dir(out, settings.RUN_ID.get() or "", wanted, (s.idx for s in samples))
     except (OutputDirTaken, SpecError) as e:
-        print(f"eaglewatch extract: error: {e}", file=sys.stderr, flush=True)
-        signals.emit("failed", reason=str(e))
-        return 2
+        return signals.cannot_start(e)
     os.environ.update(spec.env)  # before vLLM is imported: CUDA_VISIBLE_DEVICES and friends
     t0 = time.monotonic()
     name = spec.shard.manifest_name() if spec.shard is not None else MANIFEST
-    dtype_hint = safetensors_dtype(wanted.dtype)
+    dtype_hint = ST_DTYPES.get(wanted.dtype)  # None: an engine dtype without a code accepts any float file
     shard = None
     if spec.shard is not None and window is not None:
         shard = {"index": spec.shard.index, "count": spec.shard.count, "start": window[0], "end": window[1]}
@@ -199,9 +180,8 @@ def _run(
 
                 run_native(plan, todo, manifest, prog)
             else:
-                driver.run_worker_extension(
-                    plan, todo, manifest, prog, extension or driver.WORKER_EXTENSION, overlap_results
-                )
+                extension = extension or driver.WORKER_EXTENSION
+                driver.run_worker_extension(plan, todo, manifest, prog, extension, overlap_results)
     except setup.CaptureFailed as e:
         signals.emit("failed", reason=str(e))
         signals.say(f"FAILED: {e}")
@@ -213,8 +193,17 @@ def _run(
     secs = round(time.monotonic() - t0, 2)
     tokens = sum(manifest.sample_tokens.values())
     extra: dict[str, Any] = {}
-    if shard is not None:
-        extra = {"shard": shard, "merged": _merge_if_last(out)}
+    if shard is not None:  # the last shard to complete writes the merged manifest.json
+        from agent.extract.writing.shards import MergeError, merge_dir
+
+        try:
+            merged = len(merge_dir(out)["shards"])
+        except MergeError as e:
+            signals.say(f"manifest.json not merged yet: {e}")
+            extra = {"shard": shard, "merged": False}
+        else:
+            signals.say(f"all {merged} shards complete: merged manifest.json written in {out}")
+            extra = {"shard": shard, "merged": True}
     if prog.capture_costs:
         extra["capture_costs"] = prog.capture_costs
     signals.emit(
@@ -232,24 +221,3 @@ def _run(
     )
     signals.say(f"completed: {len(manifest.sample_tokens)} samples, {tokens} tokens in {secs} s -> {out}")
     return 0
-
-
-def _merge_if_last(out: str) -> bool:
-    """Write the merged manifest.json when every shard's manifest in out is complete (this shard was last)."""
-    from agent.extract import signals
-    from agent.extract.writing.shards import MergeError, merge_dir
-
-    try:
-        merged = merge_dir(out)
-    except MergeError as e:
-        signals.say(f"manifest.json not merged yet: {e}")
-        return False
-    signals.say(f"all {len(merged['shards'])} shards complete: merged manifest.json written in {out}")
-    return True
-
-
-def run_tiny_model(argv: list[str]) -> int:
-    """Build a tiny random-weight model offline: `tiny-model DIR --arch llama|deepseek_v3`."""
-    from agent.extract.tinymodel import main
-
-    return main(argv)

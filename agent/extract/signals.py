@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 PREFIX = "EAGLEWATCH "
@@ -38,3 +39,11 @@ def emit(kind: str, **fields: Any) -> None:
 def say(message: str) -> None:
     """Print one human-readable line, prefixed so it is easy to find in a mixed vLLM log."""
     print(f"[eaglewatch] {message}", flush=True)
+
+
+def cannot_start(reason: object, failed: bool = True) -> int:
+    """Exit status 2 of a job that cannot start: the reason on stderr and (``failed``) in a `failed` line."""
+    print(f"eaglewatch extract: error: {reason}", file=sys.stderr, flush=True)
+    if failed:
+        emit("failed", reason=str(reason))
+    return 2

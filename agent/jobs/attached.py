@@ -1,14 +1,7 @@
 """Jobs the agent did not start: their record, whether they still run, and stop (a detach unless allowed).
 
-How it works: attaching writes job.json with ``"attached": true``. A pid is followed as a tree: the
-record keeps (pid, start time) of the process and of every descendant seen so far, so children that
-outlive their parent (re-parented to init) still count; the tree is looked at again at each liveness
-check and the record rewritten when it changed, so a restarted daemon goes on from it. When no member
-runs any more the agent writes exit.json itself, with no code: a process that is not its child leaves
-no exit status to read. A Slurm job id is tracked by the poller like a submitted job (sacct gives its
-exit). With neither, the job counts as running until the run is stopped or its idle timeout passes.
-Stop only ends the watching unless the spec says ``allow_stop``; then it signals the tree (never the
-process group, which may be the user's shell's) or scancels the Slurm job.
+docs/architecture.md ("Attached runs") says what differs from a launched run; a pid is followed as a tree
+of (pid, start time) pairs, kept in job.json, so descendants re-parented to init still count.
 """
 
 from __future__ import annotations

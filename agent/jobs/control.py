@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +50,6 @@ def spawn(paths: RunPaths, argv: list[str], env: dict[str, str], cwd: str | None
     return record
 
 
-@dataclass(frozen=True)
-class JobStatus:
-    """What the run dir and /proc say about a job: ``alive``, ``finished`` or ``lost``."""
-
-    status: str
-    job: dict[str, Any] | None
-    exit: dict[str, Any] | None
-
-
 def job_alive(job: dict[str, Any] | None) -> bool:
     """True when the recorded job (pid + start time + boot id) is still running."""
     if not job or not isinstance(job.get("pid"), int):
@@ -67,21 +57,17 @@ def job_alive(job: dict[str, Any] | None) -> bool:
     return procfs.is_same_process(job["pid"], job.get("start_time"), job.get("boot_id"))
 
 
-def classify(paths: RunPaths) -> JobStatus:
-    """Alive (pid + start time + boot id match), finished (exit status on disk), or lost (neither)."""
+def classify(paths: RunPaths) -> str:
+    """``alive`` (pid, start time and boot id match), ``finished`` (exit.json on disk), or ``lost``."""
+    if isinstance(read_json(paths.exit), dict):
+        return "finished"
     job = read_json(paths.job)
     job = job if isinstance(job, dict) else None
-    exit_rec = read_json(paths.exit)
-    if isinstance(exit_rec, dict):
-        return JobStatus("finished", job, exit_rec)
     if job is not None and job.get("scheduler") == "slurm":
         # The poller writes exit.json when Slurm says the job ended; gone from squeue and sacct is lost.
         sched = read_json(paths.sched)
-        vanished = isinstance(sched, dict) and sched.get("vanished")
-        return JobStatus("lost" if vanished else "alive", job, None)
-    if job_alive(job):
-        return JobStatus("alive", job, None)
-    return JobStatus("lost", job, None)
+        return "lost" if isinstance(sched, dict) and sched.get("vanished") else "alive"
+    return "alive" if job_alive(job) else "lost"
 
 
 def run_processes(
@@ -114,20 +100,8 @@ def request_stop(paths: RunPaths, by: str, reason: str) -> None:
         atomic_write_json(paths.stop, {"requested_at": time.time(), "by": by, "reason": reason})
 
 
-def _signal(pid: int, sig: signal.Signals) -> bool:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
 def stop(
-    paths: RunPaths,
-    grace_s: float = 10.0,
-    by: str = "client",
-    reason: str = "stopped by request",
-    poll_s: float = 0.05,
+    paths: RunPaths, grace_s: float = 10.0, by: str = "client", reason: str = "stopped by request"
 ) -> dict[str, Any]:
     """SIGTERM the run's processes, SIGKILL what is left after ``grace_s``, confirm none remains."""
     job = read_json(paths.job)
@@ -138,7 +112,7 @@ def stop(
         if not job.get("allow_stop"):
             reason = f"{reason}: detached, the job was not signalled (attached without allow_stop)"
         request_stop(paths, by, reason)
-        return attached.stop(paths, job, grace_s, poll_s)
+        return attached.stop(paths, job, grace_s)
     request_stop(paths, by, reason)
     if job is not None and job.get("scheduler") == "slurm":
         from agent.sched import jobs as sched_jobs  # only a Slurm host's stop needs it
@@ -149,41 +123,31 @@ def stop(
         exclude.add(job["supervisor_pid"])
     killed: dict[int, dict[str, Any]] = {}
 
-    def hit(sig: signal.Signals) -> list[int]:
-        targets = run_processes(paths.run, job, exclude)
-        for pid in targets:  # recorded before signalling: the group signal may end them before we look
-            killed.setdefault(pid, {"pid": pid, "cmdline": procfs.cmdline(pid), "signal": sig.name})[
-                "signal"
-            ] = sig.name
+    def sweep(sig: signal.Signals, seconds: float) -> list[int]:
+        """Signal the run's processes, and those that appear within ``seconds``; the ones still there."""
+        left = run_processes(paths.run, job, exclude)
+        for pid in left:  # recorded before signalling: the group signal may end them before we look
+            killed.setdefault(pid, {"pid": pid, "cmdline": procfs.cmdline(pid)})["signal"] = sig.name
         if job and job_alive(job):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(job["pid"], sig)
-        for pid in targets:
-            _signal(pid, sig)
-        return targets
-
-    hit(signal.SIGTERM)
-    deadline = time.monotonic() + max(0.0, grace_s)
-    while time.monotonic() < deadline:
-        left = run_processes(paths.run, job, exclude)
-        if not left:
-            break
-        # Children started after the first SIGTERM get theirs too.
         for pid in left:
-            if pid not in killed:
-                killed[pid] = {"pid": pid, "cmdline": procfs.cmdline(pid), "signal": "SIGTERM"}
-                _signal(pid, signal.SIGTERM)
-        time.sleep(poll_s)
-    remaining = run_processes(paths.run, job, exclude)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + seconds
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = run_processes(paths.run, job, exclude)
+            for pid in left:  # children started after the signal get theirs too
+                if pid not in killed:
+                    killed[pid] = {"pid": pid, "cmdline": procfs.cmdline(pid), "signal": sig.name}
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, sig)
+        return left
+
+    remaining = sweep(signal.SIGTERM, max(0.0, grace_s))
     if remaining:
-        hit(signal.SIGKILL)
-        deadline = time.monotonic() + 5.0
-        while remaining and time.monotonic() < deadline:
-            time.sleep(poll_s)
-            remaining = run_processes(paths.run, job, exclude)
-            for pid in remaining:
-                killed.setdefault(pid, {"pid": pid, "cmdline": procfs.cmdline(pid), "signal": "SIGKILL"})
-                _signal(pid, signal.SIGKILL)
+        remaining = sweep(signal.SIGKILL, 5.0)
     return {
         "run": paths.run,
         "killed": sorted(killed.values(), key=lambda k: k["pid"]),

@@ -1,6 +1,6 @@
 """GPU discovery for the agent: run nvidia-smi's CSV queries and parse them (stdlib only).
 
-A malformed line is skipped and reported (``CsvLineError``), never raised, so one odd driver line cannot take
+A malformed line is skipped and reported (in ``errors``), never raised, so one odd driver line cannot take
 the daemon down.  A machine without nvidia-smi (``settings.NVIDIA_SMI`` overrides its path) answers exactly
 ``{"gpus": [], "processes": []}``; an ``errors`` list is added only when something went wrong.
 """
@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from agent import settings
@@ -24,28 +23,6 @@ GPU_QUERY = ("--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nouni
 PROCESS_QUERY = ("--query-compute-apps=" + ",".join(PROCESS_FIELDS), "--format=csv,noheader,nounits")
 #: nvidia-smi can hang for many seconds on a wedged driver; the daemon must not.
 DEFAULT_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class CsvLineError:
-    """One line of nvidia-smi output that could not be parsed (it is skipped)."""
-
-    query: str  # "gpu" or "process"
-    line: int  # 1-based line number in the output
-    text: str
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form, as put in the ``errors`` list of ``query()``."""
-        return {"query": self.query, "line": self.line, "text": self.text[:200], "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class Parsed:
-    """Rows parsed from one nvidia-smi CSV output, and the lines that were skipped."""
-
-    rows: list[dict[str, Any]]
-    errors: list[CsvLineError]
 
 
 class _BadField(ValueError):
@@ -72,36 +49,32 @@ def _required_int(raw: str, field: str) -> int:
     return value
 
 
-def _lines(text: str) -> list[tuple[int, str]]:
-    """Non-blank data lines with their 1-based numbers."""
-    out = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        lowered = stripped.lower()
-        # A CSV header (--format=csv without noheader) and "No running processes found" carry no row.
-        if stripped and not lowered.startswith(("no running", "index,", "pid,")):
-            out.append((number, stripped))
-    return out
+Rows = list[dict[str, Any]]
 
 
 def _parse(
     text: str, query: str, fields: tuple[str, ...], row: Callable[[list[str]], dict[str, Any]]
-) -> Parsed:
+) -> tuple[Rows, Rows]:
     """The rows ``row`` makes of each data line (at least ``len(fields)`` comma-separated fields, exactly
-    that many for a process query), and the lines it could not read."""
-    rows: list[dict[str, Any]] = []
-    errors: list[CsvLineError] = []
-    for number, line in _lines(text):
+    that many for a process query), and the lines it could not read (the ``errors`` of ``query()``)."""
+    rows: Rows = []
+    errors: Rows = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        # A CSV header (--format=csv without noheader) and "No running processes found" carry no row.
+        if not line or line.lower().startswith(("no running", "index,", "pid,")):
+            continue
         parts = [p.strip() for p in line.split(",")]
         if len(parts) < len(fields) or (query == "process" and len(parts) != len(fields)):
             reason = f"expected {len(fields)} comma-separated fields, got {len(parts)}"
-            errors.append(CsvLineError(query, number, line, reason))
-            continue
-        try:
-            rows.append(row(parts))
-        except _BadField as exc:
-            errors.append(CsvLineError(query, number, line, str(exc)))
-    return Parsed(rows, errors)
+        else:
+            try:
+                rows.append(row(parts))
+                continue
+            except _BadField as exc:
+                reason = str(exc)
+        errors.append({"query": query, "line": number, "text": line[:200], "reason": reason})
+    return rows, errors
 
 
 def _gpu_row(parts: list[str]) -> dict[str, Any]:
@@ -130,12 +103,12 @@ def _process_row(parts: list[str]) -> dict[str, Any]:
     }
 
 
-def parse_gpu_csv(text: str) -> Parsed:
+def parse_gpu_csv(text: str) -> tuple[Rows, Rows]:
     """Parse ``--query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu,temperature.gpu``."""
     return _parse(text, "gpu", GPU_FIELDS, _gpu_row)
 
 
-def parse_process_csv(text: str) -> Parsed:
+def parse_process_csv(text: str) -> tuple[Rows, Rows]:
     """Parse ``--query-compute-apps=pid,gpu_uuid,used_memory`` (empty output: no processes)."""
     return _parse(text, "process", PROCESS_FIELDS, _process_row)
 
@@ -194,9 +167,8 @@ def query(timeout_s: float = DEFAULT_TIMEOUT_S, nvidia_smi: str | None = None) -
         if failure is not None:
             errors.append({"query": query_name, "line": None, "text": "", "reason": failure})
             continue
-        parsed = parse(text or "")
-        result[key] = parsed.rows
-        errors.extend(e.to_dict() for e in parsed.errors)
+        result[key], bad = parse(text or "")
+        errors.extend(bad)
     if errors:
         result["errors"] = errors
     return result

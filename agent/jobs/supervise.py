@@ -26,6 +26,7 @@ from agent.sched.slurmstate import exit_fields
 
 #: exit.json's reserved room: far more than a record takes (its state_error is cut to fit).
 _RESERVE_BYTES = 4096
+_RESERVE_NAME = ".exit.json.reserve"
 
 
 def _ignore(_signum: int, _frame: object) -> None:
@@ -43,8 +44,7 @@ def _start_job(paths: RunPaths) -> tuple[subprocess.Popen[bytes] | None, dict[st
     if not isinstance(launch, dict) or not isinstance(launch.get("argv"), list):
         return None, {"error": f"{paths.launch} is missing or malformed"}
     argv = [str(a) for a in launch["argv"]]
-    env = dict(os.environ)
-    env.update({str(k): str(v) for k, v in (launch.get("env") or {}).items()})
+    env = {**os.environ, **{str(k): str(v) for k, v in (launch.get("env") or {}).items()}}
     cwd = launch.get("cwd") or str(paths.dir)
     log_fd = os.open(paths.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
@@ -81,13 +81,9 @@ def _start_job(paths: RunPaths) -> tuple[subprocess.Popen[bytes] | None, dict[st
     return proc, record
 
 
-def _reserve_path(paths: RunPaths) -> Path:
-    return paths.dir / ".exit.json.reserve"
-
-
 def _reserve(paths: RunPaths) -> int:
     """Take exit.json's room now, while the device has some: an open file of spaces (JSON may end in them)."""
-    path = _reserve_path(paths)
+    path = paths.dir / _RESERVE_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         left = memoryview(b" " * _RESERVE_BYTES)
@@ -111,10 +107,10 @@ def _record_exit(paths: RunPaths, rec: dict[str, Any], reserve: int | None) -> N
         data = json.dumps({**rec, "state_error": str(exc)[:1024]}).encode()
         os.pwrite(reserve, data.ljust(_RESERVE_BYTES), 0)  # overwrites room already taken: no new blocks
         os.fsync(reserve)
-        os.replace(_reserve_path(paths), paths.exit)
+        os.replace(paths.dir / _RESERVE_NAME, paths.exit)
     else:
         if reserve is not None:
-            os.unlink(_reserve_path(paths))
+            os.unlink(paths.dir / _RESERVE_NAME)
     finally:
         if reserve is not None:
             os.close(reserve)

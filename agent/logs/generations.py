@@ -1,12 +1,10 @@
 """A run's log as a chain of generations, followed like ``tail -F``: by inode, and by name when replaced.
 
-How it works: a generation is one stretch of output.log — one file (device, inode) from one start.  A
-``truncate`` starts a new generation on the same inode; a new, non-empty file at the name (after the old one
-was renamed away, what logrotate does) starts one on the new inode, once the old one is read to its end.
-Offsets are *stream* offsets: generation 0 is the file's own byte offsets, and each later generation
-continues where the previous ended (``base``), so every line keeps a distinct, increasing offset and a
-receiver storing lines by offset neither drops nor reorders them.  Only the watcher moves the chain
-(``poll``); log streams read it (``read_at``), and the cursor persists it (``snapshot``/``restore``).
+A generation is one stretch of output.log: one file (device, inode) from one start.  A ``truncate`` starts a
+new generation on the same inode; a new, non-empty file at the name (the old one renamed away, as logrotate
+does) starts one on the new inode once the old one is read to its end.  Generation 0 is the file's own byte
+offsets and each later one continues where the previous ended (``base``): stream offsets (architecture.md).
+Only the watcher moves the chain (``poll``); log streams read it (``read_at``); the cursor persists it.
 
 A renamed log with nothing at the name, or an empty new file there, is still the job's log: its stdout is
 the renamed inode, so the chain keeps reading that one.
@@ -42,16 +40,9 @@ class Generation:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Generation:
         """A generation from its cursor form; ValueError/TypeError/KeyError when malformed."""
-        end = d.get("end")
-        return cls(
-            number=int(d["number"]),
-            base=int(d["base"]),
-            dev=int(d["dev"]),
-            ino=int(d["ino"]),
-            end=None if end is None else int(end),
-            lost=bool(d.get("lost", False)),
-            moved=bool(d.get("moved", False)),
-        )
+        number, base, dev, ino = (int(d[k]) for k in ("number", "base", "dev", "ino"))
+        end = None if d.get("end") is None else int(d["end"])
+        return cls(number, base, dev, ino, end, bool(d.get("lost", False)), bool(d.get("moved", False)))
 
 
 @dataclass

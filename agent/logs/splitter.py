@@ -1,18 +1,10 @@
 """Incremental, pure log-line splitter: bytes in, decoded lines with byte offsets (or raw blocks of them) out.
 
-How it works
-------------
-``LineSplitter.feed(chunk)`` splits on ``\\n``, ``\\r`` and ``\\r\\n`` (tqdm redraws its bar with ``\\r``),
-decodes each line as UTF-8 with replacement (it never raises), and strips ANSI escape sequences (vLLM
-colours its log when stderr is a terminal).  A line longer than ``max_line_bytes`` keeps only its first
-``max_line_bytes`` bytes: the rest is counted and dropped while it streams in (a 10 MB line never sits in
-memory whole); the emitted ``Line`` is ``truncated`` and its text ends with a marker naming how many bytes
-were dropped.
-
-Offsets: ``Line.offset`` is the byte offset of the line's first byte in the file.  ``pending_offset`` is
-the offset of the first byte not yet emitted as part of a line; persist it and start a new splitter there
-(``LineSplitter(start_offset=pending_offset)``) to resume with nothing lost and nothing twice.  A chunk
-that ends in ``\\r`` holds that line back until the next byte shows whether the terminator is ``\\r`` or
+docs/milestones.md says how lines are split, decoded and capped; a capped ``Line`` is ``truncated`` and its
+text ends with a marker naming how many bytes were dropped.  ``Line.offset`` is the byte offset of the
+line's first byte in the file; ``pending_offset``, that of the first byte not yet emitted in a line:
+persist it and resume with ``LineSplitter(start_offset=pending_offset)``, nothing lost or repeated.  A
+chunk ending in ``\\r`` holds that line back until the next byte shows whether the terminator is ``\\r`` or
 ``\\r\\n`` (``flush()`` releases it); otherwise a restart between the two bytes would invent an empty line.
 """
 

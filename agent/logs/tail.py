@@ -96,8 +96,7 @@ class Inotify:
             if len(data) < 4096:
                 break
         for key in fired:
-            cb = self._callbacks.get(key)
-            if cb is not None:
+            if (cb := self._callbacks.get(key)) is not None:
                 cb()
 
     def close(self) -> None:

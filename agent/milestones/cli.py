@@ -45,7 +45,7 @@ def _summary(fields: dict[str, Any], width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _print_table(milestones: Iterator[Milestone], out: TextIO) -> int:
+def _print_table(milestones: Iterator[Milestone], out: TextIO) -> None:
     out.write(f"{'LINE':>7}  {'KIND':<21} {'RANK':<9} {'RULE':<26} FIELDS\n")
     count = 0
     for m in milestones:
@@ -59,7 +59,6 @@ def _print_table(milestones: Iterator[Milestone], out: TextIO) -> int:
         )
         count += 1
     out.write(f"{count} milestone(s)\n")
-    return count
 
 
 def run(argv: list[str]) -> int:
@@ -70,9 +69,7 @@ def run(argv: list[str]) -> int:
         "--rules", type=Path, action="append", default=[], metavar="FILE", help="extra rule file (TOML/JSON)"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object a line")
-    parser.add_argument(
-        "--tp", type=int, default=None, help="tensor-parallel size (closes rank groups early)"
-    )
+    parser.add_argument("--tp", type=int, help="tensor-parallel size (closes rank groups early)")
     args = parser.parse_args(argv)
     if not args.logfile.is_file():
         what = "is a directory" if args.logfile.is_dir() else "no such file"

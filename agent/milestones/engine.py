@@ -1,24 +1,13 @@
 """Pure milestone engine: already-split log lines in, milestones out (rule data in rules/*.toml beside it).
 
-How it works
-------------
-Each line goes through a cheap gate first (``logline.Gate``, from every rule's ``words`` and ``contains``
-prefilters), whose answer is remembered per line shape, the line with its digits folded to ``0``
-(``logline.Prefilter``).  Most lines stop there; ``feed_many`` and ``feed_block`` skip them in bulk and
-decode only the lines that may match, running the shape's plan (plans.py) where one serves it exactly.
-A line that passes is parsed into process prefix (its TP rank becomes ``Milestone.rank``), log header and
-message (logline.py); rules are tried in order on the message and the first match wins (rulefile.py).
+docs/milestones.md says what it makes of a log.  A cheap gate (logline.py), remembered per line shape,
+stops most lines; those that pass are parsed (logline.py) and matched against the rules in order
+(rulefile.py), by a shape's plan where one serves (plans.py).  Helpers: groups.py (rank dedupe),
+tracebacks.py, records.py (JSON records, one-record exceptions, markers), rootcause.py.  A line whose
+processing raises becomes a ``warning`` (``fields.rule`` = ``line_error``) and the engine goes on.
 
-Per-rank milestones are reported once (groups.py; the world size is given, or learnt from a ``world_size``
-field), tracebacks are followed up to their exception line and classified by the ``error`` rules
-(tracebacks.py), JSON records and one-record exceptions are read as text (records.py), and wrapper errors
-name their root cause (rootcause.py).  Marker lines (``marker = true``)
-become the milestone their JSON object names; a malformed one becomes a ``warning`` (``fields.rule`` =
-``bad_marker``).  A line whose processing raises becomes a ``warning`` (``fields.rule`` = ``line_error``)
-and the engine goes on with the next line.
-
-Ordering: milestones are released in line order; one that follows an open group or traceback waits for
-it, so the daemon calls ``flush()`` when the log has been idle for a second and at job end.
+Milestones are released in line order: one that follows an open group or traceback waits for it, so the
+daemon calls ``flush()`` when the log has been idle for a second and at job end.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Pure: rank groups — the milestone every TP rank prints once, reported once.
 
-A ``per_rank`` rule's milestone opens a group keyed by the rule name.  The same rule matching in another
-process (another rank) joins the group; the group closes — one milestone, ``rank`` null, ``fields.ranks``
-the sorted known ranks, ``fields.processes`` the number of processes — when the same process prints it
-again, when it holds ``world_size`` processes, when ``window`` lines have passed since its first line, or
-when the engine flushes.  The fields are those of the first line (per-rank numbers such as load seconds
-differ slightly).  Tracebacks of ranked processes are grouped the same way.
+A ``per_rank`` rule's milestone opens a group keyed by the rule name; the same rule matching in another
+process (rank) joins it.  It closes into one milestone (``rank`` null, ``fields.ranks``, ``fields.processes``,
+the first line's other fields) when a process prints it again, when it holds ``world_size`` processes, when
+``window`` lines have passed, or on flush.  Tracebacks of ranked processes are grouped the same way.
 """
 
 from __future__ import annotations

@@ -1,11 +1,4 @@
-"""Pure: log records that are not plain vLLM text lines — JSON records, one-record exceptions, markers.
-
-``json_record_lines`` rewrites a python-json-logger record (vLLM ≥ 0.32) into the text lines vLLM would have
-printed, so the rules, the rank dedupe and the traceback grouping read both formats alike and milestones
-show text, never JSON.  ``record_exception`` recognises a worker's exception logged as one ``ERROR`` record
-with no ``Traceback`` line before it.  ``marker_milestone`` makes the milestone an ``EAGLEWATCH {…}`` marker
-line names (its JSON bounded in depth).
-"""
+"""Pure: log records that are not plain vLLM text lines — JSON records, one-record exceptions, markers."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Pure: the limits a run spec's own rule regexes are held to (they run inside the daemon, beside every run).
 
-A regex of at most ``MAX_USER_REGEX`` characters; no quantified group that itself holds a quantifier or an
-alternation (``(a+)+``, ``(a*)*``, ``(a|a)*``: the shapes whose backtracking grows exponentially); no two
-quantifiers in a row that match the same characters (``\\d+\\d+``, ``.*.*``: polynomial).  Such rules search
-only the first ``MAX_USER_TEXT`` characters of a message, which bounds what polynomial backtracking is left.
+docs/milestones.md says which shapes are refused and why; such rules also search only the first
+``MAX_USER_TEXT`` characters of a message, which bounds what polynomial backtracking is left.
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ def _repeats_or_branches(items: Any) -> str | None:
             return "a quantifier"
         if op is sre_c.BRANCH:
             return "an alternation"
-        found = _walk(op, av, _repeats_or_branches)
-        if found:
+        if found := _walk(op, av, _repeats_or_branches):
             return found
     return None
 
@@ -41,8 +38,7 @@ def _walk(op: Any, av: Any, fn: Callable[[Any], str | None]) -> str | None:
         return fn(av[1])
     if op is sre_c.BRANCH:
         for alt in av[1]:
-            found = fn(alt)
-            if found:
+            if found := fn(alt):
                 return found
     if op in _REPEATS or op is sre_c.POSSESSIVE_REPEAT:
         return fn(av[2])
@@ -105,20 +101,16 @@ def _adjacent(items: Any) -> str | None:
                 "two quantifiers in a row match the same characters (polynomial backtracking, like \\d+\\d+)"
             )
     for op, av in items:
-        found = _walk(op, av, _adjacent)
-        if found:
+        if found := _walk(op, av, _adjacent):
             return found
     return None
 
 
 def _nested(items: Any) -> str | None:
     for op, av in items:
-        if op in _REPEATS and av[1] > 1:
-            inner = _repeats_or_branches(av[2])
-            if inner:
-                return f"a quantified group holds {inner} (catastrophic backtracking, like (a+)+ or (a|a)*)"
-        found = _walk(op, av, _nested)
-        if found:
+        if op in _REPEATS and av[1] > 1 and (inner := _repeats_or_branches(av[2])):
+            return f"a quantified group holds {inner} (catastrophic backtracking, like (a+)+ or (a|a)*)"
+        if found := _walk(op, av, _nested):
             return found
     return None
 

@@ -1,13 +1,7 @@
-"""Pure: name the root cause of a failure on the generic wrapper errors that follow it.
+"""Pure: name the root cause of a failure on the generic wrapper errors that follow it (docs/milestones.md).
 
-When vLLM's engine dies at start, the last and loudest error is a wrapper (``RuntimeError: Engine core
-initialization failed. See root cause above.``, ``EngineCore failed to start.``, ``WorkerProc initialization
-failed …``); the error that matters came before it, often in another process.  Errors less than
-``GROUP_GAP`` lines apart form one failure; its root cause is the first error of the group that is not a
-wrapper and is a real exception (a type and message) or of a specific class (``oom``, ``nccl``,
-``worker_died`` …).  Every wrapper released after it gets ``fields.root_cause`` (``"Type: message"``),
-``root_cause_class`` and ``root_cause_line``, so the journal, the failure reason, the UI and alerts can
-name it, the wrapper staying as context.
+Errors less than ``GROUP_GAP`` lines apart form one failure; its root cause is the first error of the group
+that is not a wrapper and is a real exception (a type and message) or of a specific class.
 """
 
 from __future__ import annotations
@@ -33,14 +27,6 @@ _HEADER_ANYWHERE = re.compile(
     r"(?:(?:ERROR|CRITICAL|WARNING|INFO) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? \[?"
     r"|[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ )[^\s\]]+:\d+\] ?"
 )
-
-
-def is_wrapper(fields: dict[str, Any]) -> bool:
-    """Whether an error milestone's fields describe a wrapper of another error."""
-    if fields.get("class") in WRAPPER_CLASSES:
-        return True
-    message = str(fields.get("message") or "").lower()
-    return any(p in message for p in _POINTERS)
 
 
 def root_text(fields: dict[str, Any], text: str) -> str:
@@ -73,7 +59,8 @@ class RootCauses:
             self.root = None
         self.last_line = ms.line
         fields = ms.fields
-        if is_wrapper(fields):
+        message = str(fields.get("message") or "").lower()
+        if fields.get("class") in WRAPPER_CLASSES or any(p in message for p in _POINTERS):  # a wrapper
             if self.root is None:
                 return ms
             extra = {

@@ -1,36 +1,11 @@
 """Milestone rule data: the TOML schema, validation with typed errors, field conversions, loading.
 
-A rule file holds ``[[rule]]`` tables (a run spec's ``rules`` is a list of dicts of the same shape)::
-
-    [[rule]]
-    name = "kv_cache_size"            # required, unique; a later rule with the same name replaces it
-    kind = "kv_cache_ready"           # required: a stable milestone kind (KINDS)
-    contains = "KV cache size: "      # literal prefilter (string or list: any of them); the regex only
-                                      # runs on lines containing it.
-    words = ["Killed"]                # cheapest prefilter: whole whitespace-delimited words (any of them).
-                                      # With neither contains nor words the rule runs on every line (slow).
-    regex = '(?P<device>GPU|CPU) KV cache size: (?P<tokens>[\\d,]+) tokens'
-                                      # Python re, searched in the message (the text after the process
-                                      # prefix and the log header; the whole line when it has neither)
-    fields = { tokens = "int" }       # conversions of named groups: str (default), int ("262,144" -> 262144),
-                                      # float, gib ("7.5", "7.5 GiB", "512 MiB" -> GiB float), percent,
-                                      # seconds ("2 secs", "1.5s"), list (a Python/JSON literal list),
-                                      # clock (tqdm's "01:02:03" or "02:03" -> seconds)
-    set = { device = "GPU" }          # constant fields added to the milestone
-    per_rank = true                   # printed once per TP rank: one milestone with fields.ranks
-    class = "oom"                     # error class (required with kind = "error", forbidden otherwise)
-    severity = "warning"              # info | warning | error | critical (default from the kind)
-    once = true                       # emit only the first match of this rule in a log (tqdm redraws)
-    marker = true                     # the regex's group "json" holds a JSON object whose "kind" (a
-                                      # stable kind) and other keys become the milestone (kind above is
-                                      # the fallback when the object names none); bad JSON -> a warning
-    enabled = false                   # switch off a built-in rule of this name
-
-Rules are tried in order (built-ins first, then ``--rules`` files, then the run spec's); the first rule
-whose regex matches a line wins.
-
-A run spec's rules come from users and run inside the daemon, where one slow regex would stall every run
-of the host, so they are held to more (regex_safety.py ``check_user_regex``).
+The schema is docs/milestones.md's ("Rules are data"); what it leaves implicit: ``words`` matches whole
+whitespace-delimited words (cheaper than ``contains``; with neither prefilter a rule runs on every line),
+``once`` emits only a rule's first match in a log (tqdm redraws), and a ``marker`` rule's regex group
+``json`` holds an object whose ``kind`` (else the rule's) and other keys become the milestone.  Rules are
+tried in order (built-ins, ``--rules`` files, the run spec's) and the first whose regex matches wins; a
+later rule of the same name replaces an earlier one, ``enabled = false`` switches it off.
 """
 
 from __future__ import annotations
@@ -55,11 +30,12 @@ _UNIT_TO_GIB = {
 }  # fmt: skip
 
 
-def _number(raw: str) -> str:
+def _number(raw: str) -> tuple[str, int]:
+    """The first number in ``raw`` without its separators, and where it ends."""
     m = _NUM_RE.search(raw)
     if not m:
         raise ValueError(f"no number in {raw!r}")
-    return m.group().replace(",", "").replace("_", "").replace(" ", "")
+    return m.group().replace(",", "").replace("_", "").replace(" ", ""), m.end()
 
 
 def _to_int(raw: str) -> int:
@@ -67,7 +43,7 @@ def _to_int(raw: str) -> int:
         return int(raw)  # the common case, without the regex
     except ValueError:
         pass
-    num = _number(raw)
+    num, _ = _number(raw)
     return int(num) if re.fullmatch(r"[-+]?\d+", num) else int(float(num))
 
 
@@ -75,19 +51,16 @@ def _to_float(raw: str) -> float:
     try:
         value = float(raw)  # the common case, without the regex
     except ValueError:
-        value = float(_number(raw))
+        value = float(_number(raw)[0])
     if not math.isfinite(value):  # nan/inf would not be valid JSON
         raise ValueError(f"not a finite number: {raw!r}")
     return value
 
 
 def _to_gib(raw: str) -> float:
-    m = _NUM_RE.search(raw)
-    if not m:
-        raise ValueError(f"no number in {raw!r}")
-    unit = re.match(r"\s*([A-Za-z]*)", raw[m.end() :])
-    factor = _UNIT_TO_GIB.get(unit.group(1).lower() if unit else "", 1.0)
-    value = float(m.group().replace(",", "").replace("_", "").replace(" ", "")) * factor
+    num, end = _number(raw)
+    unit = re.match(r"\s*([A-Za-z]*)", raw[end:])
+    value = float(num) * _UNIT_TO_GIB.get(unit.group(1).lower() if unit else "", 1.0)
     if not math.isfinite(value):  # "1e999 GiB" would be inf, which is not JSON
         raise ValueError(f"not a finite size: {raw!r}")
     return value
@@ -173,9 +146,6 @@ class RuleError(ValueError):
         if field_name:
             where += f": field '{field_name}'"
         super().__init__(f"{where}: {message}")
-        self.source = source
-        self.index = index
-        self.field = field_name
 
 
 @dataclass(frozen=True)
@@ -205,10 +175,6 @@ class RuleSet:
 
     rules: tuple[Rule, ...]
 
-    def names(self) -> list[str]:
-        """Rule names in matching order."""
-        return [r.name for r in self.rules]
-
 
 _KEYS = {"name", "kind", "contains", "words", "regex", "fields", "set", "per_rank", "class", "severity"}
 _KEYS |= {"once", "marker", "enabled"}
@@ -229,8 +195,7 @@ def validate_rule(raw: Any, source: str, index: int, user: bool = False) -> Rule
     def err(field_name: str | None, message: str) -> RuleError:
         return RuleError(source, index, field_name, message, rule_name)
 
-    unknown = sorted(set(raw) - _KEYS)
-    if unknown:
+    if unknown := sorted(set(raw) - _KEYS):
         raise err(unknown[0], f"unknown key (allowed: {', '.join(sorted(_KEYS))})")
     for key in ("name", "kind", "regex"):
         if key not in raw:
@@ -242,10 +207,8 @@ def validate_rule(raw: Any, source: str, index: int, user: bool = False) -> Rule
         raise err("name", f"{name!r} must be 1-80 of letters, digits, '_', '.', ':', '-'")
     if kind not in KINDS:
         raise err("kind", f"unknown milestone kind {kind!r} (known: {', '.join(sorted(KINDS))})")
-    if user:
-        unsafe = check_user_regex(raw["regex"])
-        if unsafe:
-            raise err("regex", unsafe)
+    if user and (unsafe := check_user_regex(raw["regex"])):
+        raise err("regex", unsafe)
     try:
         regex = re.compile(raw["regex"])
     except (re.error, RecursionError, OverflowError) as exc:
@@ -273,10 +236,11 @@ def validate_rule(raw: Any, source: str, index: int, user: bool = False) -> Rule
     consts = raw.get("set", {})
     if not isinstance(consts, dict):
         raise err("set", "must be a table of constant fields")
-    for key in ("per_rank", "once", "marker", "enabled"):
-        if not isinstance(raw.get(key, False), bool):
+    flags = {key: raw.get(key, key == "enabled") for key in ("per_rank", "once", "marker", "enabled")}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
             raise err(key, "must be true or false")
-    if raw.get("marker", False) and "json" not in regex.groupindex:
+    if flags["marker"] and "json" not in regex.groupindex:
         raise err("regex", "a marker rule needs a named group 'json' holding the JSON object")
     error_class = raw.get("class")
     if kind == "error":
@@ -288,21 +252,18 @@ def validate_rule(raw: Any, source: str, index: int, user: bool = False) -> Rule
     if severity not in SEVERITIES:
         raise err("severity", f"must be one of {', '.join(SEVERITIES)}")
     return Rule(
-        name=name,
-        kind=kind,
-        regex=regex,
+        name,
+        kind,
+        regex,
         contains=tuple(contains_raw),
         words=tuple(words),
         fields=dict(fields),
         set=dict(consts),
-        per_rank=raw.get("per_rank", False),
         error_class=error_class,
         severity=severity,
-        once=raw.get("once", False),
-        marker=raw.get("marker", False),
-        enabled=raw.get("enabled", True),
         source=source,
         user=user,
+        **flags,
     )
 
 
@@ -335,8 +296,7 @@ def read_rule_file(path: Path) -> list[Rule]:
         raise RuleError(source, None, None, f"not valid {path.suffix.lstrip('.') or 'TOML'}: {exc}") from None
     if not isinstance(data, dict):
         raise RuleError(source, None, None, "expected a table with a 'rule' array")
-    extra = sorted(set(data) - {"rule"})
-    if extra:
+    if extra := sorted(set(data) - {"rule"}):
         raise RuleError(source, None, extra[0], "unknown top-level key (expected only [[rule]] tables)")
     return validate_rules(data.get("rule", []), source)
 

@@ -1,9 +1,7 @@
 """Pure: one process's Python traceback followed line by line, up to its exception line.
 
-From ``Traceback (most recent call last):`` every line of the same process (same prefix; other processes'
-lines interleave freely) belongs to that traceback until its exception line (``SomeError: msg``).
-Chained exceptions ("During handling of the above exception…") continue the same traceback.  The engine
-classifies the exception lines with its ``error`` rules (engine.py ``_exception``).
+Every line of the same process (same prefix; other processes' lines interleave freely) belongs to it;
+chained exceptions continue it.  The engine classifies the exception lines with its ``error`` rules.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The watcher's output checks: each capture file once it is complete, then the index gaps at the end.
 
-A safetensors file whose check reads its header alone is checked in the daemon's process (in a worker
-thread, a batch at a time); a file that needs numpy or torch (a value scan, a torch file) goes to the daemon's
-``CheckPool`` of long-lived children, and its result comes back while the watcher goes on reading the log.
+A file whose check reads a safetensors header alone is checked in a worker thread of the daemon; one that
+needs numpy or torch goes to the daemon's ``CheckPool``, while the watcher goes on reading the log.
 """
 
 from __future__ import annotations
@@ -35,9 +34,7 @@ GROUP_DIR = re.compile(r"^rows_\d+-\d+\Z")
 
 
 class OutputChecks:
-    """What the watcher checks of the run's output_dir: its results go to ``record`` (numbered with the
-    log line ``line()`` reached), a failed check to ``on_failure``; ``advanced`` is called when a check
-    done in a child comes back.
+    """What the watcher checks of the run's output_dir; ``advanced`` is called when a child's check is back.
 
     ``checked`` (file name → [size, mtime_ns] when checked) goes into the cursor; ``recovered``: files whose
     checks the journal already holds from before a restart (taken as checked, not checked again)."""
@@ -233,34 +230,27 @@ def _gaps(out: str, shard: tuple[int, int] | None) -> list[dict[str, Any]]:
 def check_events(name: str, report: dict[str, Any], line: int) -> list[dict[str, Any]]:
     """The journal events for one check report: a ``check`` event, then a milestone per problem or a pass."""
     problems = list(report.get("problems") or [])
-    unchecked = bool(report.get("unchecked"))
+    unchecked = report.get("unchecked")
+    # what the checker read, for the run page beside what was expected
+    shapes = {"shapes": report["shapes"]} if report.get("shapes") else {}
     ev: dict[str, Any] = {
         "type": "check",
         "file": name,
         "ok": bool(report.get("ok")) and not problems,
         "format": report.get("format"),
         "problems": problems,
+        **({"unchecked": unchecked} if unchecked else {}),
+        **shapes,
     }
-    if unchecked:
-        ev["unchecked"] = report.get("unchecked")
-    shapes = report.get("shapes") or {}  # what the checker read, for the run page beside what was expected
-    if shapes:
-        ev["shapes"] = shapes
     events = [ev]
     base = {"type": "milestone", "line": line, "rank": None}
     for p in problems:
-        fields = {
-            "file": p.get("file", name),
-            "code": p.get("code"),
-            "message": p.get("message"),
-            "source": "agent",
-            **({"shapes": shapes} if shapes else {}),
-        }
-        text = f"{p.get('code')}: {p.get('file', name)}: {p.get('message')}"
-        events.append({**base, "kind": "shape_check_failed", "fields": fields, "text": text})
+        file, code, message = p.get("file", name), p.get("code"), p.get("message")
+        fields = {"file": file, "code": code, "message": message, "source": "agent", **shapes}
+        events.append(
+            {**base, "kind": "shape_check_failed", "fields": fields, "text": f"{code}: {file}: {message}"}
+        )
     if not problems and not unchecked:
-        fields = {"file": name, "format": report.get("format"), "source": "agent"}
-        if shapes:
-            fields["shapes"] = shapes
+        fields = {"file": name, "format": report.get("format"), "source": "agent", **shapes}
         events.append({**base, "kind": "shape_check_passed", "fields": fields, "text": f"{name}: shapes ok"})
     return events

@@ -2,10 +2,10 @@
 
 agent/spec.py (pydantic) is the full model and stays out of the daemon; this view holds only the fields the
 daemon acts on. ``JobSpec.parse`` is strict about what a launch acts on (backend, env, command, rules,
-on_shape_failure: SpecError naming the field) and holds them, and the spec's size, to the bounds of
-agent/limits.py that agent/spec.py enforces too: a spec the API accepts is one the daemon launches. Any other
-field, and every field of ``JobSpec.stored`` (a spec.json already launched), falls back to its default when
-it cannot be read.
+on_shape_failure, output_dir, shard, time_limit_minutes, attach: SpecError naming the field) and holds
+them, and the spec's size, to the bounds of agent/limits.py that agent/spec.py enforces too: a spec the API
+accepts is one the daemon launches. Any other field, and every field of ``JobSpec.stored`` (a spec.json
+already launched), falls back to its default when it cannot be read.
 """
 
 from __future__ import annotations
@@ -18,20 +18,6 @@ from agent import backends, limits
 from agent.backends import Backend
 from agent.runs.outdir import output_dir_error
 
-#: The fields a launch refuses when they are wrong; the rest only inform watching and checking.
-LAUNCH_FIELDS = frozenset(
-    {
-        "backend",
-        "env",
-        "command",
-        "rules",
-        "on_shape_failure",
-        "output_dir",
-        "shard",
-        "time_limit_minutes",
-        "attach",
-    }
-)
 SHAPE_FAILURE_POLICIES = ("alert", "stop")
 
 
@@ -104,26 +90,19 @@ def _rules(value: Any) -> list[dict[str, Any]]:
     return list(value)
 
 
-def _positive(name: str) -> Callable[[Any], int | None]:
-    def read(value: Any) -> int | None:
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SpecError(f"spec.{name} must be a positive integer")
-        return value
-
-    return read
+def _count(value: Any) -> int | None:
+    """A positive integer, else None: the fields a launch does not act on fall back to their defaults."""
+    return value if type(value) is int and value >= 1 else None
 
 
-def _text(name: str) -> Callable[[Any], str | None]:
-    def read(value: Any) -> str | None:
-        if value is None or value == "":
-            return None
-        if not isinstance(value, str):
-            raise SpecError(f"spec.{name} must be a string")
-        return value
+def _minutes(value: Any) -> int | None:
+    if value is not None and _count(value) is None:
+        raise SpecError("spec.time_limit_minutes must be a positive integer")
+    return value
 
-    return read
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _output_dir(value: Any) -> str | None:
@@ -134,21 +113,6 @@ def _output_dir(value: Any) -> str | None:
     err = output_dir_error(value)
     if err is not None:
         raise SpecError(f"spec.{err}")
-    return value
-
-
-def _layer_ids(value: Any) -> list[int] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        raise SpecError("spec.layers must be a list of layer ids")
-    return list(value)
-
-
-def _expect(value: Any) -> dict[str, Any]:
-    value = value or {}
-    if not isinstance(value, dict):
-        raise SpecError("spec.expect must be an object")
     return value
 
 
@@ -244,27 +208,24 @@ class JobSpec:
             try:
                 return read(raw)
             except SpecError:
-                if strict and name in LAUNCH_FIELDS:
+                if strict:
                     raise
                 return getattr(defaults, name)
 
-        expect = get("expect_layers", _expect, spec.get("expect")) or {}
+        expect = spec.get("expect")
+        expect = expect if isinstance(expect, dict) else {}
+        layers = spec.get("layers")
         return cls(
-            name=get("name", _text("name"), spec.get("name")),
+            name=_text(spec.get("name")),
             # an attached job is watched as a command (agent/spec.py says so too)
             backend=get(
                 "backend",
                 _backend,
                 spec.get("backend", Backend.COMMAND if spec.get("attach") is not None else defaults.backend),
             ),
-            tensor_parallel_size=get(
-                "tensor_parallel_size",
-                _positive("tensor_parallel_size"),
-                spec.get("tensor_parallel_size", defaults.tensor_parallel_size),
-            )
-            or defaults.tensor_parallel_size,
-            model=get("model", _text("model"), spec.get("model")),
-            layers=get("layers", _layer_ids, spec.get("layers")),
+            tensor_parallel_size=_count(spec.get("tensor_parallel_size")) or defaults.tensor_parallel_size,
+            model=_text(spec.get("model")),
+            layers=list(layers) if isinstance(layers, list) and all(type(i) is int for i in layers) else None,
             output_dir=get("output_dir", _output_dir, spec.get("output_dir")),
             env=get("env", _env, spec.get("env")),
             command=get("command", _argv, spec.get("command")),
@@ -272,14 +233,10 @@ class JobSpec:
             on_shape_failure=get(
                 "on_shape_failure", _policy, spec.get("on_shape_failure", defaults.on_shape_failure)
             ),
-            expect_layers=get("expect_layers", _positive("expect.layers"), expect.get("layers")),
-            expect_hidden_size=get(
-                "expect_hidden_size", _positive("expect.hidden_size"), expect.get("hidden_size")
-            ),
+            expect_layers=_count(expect.get("layers")),
+            expect_hidden_size=_count(expect.get("hidden_size")),
             shard=get("shard", _shard, spec.get("shard")),
-            time_limit_minutes=get(
-                "time_limit_minutes", _positive("time_limit_minutes"), spec.get("time_limit_minutes")
-            ),
+            time_limit_minutes=get("time_limit_minutes", _minutes, spec.get("time_limit_minutes")),
             resume=spec.get("resume") is True,
             attach=get("attach", _attach, spec.get("attach")),
         )

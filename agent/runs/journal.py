@@ -99,16 +99,11 @@ RECENT_BYTES = 4 << 20
 
 
 class RecentLines:
-    """The last writes of a journal, each as (first seq, byte offset in the file, its whole lines).
+    """The last writes of a journal, each as (first seq, byte offset in the file, its whole lines): a
+    follower whose offset is where the write after its seq starts reads from here, any other the file."""
 
-    Writes come in seq order, each a run of consecutive seqs: the lines after a follower's last seq are the
-    writes from the one that starts at the next seq, when the follower's file offset is where it starts
-    (a follower that read part of a write from the file, or one that is older than what is kept, reads
-    the file instead)."""
-
-    def __init__(self, end: int, limit: int = RECENT_BYTES) -> None:
+    def __init__(self, end: int) -> None:
         self.end = end  # the file's size: where the next write goes
-        self.limit = limit
         self._writes: deque[tuple[int, int, bytes]] = deque()
         self._bytes = 0
 
@@ -117,7 +112,7 @@ class RecentLines:
         if data:
             self._writes.append((first_seq, self.end, data))
             self._bytes += len(data)
-            while self._bytes > self.limit and len(self._writes) > 1:
+            while self._bytes > RECENT_BYTES and len(self._writes) > 1:
                 self._bytes -= len(self._writes.popleft()[2])
         self.end += len(data)
 

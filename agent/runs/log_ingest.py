@@ -17,7 +17,6 @@ from agent.sched.logmerge import LogMerger, shard_of
 
 log = logging.getLogger("eaglewatch.agent")
 READ_CHUNK = 256 * 1024  # ~35 ms of rule work: other runs and clients are served in between
-Emit = Callable[[list[dict[str, Any]]], None]
 
 
 def restore_engine(spec: JobSpec, snapshot: Any, run: str) -> MilestoneEngine:
@@ -48,7 +47,7 @@ class LogIngest:
         offset: int,
         line: int,
         merger: LogMerger | None,
-        emit: Emit,
+        emit: Callable[[list[dict[str, Any]]], None],
     ) -> None:
         self.chain = chain
         self.lines = lines

@@ -26,14 +26,11 @@ def _milestone_key(ev: dict[str, Any]) -> tuple[Any, ...]:
 
 
 class Outbox:
-    """Queues events and writes them to ``journal`` a batch at a time; each written event goes into
-    ``summary`` and every batch wakes ``written`` (the run's event followers).  Writes the cursor file
-    ``cursor``: ``state()`` (where the watcher stands) with the journal's seq, only once the journal durably
-    holds that seq.
+    """Queues events and writes them to ``journal`` a batch at a time (into ``summary``, waking ``written``);
+    writes ``state()`` with the journal's seq as the cursor only once the journal durably holds that seq.
 
-    A restarted watcher resumes from the cursor and regenerates the milestones journaled after it:
-    ``skip_journaled`` learns them, and each is dropped once when it comes again (taken into the summary, not
-    written)."""
+    A restarted watcher regenerates the milestones journaled after the cursor: ``skip_journaled`` learns
+    them, and each is dropped once when it comes again (taken into the summary, not written)."""
 
     def __init__(
         self,

@@ -1,14 +1,9 @@
 """Where a run may write: the output_dir rules shared by the spec (pydantic), JobSpec and the daemon's launch,
 and whose capture a directory holds.
 
-``output_dir_error`` is pure (the path's text alone); ``launch_output_dir_error`` looks at the host: the
-agent's state dir, the other runs' output dirs, and what the directory already holds.  A directory is
-acceptable when it is missing, empty, or holds only what an extraction writes (then the run resumes).
-
-A capture's files are only ever reused by a run that captures the same thing: the job writes an ownership
-record (``OWNER_FILE``: run, layers, layer convention, model and its config.json's sha256, dtype, backend)
-before its first capture file, and ``capture_error`` refuses a run whose ``Capture`` differs from the one
-the directory holds (from the record, or from the manifest an older version left).
+``output_dir_error`` is pure (the path's text alone); ``launch_output_dir_error`` looks at the host.  A
+directory is acceptable when it is missing, empty, or holds only what an extraction writes (the run resumes
+it), and then only when its ownership record (``OWNER_FILE``) names the same ``Capture``.
 """
 
 from __future__ import annotations
@@ -131,14 +126,6 @@ class Capture:
         """The fields as JSON values (what the job's ``--capture`` prints; the record adds the run id)."""
         return {**asdict(self), "layers": list(self.layers)}
 
-    def differences(self, wanted: Capture) -> list[tuple[str, str, str]]:
-        """(field, held, wanted) for each field where ``wanted`` differs from this capture, in field order."""
-        return [
-            (f.name, _shown(getattr(self, f.name)), _shown(getattr(wanted, f.name)))
-            for f in fields(self)
-            if getattr(self, f.name) != getattr(wanted, f.name)
-        ]
-
 
 def _shown(value: Any) -> str:
     return str(list(value)) if isinstance(value, tuple) else str(value)
@@ -184,11 +171,12 @@ def capture_error(value: str, wanted: Capture) -> str | None:
             f"output_dir {value[:200]!r} holds capture files but nothing says what they capture ({source}): "
             "choose another output_dir"
         )
-    diffs = held.differences(wanted)
+    diffs = [(f.name, getattr(held, f.name), getattr(wanted, f.name)) for f in fields(held)]
+    diffs = [(name, old, new) for name, old, new in diffs if old != new]
     if not diffs:
         return None
-    have = " and ".join(f"{name} {old}" for name, old, _ in diffs)
-    want = " and ".join(f"{name} {new}" for name, _, new in diffs)
+    have = " and ".join(f"{name} {_shown(old)}" for name, old, _ in diffs)
+    want = " and ".join(f"{name} {_shown(new)}" for name, _, new in diffs)
     return (
         f"output_dir {value[:200]!r} holds a capture of {have}; this spec asks for {want}: "
         "choose another output_dir"

@@ -1,6 +1,5 @@
-"""Ops about a run's data: `forecast` and the capture a spec asks for (the job's `--forecast` and `--capture`
-in a child process: torch and pydantic stay out of the daemon) and `manifest` (the dataset card a job keeps
-in its output directory)."""
+"""Ops about a run's data: the job's `--forecast` and `--capture` of a spec (in a child process: torch and
+pydantic stay out of the daemon) and the manifest a job keeps in its output directory."""
 
 from __future__ import annotations
 

@@ -31,18 +31,14 @@ def _describe(ms: dict[str, Any]) -> str:
     return f"{fields.get('class', 'error')}: {text[:160]}"
 
 
-def _describe_root(fields: dict[str, Any]) -> str:
-    """A root cause a wrapper named (rootcause.py): its class, unless unclassified, and its text."""
-    cls, text = fields.get("root_cause_class"), str(fields.get("root_cause"))[:240]
-    return text if cls in (None, "traceback") else f"{cls}: {text}"
-
-
 def _errors(summary: RunSummary) -> str:
     """The root cause (named by a wrapper, else first specific error, else first fatal, else last) and,
     if other, the last error (the wrapper, kept as context)."""
-    if summary.named_root is not None:
-        out = f"; error: {_describe_root(summary.named_root['fields'])}"
-        return out + f"; last error: {_describe(summary.last_error or summary.named_root)}"
+    if summary.named_root is not None:  # a root cause a wrapper named (rootcause.py); its class if classified
+        fields = summary.named_root["fields"]
+        cls, root_text = fields.get("root_cause_class"), str(fields.get("root_cause"))[:240]
+        root_text = root_text if cls in (None, "traceback") else f"{cls}: {root_text}"
+        return f"; error: {root_text}; last error: {_describe(summary.last_error or summary.named_root)}"
     root = summary.first_specific or summary.first_fatal or summary.last_error
     if root is None:
         return f"; job reported: {summary.failed_reason[:200]}" if summary.failed_reason else ""

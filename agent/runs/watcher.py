@@ -1,15 +1,8 @@
 """Per-run watcher: log tail → LineSplitter → MilestoneEngine → journal, output checks, final state.
 
-Exactly-once across a daemon SIGKILL: the cursor (log offset = splitter.pending_offset, line number, engine
-snapshot, journal seq, checked files, log generations) is written after the journal append is fsynced.  A
-restarted watcher resumes from the cursor; events it regenerates that the journal already holds past the
-cursor's seq are recognised and skipped, so no line is lost and no milestone or seq is written twice.
-
-An active run's watcher is built from parts it owns, each given what it needs: ``ingest`` reads, splits and
-classifies the log (log_ingest.py), ``outbox`` writes events to the journal once each and saves the cursor
-(outbox.py), and ``checks`` checks the capture files (capture_checks.py).  The watcher's loop decides when
-each runs.  A run that had ended before this daemon started gets none of them: it only answers status and
-follow.
+An active run's watcher owns ``ingest`` (log_ingest.py), ``outbox`` (outbox.py: each event once across a
+SIGKILL, the cursor after the fsync) and ``checks`` (capture_checks.py); its loop decides when each runs.  A
+run that had ended before this daemon started gets none of them: it only answers status and follow.
 """
 
 from __future__ import annotations
@@ -49,15 +42,6 @@ LIVENESS_S = 5.0  # a safety net: inotify reports exit.json the moment it appear
 # While catching up on a backlog: let the other runs and clients in this often (not after every read), and
 # start a journal fsync (in a worker thread) then.
 COMMIT_EVERY_S = 0.05
-
-
-def _array_merger(paths: RunPaths) -> LogMerger | None:
-    """The merger of a Slurm array job's task logs into output.log; None for any other run."""
-    job = read_json(paths.job)
-    if not isinstance(job, dict) or job.get("scheduler") != "slurm":
-        return None
-    array = job.get("array")
-    return LogMerger(paths, array) if isinstance(array, int) and array else None
 
 
 class RunWatcher:
@@ -108,13 +92,16 @@ class RunWatcher:
         )
         # Events journaled after the cursor was saved will be regenerated: the outbox skips them once.
         recovered = self.outbox.skip_journaled(journaled, int(saved.get("seq", 0)))
+        job = read_json(self.paths.job)
+        # a Slurm array job's task logs are merged into output.log
+        array = job.get("array") if isinstance(job, dict) and job.get("scheduler") == "slurm" else None
         self.ingest = LogIngest(
             self.chain,
             self.lines,
             restore_engine(self.spec, saved.get("engine"), self.paths.run),
             int(saved.get("offset", 0)),
             int(saved.get("line", 0)),
-            _array_merger(self.paths),
+            LogMerger(self.paths, array) if isinstance(array, int) and array else None,
             self._milestones,
         )
         self.checks = OutputChecks(
@@ -283,10 +270,10 @@ class RunWatcher:
             self._last_live = now
             if self.spec.attach is not None and self.spec.attach.slurm_job is None:
                 await self._look_attached(now)
-            elif jobs.classify(self.paths).status == "lost":
+            elif jobs.classify(self.paths) == "lost":
                 # Look again shortly: the job may have just ended with exit.json not yet renamed in place.
                 await asyncio.sleep(0.5)
-                if jobs.classify(self.paths).status == "lost":
+                if jobs.classify(self.paths) == "lost":
                     await self._finish(lost=True)
                     return True
         return False

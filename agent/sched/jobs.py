@@ -1,11 +1,8 @@
 """A run as a Slurm job: submit it, follow the poller's looks into its run dir, scancel it and confirm.
 
-``sched.json`` in the run dir holds the last look (``job_id``, ``array``, ``phase``, ``state``, ``reason``,
-``position``, ``tasks``, ``error``, ``vanished``). ``advance`` compares a new look with it and returns the
-new record, the journal events to append (``queued`` while the job waits, with Slurm's reason and the queue
-position; ``scheduled`` when its tasks start; a ``warning`` when Slurm cannot be asked, once per outage) and,
-once the job has ended, the exit record the watcher turns into the final state (summary.final_state).
-The daemon's one ``SlurmPoller`` makes one squeue call per interval for every submitted run at once.
+``sched.json`` in the run dir holds the last look; ``advance`` turns a new one into the new record, the
+journal events (docs/slurm.md) and, once the job has ended, the exit record the watcher turns into the
+final state.  The daemon's one ``SlurmPoller`` makes one squeue call per interval for all runs at once.
 """
 
 from __future__ import annotations
@@ -213,12 +210,8 @@ def _task_event(job_id: str, task: int, state: str, outcome: str, reason: str, l
 def ended_tasks(
     prev: dict[str, Any], view: JobView, line: int, stopping: bool
 ) -> tuple[list[dict[str, Any]], list[int]]:
-    """A ``task_ended`` milestone (fields ``shard``, ``slurm_state``, ``outcome``, ``reason``) for each array
-    task that has ended since the last look (what lets the controller show each shard's own state), and
-    the ids of tasks that left the queue unseen (``gone``).
-
-    A pending task cancelled on its own (``scancel JOB_TASK``) leaves no record: it only drops out of the
-    array's pending range, so it is taken as cancelled. A running task that vanished without its end seen
+    """A ``task_ended`` milestone for each array task ended since the last look, and the ids of tasks that
+    left the queue unseen (``gone``): a pending one was cancelled (it leaves no record), a running one
     (past MinJobAge while the daemon was down) is taken as failed, its outcome unknown."""
     given = prev.get("tasks")
     before = task_states(given if isinstance(given, dict) else {})
@@ -278,29 +271,27 @@ def advance(
         rec["vanished"] = True
         return rec, events, None
     ran_before = prev.get("phase") in ("running", "ended")
-    if view.phase == "pending" and ran_before:  # requeued (preempted, node failure): waits again
-        events.append({"type": "state", "state": "pending", "reason": view.describe()})
-    elif not ran_before and (
-        view.phase == "running" or (view.phase == "ended" and view.outcome != "cancelled")
-    ):
-        # It left the queue (perhaps ending between two looks): the run was running, whatever comes next.
-        events.append({"type": "state", "state": "running"})
     rec.update(
         phase=view.phase, state=view.state, reason=view.reason, position=view.position, tasks=view.tasks
     )
-    if view.phase == "pending" and (prev.get("phase") != "pending" or prev.get("reason") != view.reason):
-        events.append(
-            milestone_event(
-                "queued",
-                line,
-                view.describe(),
-                job_id=job,
-                slurm_state=view.state,
-                reason=view.reason,
-                position=view.position,
+    if view.phase == "pending":
+        if ran_before:  # requeued (preempted, node failure): waits again
+            events.append({"type": "state", "state": "pending", "reason": view.describe()})
+        if prev.get("phase") != "pending" or prev.get("reason") != view.reason:
+            events.append(
+                milestone_event(
+                    "queued",
+                    line,
+                    view.describe(),
+                    job_id=job,
+                    slurm_state=view.state,
+                    reason=view.reason,
+                    position=view.position,
+                )
             )
-        )
-    elif view.phase in ("running", "ended") and not ran_before and view.outcome != "cancelled":
+    elif not ran_before and view.outcome != "cancelled":
+        # It left the queue (perhaps ending between two looks): the run was running, whatever comes next.
+        events.append({"type": "state", "state": "running"})
         events.append(
             milestone_event(
                 "scheduled",
@@ -334,7 +325,6 @@ class SlurmPoller:
         self.on_look = on_look
         self.interval_s = settings.SLURM_POLL_S.get() if interval_s is None else interval_s
         self.jobs: dict[str, tuple[str, int | list[int] | None]] = {}
-        self.calls = 0
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -376,8 +366,6 @@ class SlurmPoller:
             for run in asked:
                 self.on_look(run, None, str(exc))
             return
-        finally:
-            self.calls += 1
         for run, (job_id, array) in asked.items():
             if self.jobs.get(run) != (job_id, array):
                 continue  # untracked (ended, or re-tracked) while squeue ran

@@ -15,16 +15,14 @@ from pathlib import Path
 
 from agent.paths import RunPaths, atomic_write_json, read_json
 
-SHARD_PREFIX_RE = re.compile(rb"^\[shard (\d+)\] ")
+_SHARD_RE = re.compile(r"\[shard ([0-9]+)\] ")
 READ_CHUNK = 256 * 1024
 
 
 def shard_of(text: str) -> tuple[int | None, str]:
     """(shard index, line without its tag) of a merged line; (None, text) for an untagged one."""
-    m = SHARD_PREFIX_RE.match(text.encode("utf-8", "surrogateescape")[:32])
-    if m is None:
-        return None, text
-    return int(m.group(1)), text[m.end() :]
+    m = _SHARD_RE.match(text)
+    return (None, text) if m is None else (int(m.group(1)), text[m.end() :])
 
 
 class LogMerger:

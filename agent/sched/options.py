@@ -55,19 +55,16 @@ class SlurmOptions:
         """The options of a launch's ``scheduler`` object; ValueError naming the bad field."""
         if not isinstance(raw, dict) or raw.get("kind") != "slurm":
             raise ValueError("'scheduler' must be an object with kind 'slurm'")
-        unknown = set(raw) - {"kind", "partition", "account", "sbatch_args", "gpus", "shards", "tasks"}
-        if unknown:
+        if unknown := set(raw) - {"kind", "partition", "account", "sbatch_args", "gpus", "shards", "tasks"}:
             raise ValueError(f"scheduler: unknown field(s) {', '.join(sorted(unknown))}")
         for name in ("partition", "account"):
-            problem = slurm_name_problem(f"scheduler.{name}", raw.get(name))
-            if problem:
+            if problem := slurm_name_problem(f"scheduler.{name}", raw.get(name)):
                 raise ValueError(problem)
         args = raw.get("sbatch_args") or []
         if not isinstance(args, list) or len(args) > 64:
             raise ValueError("scheduler.sbatch_args must be a list of at most 64 options")
         for arg in args:
-            problem = sbatch_arg_problem(arg)
-            if problem:
+            if problem := sbatch_arg_problem(arg):
                 raise ValueError(f"scheduler.sbatch_args: {problem}")
         gpus = raw.get("gpus", "gpus-per-task")
         if gpus not in GPU_REQUESTS:

@@ -32,17 +32,6 @@ class SlurmError(Exception):
     """Slurm refused or could not be reached; the message says which command and why."""
 
 
-def batch_script(paths: RunPaths) -> str:
-    """The batch script: fixed program text; the job itself comes from launch.json."""
-    python = shlex.quote(sys.executable)
-    return (
-        "#!/bin/sh\n"
-        "# eaglewatch: runs the job recorded in launch.json beside this script\n"
-        f"export PYTHONPATH={shlex.quote(str(_PKG_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
-        f"exec {python} -m agent.sched.task {shlex.quote(str(paths.dir))}\n"
-    )
-
-
 def sbatch_argv(
     paths: RunPaths, opts: SlurmOptions, gpus: int | None, time_limit_min: int | None
 ) -> list[str]:
@@ -108,7 +97,12 @@ def submit(
 ) -> tuple[str, list[str]]:
     """Write the batch script and submit it; (job id, sbatch argv). SlurmError with sbatch's own words."""
     script = paths.dir / "job.sbatch"
-    script.write_text(batch_script(paths))
+    script.write_text(  # fixed program text: the job itself comes from launch.json
+        "#!/bin/sh\n"
+        "# eaglewatch: runs the job recorded in launch.json beside this script\n"
+        f"export PYTHONPATH={shlex.quote(str(_PKG_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        f"exec {shlex.quote(sys.executable)} -m agent.sched.task {shlex.quote(str(paths.dir))}\n"
+    )
     script.chmod(0o700)
     argv = sbatch_argv(paths, opts, gpus, time_limit_min)
     proc = _run(argv)

@@ -1,13 +1,7 @@
 """Pure Slurm bookkeeping: squeue rows parsed, Slurm job states mapped to run states, array tasks combined.
 
-How it works
-------------
-``squeue --states=all`` lists every job the controller still holds (pending, running and, for MinJobAge
-seconds, ended ones), one row per array task once tasks run (a pending array is one row, its task id a
-range). ``STATES`` maps each Slurm state to the run state it means (``pending``, ``running`` or ``ended``)
-and, for an ended one, the outcome and the words a reason uses. ``combine`` folds the rows of one job
-(every task of an array) into one ``JobView``: pending while any task waits and none runs, running while
-any task is not over, else ended with the worst outcome (a task that timed out makes the run fail).
+``squeue --states=all`` lists every job the controller still holds (ended ones for MinJobAge seconds), one
+row per array task once tasks run (a pending array is one row, its task id a range).
 """
 
 from __future__ import annotations

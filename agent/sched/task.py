@@ -24,8 +24,7 @@ def main(argv: list[str]) -> int:
         print(f"eaglewatch-agent: {run_dir / 'launch.json'} is missing or malformed", file=sys.stderr)
         return 127
     args = [str(a) for a in launch["argv"]]
-    env = dict(os.environ)
-    env.update({str(k): str(v) for k, v in (launch.get("env") or {}).items()})
+    env = {**os.environ, **{str(k): str(v) for k, v in (launch.get("env") or {}).items()}}
     env[settings.RUN_ID.name] = run_dir.name
     shards = launch.get("shards")
     task = os.environ.get("SLURM_ARRAY_TASK_ID")

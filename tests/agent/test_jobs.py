@@ -76,7 +76,7 @@ def test_job_is_not_a_child_of_the_spawner(state: Path, tmp_path: Path) -> None:
     assert job_stat.ppid == rec["supervisor_pid"]
     assert sup_stat.ppid != os.getpid()  # double fork: the daemon dying does not touch the supervisor
     assert job_stat.pgid == rec["pid"]
-    assert jobs.classify(p).status == "alive"
+    assert jobs.classify(p) == "alive"
 
 
 def test_signal_exit_is_recorded(state: Path, tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_signal_exit_is_recorded(state: Path, tmp_path: Path) -> None:
     )
     rec = _wait_exit(p)
     assert (rec["code"], rec["signal"], rec["signal_name"]) == (None, signal.SIGSEGV, "SIGSEGV")
-    assert jobs.classify(p).status == "finished"
+    assert jobs.classify(p) == "finished"
 
 
 def test_spawn_of_missing_program_fails_clearly(state: Path) -> None:
@@ -138,7 +138,7 @@ def test_stop_after_the_job_ended_still_kills_its_leftover_worker(state: Path, t
     assert procfs.is_same_process(
         worker, None, None
     )  # the vLLM-worker case: the job is gone, its GPU holder is not
-    assert jobs.classify(p).status == "finished"
+    assert jobs.classify(p) == "finished"
     result = jobs.stop(p, grace_s=0.3)
     assert [k["pid"] for k in result["killed"]] == [worker] and result["confirmed"] is True
     assert not procfs.is_same_process(worker, None, None)
@@ -166,10 +166,10 @@ def test_classify_lost(state: Path, fake: str) -> None:
     else:
         record["start_time"] = me.start_time + 1  # same pid, another process
     atomic_write_json(p.job, record)
-    assert jobs.classify(p).status == "lost"
+    assert jobs.classify(p) == "lost"
     record.update(pid=os.getpid(), start_time=me.start_time, boot_id=procfs.boot_id())
     atomic_write_json(p.job, record)
-    assert jobs.classify(p).status == "alive"
+    assert jobs.classify(p) == "alive"
 
 
 def test_stop_finds_nothing_for_an_ended_run(state: Path, tmp_path: Path) -> None:

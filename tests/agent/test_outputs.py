@@ -14,11 +14,23 @@ import torch
 from safetensors.torch import save_file
 
 from agent.checks.checker import Expectation, check_path
-from agent.checks.shapes import CODES
 from agent.runs.capture_checks import check_events
 
 T, L, H = 12, 4, 64
 EXPECT = Expectation(layers=L, hidden_size=H)
+#: Every problem code the checker reports, as docs/milestones.md lists them.
+CODES = (
+    "unreadable",
+    "missing_key",
+    "hidden_dim_lost",
+    "layer_count_mismatch",
+    "hidden_size_mismatch",
+    "seq_len_mismatch",
+    "dtype_unexpected",
+    "non_finite",
+    "all_zero",
+    "index_gap",
+)
 
 
 def st_bytes(tensors: dict[str, tuple[str, list[int], bytes]], header: bytes | None = None) -> bytes:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from agent.runs.journal import Journal, RecentLines, read_raw
 
 
@@ -26,8 +28,11 @@ def test_a_follower_elsewhere_is_sent_to_the_file() -> None:
     assert recent.after(0, 0) is None  # a follower starting from the top of an older file
 
 
-def test_old_writes_are_dropped_past_the_limit_but_the_last_one_stays() -> None:
-    recent = RecentLines(end=0, limit=10)
+def test_old_writes_are_dropped_past_the_limit_but_the_last_one_stays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("agent.runs.journal.RECENT_BYTES", 10)
+    recent = RecentLines(end=0)
     recent.add(1, b"aaaa\n")
     recent.add(2, b"bbbb\n")
     recent.add(3, b"cccc\n")  # 15 bytes held: the first write goes

@@ -32,7 +32,7 @@ def test_builtin_files_load_and_every_name_is_unique() -> None:
     for name in BUILTIN_FILES:
         names += [r.name for r in read_rule_file(BUILTIN_DIR / name)]
     assert len(names) == len(set(names))
-    assert load_rules().names() == names
+    assert [r.name for r in load_rules().rules] == names
 
 
 def test_spec_rules_extend_the_builtins() -> None:
@@ -70,8 +70,9 @@ set = { phase = "train" }
 """
     )
     rules = load_rules(files=[f])
-    assert "throughput" not in rules.names()
-    assert rules.names().index("killed") < rules.names().index("epoch")
+    names = [r.name for r in rules.rules]
+    assert "throughput" not in names
+    assert names.index("killed") < names.index("epoch")
     (m,) = first(rules, "OOMKILL python3")
     assert m.fields["victim"] == "python3"
     assert first(rules, "Killed") == []
@@ -121,7 +122,6 @@ def test_bad_spec_rule_names_source_index_and_field(rule: dict[str, Any], field:
     with pytest.raises(RuleError) as info:
         load_rules(extra=[GOOD, rule])
     err = info.value
-    assert (err.source, err.index, err.field) == ("spec.rules", 1, field)
     assert message in str(err)
     name = f" {rule['name']!r}" if isinstance(rule.get("name"), str) else ""
     assert str(err).startswith(f"spec.rules: rule[1]{name}: field '{field}': ")

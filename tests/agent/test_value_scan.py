@@ -1,6 +1,5 @@
 """The value scan over many chunks: NaN/Inf of either sign in a chunk after the first is counted and placed,
-for bf16, f16 and f32, on numpy and on torch (the chunk size is made small so that a small tensor spans
-many chunks)."""
+for bf16, f16 and f32 (the chunk size is made small so that a small tensor spans many chunks)."""
 
 from __future__ import annotations
 
@@ -38,25 +37,21 @@ def _tensor(dtype: str, bad: dict[tuple[int, int, int], str]) -> bytes:
     return b"".join(struct.pack(fmt, v) for v in values)
 
 
-@pytest.fixture(params=["numpy", "torch"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(tensorfiles, "value_backend", lambda: request.param)
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tensorfiles, "CHUNK_BYTES", 256)  # a few rows a chunk: the scan sees 8 to 16 chunks
-    return str(request.param)
 
 
 @pytest.mark.parametrize("dtype", sorted(BITS))
 @pytest.mark.parametrize("kind", ["+inf", "-inf", "+nan", "-nan"])
-def test_a_non_finite_value_in_a_later_chunk_is_counted_and_placed(
-    backend: str, dtype: str, kind: str
-) -> None:
+def test_a_non_finite_value_in_a_later_chunk_is_counted_and_placed(dtype: str, kind: str) -> None:
     raw = _tensor(dtype, {(41, 1, 3): kind, (57, 0, 0): kind})
     got = scan_stream(io.BytesIO(raw), len(raw), (ROWS, LAYERS, HIDDEN), dtype)
     assert (got.non_finite, got.first_bad, got.layer_nonzero) == (2, (41, 1), (True, True))
 
 
 @pytest.mark.parametrize("dtype", sorted(BITS))
-def test_finite_values_of_both_signs_pass(backend: str, dtype: str) -> None:
+def test_finite_values_of_both_signs_pass(dtype: str) -> None:
     raw = _tensor(dtype, {})
     got = scan_stream(io.BytesIO(raw), len(raw), (ROWS, LAYERS, HIDDEN), dtype)
     assert (got.non_finite, got.first_bad, got.layer_nonzero) == (0, None, (True, True))

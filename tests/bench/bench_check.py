@@ -23,7 +23,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.checks import tensorfiles
 from agent.checks.checker import Expectation, check_path
 from tests.bench.run_all import bench_line
 
@@ -154,20 +153,9 @@ def bench_deep(tmp: Path, mb: int, reps: int) -> None:
         f"deep check (NaN/Inf + all-zero layers), {size_gb * 1000:.0f} MB BF16 file, page cache warm, "
         f"{reps} reps:"
     )
-    results = {}
-    for backend in ("numpy", "torch"):
-        saved = dict(tensorfiles._modules)
-        if backend == "torch":
-            tensorfiles._modules["numpy"] = None  # force the torch path
-        try:
-            assert tensorfiles.value_backend() == backend
-            assert check_path(path, expect, deep=True).ok
-            med, _ = summary(timings(lambda: check_path(path, expect, deep=True), reps))
-        finally:
-            tensorfiles._modules.clear()
-            tensorfiles._modules.update(saved)
-        results[backend] = med
-        print(f"  {backend:5} backend: median {med:.0f} ms = {size_gb / (med / 1000):.2f} GB/s")
+    assert check_path(path, expect, deep=True).ok
+    med, _ = summary(timings(lambda: check_path(path, expect, deep=True), reps))
+    print(f"  numpy scan: median {med:.0f} ms = {size_gb / (med / 1000):.2f} GB/s")
 
     import torch
     from safetensors.torch import load_file
@@ -182,13 +170,12 @@ def bench_deep(tmp: Path, mb: int, reps: int) -> None:
         f"  baseline safetensors load_file + torch.isfinite/count_nonzero: median {bmed:.0f} ms "
         f"= {size_gb / (bmed / 1000):.2f} GB/s"
     )
-    print(f"  ratio (numpy backend / baseline, time): {results['numpy'] / bmed:.2f}")
+    print(f"  ratio (numpy scan / baseline, time): {med / bmed:.2f}")
     base_gbs = round(size_gb / (bmed / 1000), 3)
     note = f"{size_gb * 1000:.0f} MB BF16, warm cache; baseline = safetensors load_file + torch checks"
-    for backend, med_ms in results.items():
-        gbs = round(size_gb / (med_ms / 1000), 3)
-        bench_line("check", f"deep check {backend} GB/s", gbs, "GB/s", baseline=base_gbs, note=note)
-    bench_line("check", "deep numpy/baseline time ratio", round(results["numpy"] / bmed, 3), "x")
+    gbs = round(size_gb / (med / 1000), 3)
+    bench_line("check", "deep check numpy GB/s", gbs, "GB/s", baseline=base_gbs, note=note)
+    bench_line("check", "deep numpy/baseline time ratio", round(med / bmed, 3), "x")
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from agent.daemon.streams import log_message
 from controller import crud, queries
 from controller.alerts import AlertPolicy
 from controller.bus import Bus, BusEvent, parse_cursor
-from controller.logblocks import Block, BlockError, lines_data, pack_offsets, unpack_offsets
+from controller.logblocks import Block, BlockError, pack_offsets, unpack_offsets
 from controller.service import Controller
 from controller.store import Store, connect, create_schema
 from controller.supervisor import HostSupervisor
@@ -140,7 +140,7 @@ async def test_replayed_overlapping_and_partial_blocks_store_each_line_once(stor
     while not sub._queue.empty():
         ev = sub._queue.get_nowait()
         if ev is not None and ev.kind == "log":
-            published += [(ln["offset"], ln["text"]) for ln in lines_data(ev.data)]
+            published += Block(**ev.data).lines()
     assert published == lines  # the bus carries each new line once too
     # paging as the API and the page do: forwards from an offset, backwards before one, search, errors
     mid = lines[49][0]
@@ -315,7 +315,7 @@ async def test_the_feed_pages_big_blocks_by_size_and_paging_on_gets_everything_o
         paged += page
         cursor = page[-1].cursor
     assert [(e.kind, e.cursor) for e in paged] == [(e.kind, e.cursor) for e in whole]
-    assert sum(len(lines_data(e.data)) for e in paged if e.kind == "log") == 40
+    assert sum(Block(**e.data).count for e in paged if e.kind == "log") == 40
 
 
 async def test_a_follow_sends_disk_and_buffer_lines_as_blocks() -> None:

@@ -12,7 +12,7 @@ from pydantic import SecretStr
 from agent.spec import parse_spec
 from controller import crud
 from controller.errors import Conflict, NotFound, SpecInvalid
-from controller.logblocks import lines_data
+from controller.logblocks import Block
 from controller.models import HostCreate, parse_run_spec
 from controller.service import Controller
 from controller.settings import Settings
@@ -138,7 +138,7 @@ def _flat(events: list[Any]) -> list[Any]:
     out: list[Any] = []
     for e in events:
         if e.kind == "log":
-            out.extend(("log", line["offset"], line["text"]) for line in lines_data(e.data))
+            out.extend(("log", offset, text) for offset, text in Block(**e.data).lines())
         else:
             out.append((e.kind, e.data))
     return out

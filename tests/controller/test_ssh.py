@@ -10,6 +10,7 @@ import pytest
 
 import agent
 from agent.spec import parse_spec
+from controller.bootstrap import fetch_host_key
 from controller.errors import HostKeyRejected
 from controller.models import HostCreate
 from controller.service import Controller
@@ -39,7 +40,7 @@ async def test_add_check_bootstraps_agent_with_system_python(
     async with Controller(ssh_settings, supervise=False) as ctl:
         await ctl.add_host(_host(tmp_path))
         expected = _fingerprint(sshd.host_key.with_suffix(".pub"))
-        assert await ctl.host_key("gpu1") == expected
+        assert await fetch_host_key(HOST.ssh, ssh_settings) == expected
         host = await ctl.check_host("gpu1")
         assert host.reachable is True and host.agent_version == agent.__version__
         assert host.fingerprint == expected and host.gpus == []

@@ -14,8 +14,9 @@ import pytest
 import agent
 from agent import protocol
 from agent.spec import parse_spec
+from controller import bootstrap
 from controller.bootstrap import open_link
-from controller.link import SSHTransport
+from controller.link import Link, SSHTransport
 from controller.models import HostCreate
 from controller.service import Controller
 from controller.settings import Settings
@@ -198,7 +199,7 @@ def _async(pred: Any) -> Any:
 
 
 async def test_bridge_kept_when_another_daemon_answers_on_the_socket(
-    tmp_path: Path, sshd: SSHD, ssh_settings: Settings
+    tmp_path: Path, sshd: SSHD, ssh_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The channel opens, but what answers there is not the daemon the bridge reached: keep the bridge.
 
@@ -211,11 +212,15 @@ async def test_bridge_kept_when_another_daemon_answers_on_the_socket(
         await reader.read()
         writer.close()
 
+    async def keep_bridge(name: str, conn: Any, bridge: Link, on_stream: Any) -> Link:
+        return bridge
+
     server = await asyncio.start_unix_server(impostor, path=str(other))
-    bridge, _ = await open_link(_host(tmp_path), ssh_settings, None, direct=False)
+    monkeypatch.setattr(bootstrap, "go_direct", keep_bridge)  # open_link hands back the bridge link
+    bridge, _ = await open_link(_host(tmp_path), ssh_settings, None)
+    monkeypatch.undo()
     try:
-        assert bridge.route == ROUTE_BRIDGE and bridge.route_reason == "direct channel not asked for"
-        assert isinstance(bridge.transport, SSHTransport)
+        assert isinstance(bridge.transport, SSHTransport) and bridge.transport.describe().startswith("ssh:")
         bridge.hello["socket"] = str(other)
         link = await go_direct("gpu1", bridge.transport.conn, bridge, None)
         assert link is bridge and link.route == ROUTE_BRIDGE

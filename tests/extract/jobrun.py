@@ -93,9 +93,9 @@ def run_job(
     stop_when: Callable[[dict[str, Any]], bool] | None = None,
     args: tuple[str, ...] = (),
 ) -> JobResult:
-    """Run `python -m agent.extract extract --spec SPEC [ARGS]`; SIGKILL its group once stop_when(event)."""
+    """Run `python -m agent extract --spec SPEC [ARGS]`; SIGKILL its group once stop_when(event)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.extract", "extract", "--spec", str(spec), *args],
+        [sys.executable, "-m", "agent", "extract", "--spec", str(spec), *args],
         cwd=ROOT,
         env=job_env(env),
         stdout=subprocess.PIPE,

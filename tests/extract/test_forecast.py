@@ -91,7 +91,7 @@ def _run(tmp_path: Path, spec: dict[str, object], *extra: str) -> subprocess.Com
     path = tmp_path / "spec.json"
     path.write_text(json.dumps({"host": "local", **spec}))
     return subprocess.run(
-        [sys.executable, "-m", "agent.extract", "extract", "--spec", str(path), *extra],
+        [sys.executable, "-m", "agent", "extract", "--spec", str(path), *extra],
         cwd=ROOT,
         env=job_env(),
         capture_output=True,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.extract.engine import known_bugs
 from agent.extract.engine.known_bugs import (
     BugTableError,
     KnownBug,
@@ -17,7 +18,6 @@ from agent.extract.engine.known_bugs import (
     load_bugs,
     match,
     parse_bugs,
-    run_conditions,
     target_for,
 )
 from agent.extract.planning.preflight import SpecError, preflight, vllm_version
@@ -83,7 +83,8 @@ def test_shipped_table_matches(
 def test_run_conditions(
     config: dict[str, object], layers: list[int], convention: str, want: frozenset[str]
 ) -> None:
-    assert run_conditions(config, layers, convention, 8) == want
+    config = {**config, "num_hidden_layers": 8}
+    assert target_for("0.26.0", config, "worker-extension", layers, convention).conditions == want
 
 
 def test_target_for_a_vlm_wrapper_names_both_architectures() -> None:
@@ -170,39 +171,51 @@ def _here(severity: str, when: tuple[str, ...] = ("captures_final_layer",)) -> l
 DS_CONFIG = {"num_hidden_layers": 8, "hidden_size": 64, "architectures": ["DeepseekV3ForCausalLM"]}
 
 
+def _table(monkeypatch: pytest.MonkeyPatch, bugs: list[KnownBug]) -> None:
+    """The preflight reads this known-bug table in place of the shipped one."""
+    monkeypatch.setattr(known_bugs, "load_bugs", lambda: bugs)
+
+
 @pytest.mark.skipif(vllm_version() is None, reason="the preflight needs an installed vLLM")
-def test_preflight_refuses_a_known_bug_before_any_engine(tmp_path: Path) -> None:
+def test_preflight_refuses_a_known_bug_before_any_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = _spec(tmp_path, DS_CONFIG)
+    _table(monkeypatch, _here("refuse"))
     with pytest.raises(
         SpecError, match=r"known vLLM bug here: drops the final layer \(https://example.invalid/1\)"
     ):
-        preflight(spec, bugs=_here("refuse"))
+        preflight(spec)
     assert not (tmp_path / "out").exists()  # refused before anything was made
 
 
 @pytest.mark.skipif(vllm_version() is None, reason="the preflight needs an installed vLLM")
-def test_preflight_passes_warnings_and_overrides(tmp_path: Path) -> None:
-    plan = preflight(_spec(tmp_path, DS_CONFIG), bugs=_here("warning"))
+def test_preflight_passes_warnings_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _table(monkeypatch, _here("warning"))
+    plan = preflight(_spec(tmp_path, DS_CONFIG))
     assert plan.bug_warnings == ("known vLLM bug here: drops the final layer (https://example.invalid/1)",)
+    _table(monkeypatch, _here("refuse"))
     allowed = _spec(tmp_path / "b", DS_CONFIG, env={ALLOW_ENV: "other, here"})
-    assert "capturing anyway" in preflight(allowed, bugs=_here("refuse")).bug_warnings[0]
+    assert "capturing anyway" in preflight(allowed).bug_warnings[0]
     not_final = _spec(tmp_path / "c", DS_CONFIG, layers=[2, 4])
-    assert preflight(not_final, bugs=_here("refuse")).bug_warnings == ()
+    assert preflight(not_final).bug_warnings == ()
 
 
 @pytest.mark.skipif(vllm_version() is None, reason="the preflight needs an installed vLLM")
-def test_preflight_hands_an_aux_output_bug_to_the_worker_extensions_capture_choice(tmp_path: Path) -> None:
-    aux_bug = _here("refuse", when=("captures_final_layer", "aux_outputs"))
+def test_preflight_hands_an_aux_output_bug_to_the_worker_extensions_capture_choice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _table(monkeypatch, _here("refuse", when=("captures_final_layer", "aux_outputs")))
     with pytest.raises(SpecError, match="known vLLM bug here"):  # vllm-native reads aux outputs: refused
-        preflight(_spec(tmp_path / "a", DS_CONFIG), bugs=aux_bug)
-    plan = preflight(_spec(tmp_path / "b", DS_CONFIG, backend="worker-extension"), bugs=aux_bug)
+        preflight(_spec(tmp_path / "a", DS_CONFIG))
+    plan = preflight(_spec(tmp_path / "b", DS_CONFIG, backend="worker-extension"))
     assert plan.bug_warnings == () and plan.aux_warnings == ()
     assert plan.aux_refused == f"known vLLM bug here, https://example.invalid/1; {ALLOW_ENV}=here keeps them"
     allowed = _spec(tmp_path / "c", DS_CONFIG, backend="worker-extension", env={ALLOW_ENV: "here"})
-    plan = preflight(allowed, bugs=aux_bug)
+    plan = preflight(allowed)
     assert plan.aux_refused is None and "capturing anyway" in plan.aux_warnings[0]
     not_final = _spec(tmp_path / "d", DS_CONFIG, backend="worker-extension", layers=[2, 4])
-    assert preflight(not_final, bugs=aux_bug).aux_refused is None
+    assert preflight(not_final).aux_refused is None
 
 
 def test_an_aux_refusal_names_each_bug_and_link_and_the_setting_that_keeps_the_aux_path() -> None:

@@ -27,7 +27,7 @@ def _run(
     path = tmp_path / "spec.json"
     path.write_text(spec if isinstance(spec, str) else json.dumps(spec))
     p = subprocess.run(
-        [sys.executable, "-m", "agent.extract", "extract", "--spec", str(path)],
+        [sys.executable, "-m", "agent", "extract", "--spec", str(path)],
         cwd=ROOT,
         env=job_env(env),
         capture_output=True,

@@ -55,7 +55,7 @@ def test_a_drain_that_completes_two_batches_reports_one_progress_line_with_their
     leave the second with the counts repeated and no RMS)."""
     plan = _plan(tmp_path)
     manifest = Manifest("m", LAYERS, "input", 8, "float32", "worker-extension", ["x"], 3)
-    prog = Progress(total=3, stats=RunStats(LAYERS))
+    prog = Progress(total=3, out_dir=str(tmp_path), stats=RunStats(LAYERS))
     outstanding = [[Sample(0, (1, 2, 3)), Sample(1, (1, 2, 3))], [Sample(2, (1, 2, 3))]]
     drained = {"results": [_result(0, 1.0), _result(1, 1.0), _result(2, 1.0)]}
     lines = _take(drained, plan, manifest, prog, (outstanding, set(), True))
@@ -72,7 +72,7 @@ def test_a_drain_that_completes_two_batches_reports_one_progress_line_with_their
 def test_a_drain_that_completes_no_batch_reports_no_progress_line(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
     manifest = Manifest("m", LAYERS, "input", 8, "float32", "worker-extension", ["x"], 2)
-    prog = Progress(total=2, stats=RunStats(LAYERS))
+    prog = Progress(total=2, out_dir=str(tmp_path), stats=RunStats(LAYERS))
     outstanding = [[Sample(0, (1, 2, 3)), Sample(1, (1, 2, 3))]]
     batches = (outstanding, set[int](), False)
     lines = _take({"results": [_result(0, 2.0)]}, plan, manifest, prog, batches)

@@ -24,9 +24,9 @@ def fixture(name: str) -> str:
 
 
 def test_real_h200_idle_gpu_csv() -> None:
-    parsed = gpus.parse_gpu_csv(fixture("query-gpu-idle.csv"))
-    assert parsed.errors == []
-    assert parsed.rows == [
+    rows, errors = gpus.parse_gpu_csv(fixture("query-gpu-idle.csv"))
+    assert errors == []
+    assert rows == [
         {
             "index": 0,
             "uuid": H200_UUID,
@@ -40,24 +40,24 @@ def test_real_h200_idle_gpu_csv() -> None:
 
 
 def test_real_h200_busy_gpu_and_process_csv() -> None:
-    gpu = gpus.parse_gpu_csv(fixture("query-gpu-busy.csv"))
-    apps = gpus.parse_process_csv(fixture("query-apps-busy.csv"))
-    assert gpu.rows[0]["memory_used_mib"] == 21007
-    assert apps.errors == []
-    assert apps.rows == [{"pid": 420, "gpu_uuid": H200_UUID, "used_memory_mib": 20998}]
+    gpu_rows, _ = gpus.parse_gpu_csv(fixture("query-gpu-busy.csv"))
+    app_rows, app_errors = gpus.parse_process_csv(fixture("query-apps-busy.csv"))
+    assert gpu_rows[0]["memory_used_mib"] == 21007
+    assert app_errors == []
+    assert app_rows == [{"pid": 420, "gpu_uuid": H200_UUID, "used_memory_mib": 20998}]
 
 
 def test_real_h200_idle_process_csv_is_empty() -> None:
     assert fixture("query-apps-idle.csv") == ""
-    assert gpus.parse_process_csv(fixture("query-apps-idle.csv")) == gpus.Parsed([], [])
+    assert gpus.parse_process_csv(fixture("query-apps-idle.csv")) == ([], [])
 
 
 def test_header_and_units_are_understood() -> None:
     """`--format=csv` (header line, units on numbers) parses to the same row as the noheader,nounits form."""
     with_units = gpus.parse_gpu_csv(fixture("query-gpu-header-units.csv"))
     plain = gpus.parse_gpu_csv(fixture("query-gpu-idle.csv"))
-    assert with_units.errors == []
-    assert with_units.rows == plain.rows
+    assert with_units[1] == []
+    assert with_units[0] == plain[0]
 
 
 # --- pure parsers: tables of odd lines ------------------------------------------------------------------
@@ -91,15 +91,15 @@ GPU_LINES = [
 
 @pytest.mark.parametrize(("line", "expected"), GPU_LINES)
 def test_gpu_line_table(line: str, expected: dict[str, object] | None) -> None:
-    parsed = gpus.parse_gpu_csv(f"{line}\n")
+    rows, errors = gpus.parse_gpu_csv(f"{line}\n")
     if expected is None:
-        assert parsed.rows == []
-        [err] = parsed.errors
-        assert (err.query, err.line, err.text) == ("gpu", 1, line)
-        assert err.reason
+        assert rows == []
+        [err] = errors
+        assert (err["query"], err["line"], err["text"]) == ("gpu", 1, line)
+        assert err["reason"]
     else:
-        assert parsed.errors == []
-        [row] = parsed.rows
+        assert errors == []
+        [row] = rows
         assert {k: row[k] for k in expected} == expected
 
 
@@ -116,14 +116,14 @@ PROCESS_LINES = [
 
 @pytest.mark.parametrize(("line", "expected"), PROCESS_LINES)
 def test_process_line_table(line: str, expected: dict[str, object] | str | None) -> None:
-    parsed = gpus.parse_process_csv(line + "\n")
+    rows, errors = gpus.parse_process_csv(line + "\n")
     if expected == "skip":
-        assert parsed == gpus.Parsed([], [])
+        assert (rows, errors) == ([], [])
     elif expected is None:
-        assert parsed.rows == []
-        assert [(e.query, e.line) for e in parsed.errors] == [("process", 1)]
+        assert rows == []
+        assert [(e["query"], e["line"]) for e in errors] == [("process", 1)]
     else:
-        assert parsed.rows == [expected] and parsed.errors == []
+        assert rows == [expected] and errors == []
 
 
 def test_bad_line_is_skipped_and_the_rest_kept() -> None:
@@ -132,10 +132,10 @@ def test_bad_line_is_skipped_and_the_rest_kept() -> None:
         + "garbage line\n"
         + fixture("query-gpu-idle.csv").replace("0,", "1,", 1)
     )
-    parsed = gpus.parse_gpu_csv(text)
-    assert [r["index"] for r in parsed.rows] == [0, 1]
-    assert [(e.line, e.text) for e in parsed.errors] == [(2, "garbage line")]
-    assert parsed.errors[0].to_dict()["reason"].startswith("expected 7")
+    rows, errors = gpus.parse_gpu_csv(text)
+    assert [r["index"] for r in rows] == [0, 1]
+    assert [(e["line"], e["text"]) for e in errors] == [(2, "garbage line")]
+    assert errors[0]["reason"].startswith("expected 7")
 
 
 # --- query(): the I/O edge ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ from agent.extract.capture.stats import file_stats, maybe_token_stats
 from agent.extract.engine.canary import compare_with_file
 from agent.extract.writing.writeback import DEFAULT_LIMIT_MB, Writeback
 from agent.extract.writing.writer import sample_path, write_sample
+
+if TYPE_CHECKING:
+    from agent.spec import Fault
 
 
 @dataclass(frozen=True)
@@ -83,20 +86,15 @@ class SinkConfig:
     output_dir: str
     layers: int
     hidden_size: int
-    fault: str | None = None
+    fault: Fault | None = None
     stop_on_failure: bool = False
     writers: int = 4
     writeback_mb: int = DEFAULT_LIMIT_MB  # capture bytes on their way to disk at most (0: the kernel decides)
 
 
 class CaptureSink:
-    """Assembles step tensors into per-request [T, L, H] samples and writes them from writer threads.
-
-    The assembler thread places each request's rows by position, so chunked prefill, reordering and
-    recomputation after preemption all land right. A request whose whole prompt came in one step is
-    written straight from the step's buffer (no copy). Finished samples are checked and written by a
-    small pool of threads (file writes release the GIL).
-    """
+    """Assembles step tensors into per-request [T, L, H] samples (rows placed by position) and writes them
+    from a small pool of writer threads; a prompt that came whole in one step is written from its buffer."""
 
     def __init__(self, cfg: SinkConfig) -> None:
         self.cfg = cfg
@@ -140,10 +138,6 @@ class CaptureSink:
             out, self._results = self._results, []
             self._futures = [f for f in self._futures if not f.done()]
         return out
-
-    def pending(self) -> int:
-        """Requests registered but not finished."""
-        return len(self._reqs)
 
     def cost_fields(self) -> dict[str, Any]:
         """The capture_costs fields: the capture's own and the disk write-out's."""
@@ -230,13 +224,6 @@ class CaptureSink:
         with self._lock:
             self._futures.append(fut)
 
-    def _compare(self, req: _Request, hidden: torch.Tensor) -> None:
-        diff = compare_with_file(sample_path(self.cfg.output_dir, req.idx), hidden)
-        with self._lock:
-            self._results.append(
-                {"idx": req.idx, "canary": True, "rel_diff": diff, "tokens": len(req.prompt)}
-            )
-
     def _finish(
         self, req: _Request, hidden: torch.Tensor, flags: torch.Tensor, done: Any, stats: torch.Tensor | None
     ) -> None:
@@ -246,8 +233,12 @@ class CaptureSink:
             if cfg.fault is not None:
                 hidden, flags = apply_fault(hidden, cfg.fault, req.idx, req.batched), None  # type: ignore[assignment]
                 stats = maybe_token_stats(hidden)
-            if req.canary:
-                self._compare(req, hidden)
+            if req.canary:  # compared with the batched file, never written
+                diff = compare_with_file(sample_path(cfg.output_dir, req.idx), hidden)
+                with self._lock:
+                    self._results.append(
+                        {"idx": req.idx, "canary": True, "rel_diff": diff, "tokens": len(req.prompt)}
+                    )
                 return
             name = sample_path(cfg.output_dir, req.idx).name
             findings = check_sample(name, token_ids, hidden, req.prompt, cfg.layers, cfg.hidden_size, flags)

@@ -1,13 +1,10 @@
 """Capture through vLLM's own EAGLE-3 aux hidden-state outputs, so torch.compile and CUDA graphs stay on.
 
-vLLM's decoder models that support EAGLE-3 (`SupportsEagle3`: Llama, Qwen, DeepSeek-V2/V3, …) return
-`(hidden_states, [aux states])` once `set_aux_hidden_state_layers` names the layers; aux index k is the
-residual stream entering layer k (k = N: leaving the last layer), i.e. the "input" convention. Dynamo
-reads that setting while it traces, so it must be set after the weights load and before the first forward
-(the memory profile), when vLLM compiles the model and then captures its graphs. A worker extension cannot
-override `Worker.load_model` (vLLM refuses a mixin that shadows a worker attribute), so importing
-this module in a worker wraps `load_model` instead; the wrapper acts only when the job put the aux indices
-in `settings.AUX_LAYERS`, an environment variable spawned workers inherit.
+Aux index k is the residual stream entering layer k (k = N: leaving the last layer), the "input" convention.
+Dynamo reads the aux setting while it traces, so it must be set after the weights load and before the first
+forward. A worker extension cannot override `Worker.load_model` (vLLM refuses a mixin that shadows a worker
+attribute), so importing this module in a worker wraps it instead, acting only where the job put the aux
+indices in `settings.AUX_LAYERS` (an environment variable spawned workers inherit).
 """
 
 from __future__ import annotations
@@ -76,15 +73,6 @@ def install() -> None:
 
     load_model._eaglewatch = True  # type: ignore[attr-defined]
     Worker.load_model = load_model  # type: ignore[method-assign]
-
-
-def check_enabled(runner: Any) -> None:
-    """RuntimeError unless the engine was started with aux outputs on (env set before the engine)."""
-    if not getattr(runner, "use_aux_hidden_state_outputs", False):
-        raise RuntimeError(
-            "the engine started without aux hidden-state outputs: "
-            f"{settings.AUX_LAYERS.name} must be set before it starts"
-        )
 
 
 def split_output(out: Any, count: int) -> list[Any]:

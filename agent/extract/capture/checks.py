@@ -10,7 +10,8 @@ from agent.checks.shapes import Expectation, check_shapes
 if TYPE_CHECKING:
     import torch
 
-FAULTS = ("drop_layer", "flatten", "zero", "zero_layer", "batch_skew")
+    from agent.spec import Fault
+
 #: zero_layer: layer slot ZERO_LAYER_SLOT reads all zeros from sample ZERO_LAYER_FROM on (the run's first
 #: files stay healthy, so the collapse shows against them, as in the hybrid-model bug vllm#46301).
 ZERO_LAYER_SLOT, ZERO_LAYER_FROM = 1, 4
@@ -30,11 +31,9 @@ class Finding:
         return {"code": self.code, "message": self.message}
 
 
-def apply_fault(hidden: torch.Tensor, fault: str | None, idx: int = 0, batched: bool = False) -> torch.Tensor:
+def apply_fault(hidden: torch.Tensor, fault: Fault, idx: int = 0, batched: bool = False) -> torch.Tensor:
     """Corrupt a [T, L, H] capture (sample idx; batched: captured beside other requests) the way real runs
     went wrong (demo and tests only)."""
-    if fault is None:
-        return hidden
     if fault == "drop_layer":  # the final layer silently dropped
         return hidden[:, :-1].contiguous()
     if fault == "flatten":  # hidden dimension lost: one scalar per token and layer
@@ -43,13 +42,12 @@ def apply_fault(hidden: torch.Tensor, fault: str | None, idx: int = 0, batched: 
         return hidden.new_zeros(hidden.shape)
     if fault == "batch_skew":  # states depend on the batch (speculators #279): only batched captures change
         return hidden * BATCH_SKEW if batched else hidden
-    if fault == "zero_layer":  # one layer slot collapses to zeros part-way through the run
-        if idx < ZERO_LAYER_FROM:
-            return hidden
-        out = hidden.clone()
-        out[:, min(ZERO_LAYER_SLOT, hidden.shape[1] - 1)] = 0
-        return out
-    raise ValueError(f"unknown fault {fault!r}; expected one of {FAULTS}")
+    # zero_layer: one layer slot collapses to zeros part-way through the run
+    if idx < ZERO_LAYER_FROM:
+        return hidden
+    out = hidden.clone()
+    out[:, min(ZERO_LAYER_SLOT, hidden.shape[1] - 1)] = 0
+    return out
 
 
 def token_flags(hidden: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,7 @@
 """Per-layer statistics of captured states (RMS, max |x|, zero fraction, non-finite count); collapse alarms.
 
-`token_stats` runs where the step tensor is (the GPU, before the copy), like `checks.token_flags`: one
-[T, L, 4] float32 tensor of per-token sums, small next to the states. `file_stats` folds one sample's rows
-into per-slot values; `RunStats` (pure) keeps the run's totals per layer id, the per-file values (appended to
-`layer_stats.jsonl`) and says when a layer collapses or explodes against the run's first files.
+`token_stats` runs where the step tensor is (the GPU, before the copy): [T, L, 4] float32 per-token sums.
+`RunStats` (pure) keeps the run's totals per layer id and says when a layer collapses or explodes.
 """
 
 from __future__ import annotations
@@ -66,9 +64,7 @@ def fused_step_stats(sample: torch.Tensor, force: bool = False) -> tuple[StepSta
     """step_stats compiled into fused kernels for tensors like sample (CUDA; any device with force), with
     how it runs: 'compiled', or 'eager: <why>' when compiling fails or gives other values than eager.
 
-    Eager, the statistics make four passes over the step and two of them write a bool copy of it; compiled,
-    one pass (docs/benchmarks.md has both costs). Compiled here, once, on sample: shapes are dynamic, so the
-    steps' token counts reuse this one compile.
+    One pass over the step instead of four (docs/benchmarks.md); shapes are dynamic, so one compile serves.
     """
     import torch
 
@@ -98,9 +94,7 @@ def warm_sizes(max_tokens: int) -> list[int]:
 def warm(fn: StepStats, sample: torch.Tensor, sizes: list[int]) -> dict[int, float]:
     """Run fn once per token count (rows like sample) and wait for it; ms per size, for the milestone.
 
-    Compiling, specialising and tuning the fused kernels for a new size happen at its first call, which in
-    vLLM lands inside the first step and holds the GPU up. Here they happen at setup instead, and the largest
-    step's memory is taken from the allocator once.
+    A new size's compile and tuning happen at its first call: here, at setup, not inside the first step.
     """
     import time
 

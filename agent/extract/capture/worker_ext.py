@@ -1,15 +1,9 @@
 """vLLM worker extension: hooks the decoder layers; writes hidden states per request from the worker.
 
-Loaded by vLLM through
-`worker_extension_cls="agent.extract.capture.worker_ext.EagleWatchCapture"`; vLLM appends the class to
-the worker's bases, so its methods are reachable with `collective_rpc("eaglewatch_...")`.
-Tensors never cross the RPC boundary: the worker writes hs_{idx}.safetensors itself and returns small
-dicts. Token attribution is per scheduler step, by request id, from the runner's batch order: the V1
-runner keeps a persistent `input_batch` whose `req_ids` give it; the V2 runner (default from vLLM 0.25)
-builds a fresh `InputBatch` per step in `prepare_inputs`, sorted its own way, so its order is read there.
-
-Two capture paths: forward hooks on the decoder layers (eager only, either runner), or vLLM's own aux
-hidden-state outputs read after each forward (`aux_capture`: compiled model and CUDA graphs stay on, V1).
+vLLM appends the class to the worker's bases (`worker_extension_cls`), so its methods are reachable with
+`collective_rpc("eaglewatch_...")`; tensors never cross that boundary. How tokens are attributed and the two
+capture paths (hooks, aux): docs/extraction.md. The V2 runner builds a fresh `InputBatch` per step in
+`prepare_inputs`, sorted its own way, so its batch order is read there.
 """
 
 from __future__ import annotations
@@ -99,7 +93,6 @@ class EagleWatchCapture:
         self._ew_sink = sink
         self._ew_runner = kind
         self._ew_nslots = nslots
-        self._ew_tokens = 0
         self._ew_gathers = 0  # steps whose states came sequence-parallel sharded and were all-gathered
         self._ew_active: _Step | None = None  # the step being run; None outside real steps
         self._ew_copier: PinnedCopier | None = None
@@ -158,7 +151,11 @@ class EagleWatchCapture:
         if capture == "aux":
             if kind != "v1":
                 raise RuntimeError("the aux capture path reads the V1 model runner; this engine runs V2")
-            aux_capture.check_enabled(runner)
+            if not getattr(runner, "use_aux_hidden_state_outputs", False):  # aux_capture.enable, at load
+                raise RuntimeError(
+                    "the engine started without aux hidden-state outputs: "
+                    f"{settings.AUX_LAYERS.name} must be set before it starts"
+                )
             self._ew_aux_slots = aux_capture.aux_plan(cfg["layer_ids"], cfg["convention"], n)[1]
             self._ew_wrap_forward(runner)
         else:
@@ -236,24 +233,16 @@ class EagleWatchCapture:
         runner._model_forward = _model_forward
 
     def eaglewatch_drain(self, wait: bool = True) -> dict[str, Any] | None:
-        """Finished samples (small dicts) and the pending count; wait: for all submitted. Rank 0 only."""
+        """Finished samples (small dicts) and the capture's costs; wait: for all submitted. Rank 0 only."""
         if self._ew_sink is None:
             return None
         results = self._ew_sink.drain(wait)
-        return {
-            "results": results,
-            "costs": self._ew_sink.cost_fields(),
-            "pending": self._ew_sink.pending(),
-            "tokens": self._ew_tokens,
-            "gathers": self._ew_gathers,
-        }
+        return {"results": results, "costs": self._ew_sink.cost_fields(), "gathers": self._ew_gathers}
 
     def eaglewatch_write_trace(self) -> str | None:
-        """Write the per-step costs trace where settings.COSTS_TRACE says (rank 0; the job calls this once,
-        after its last step); the path written, or None.
+        """Write the per-step costs trace where settings.COSTS_TRACE says (rank 0); the path, or None.
 
-        Written then, to a new file renamed into place: rewritten at every drain it would put a truncate of a
-        file still queued for writeback (behind gigabytes of captured samples) inside the drain."""
+        Once, after the last step: rewritten at every drain, its truncate would wait behind the writeback."""
         path = self._ew_tuning.trace
         if self._ew_sink is None or not path:
             return None
@@ -266,15 +255,8 @@ class EagleWatchCapture:
     # -- per step -------------------------------------------------------------------------------------
     def _ew_begin(self, so: Any) -> None:
         t0 = time.perf_counter()
-        try:
-            self._ew_begin_step(so)
-        finally:
-            if self._ew_active is not None:
-                self._ew_active.cost.begin_ms = 1000 * (time.perf_counter() - t0)
-
-    def _ew_begin_step(self, so: Any) -> None:
+        self._ew_active = None
         if so.total_num_scheduled_tokens <= 0:
-            self._ew_active = None
             return
         starts: dict[str, int] = {}
         for new in so.scheduled_new_reqs:
@@ -287,6 +269,7 @@ class EagleWatchCapture:
         for rid, done in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
             starts[rid] = done
         self._ew_active = _Step(so, starts, self._ew_nslots)
+        self._ew_active.cost.begin_ms = 1000 * (time.perf_counter() - t0)
 
     def _ew_record(
         self, slot: int, hidden: torch.Tensor, residual: torch.Tensor | None, copy: bool = True
@@ -315,8 +298,7 @@ class EagleWatchCapture:
         self._ew_record(slot, hidden, residual)
 
     def _ew_post(self, slot: int, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        hidden, residual = output[0], output[1]
-        self._ew_record(slot, hidden, residual)
+        self._ew_record(slot, output[0], output[1])  # (hidden_states, residual)
 
     def _ew_launch(self, step: _Step) -> None:
         """Queue the step's stack, statistics and device->host copy right behind its forward.
@@ -337,7 +319,6 @@ class EagleWatchCapture:
         rows = torch.stack(step.caps, dim=1)  # type: ignore[arg-type]  # [tokens, L, H] on the model's device
         # per-token layer sums for layer_stats and the finite / non-zero flags, computed where the data is
         stats, flags = self._ew_stats(rows)
-        self._ew_tokens += rows.shape[0]
         if copier is not None and start is not None:
             waited = copier.waited_s
             (host, host_flags, host_stats), event, release, (ready, began, done) = copier.copy_async(
@@ -359,23 +340,18 @@ class EagleWatchCapture:
         spans = spans_for_step(step.order, dict(step.so.num_scheduled_tokens), step.starts)
         host, flags, stats, event, release, timing = step.launched
         costs = self._ew_sink.costs
-        if release is not None:
-            release = _timed_release(release, costs.add_held)
-        self._ew_sink.submit(host, spans, event, release, flags, stats, timing=timing)
+        sent = time.perf_counter()
+
+        def timed() -> None:
+            costs.add_held(1000 * (time.perf_counter() - sent))  # how long the writer held the buffer
+            release()
+
+        self._ew_sink.submit(
+            host, spans, event, timed if release is not None else None, flags, stats, timing=timing
+        )
         step.cost.end_ms = 1000 * (time.perf_counter() - t0)
         step.cost.tokens = int(step.so.total_num_scheduled_tokens)
         costs.add_step(step.cost)
-
-
-def _timed_release(release: Any, record: Any) -> Any:
-    """release(), also recording how long the writer held the buffer since now (ms)."""
-    sent = time.perf_counter()
-
-    def timed() -> None:
-        record(1000 * (time.perf_counter() - sent))
-        release()
-
-    return timed
 
 
 if settings.AUX_LAYERS.get() is not None:  # the job asked for aux outputs: workers import this before loading

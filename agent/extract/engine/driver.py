@@ -44,6 +44,8 @@ class Progress:
     """Counters for progress lines."""
 
     total: int
+    out_dir: str  # where free space is measured
+    stats: RunStats  # per-layer statistics
     done: int = 0
     files: int = 0
     bytes: int = 0
@@ -56,11 +58,9 @@ class Progress:
     results_s: float = 0.0  # taking drained results in: checks reported, manifest saved, progress lines
     results_wait_s: float = 0.0  # the driver's share of results_s (the rest ran beside the next batch)
     started: float = field(default_factory=time.monotonic)
-    out_dir: str | None = None  # where free space is measured (None: not measured)
     tokens_todo: int = 0  # tokens this attempt captures in all: the ETA's numerator
     bytes_todo: int = 0  # bytes this attempt writes in all (the forecast)
     disk_low_bytes: int = 0  # the spec's disk_low_gib threshold
-    stats: RunStats | None = None  # per-layer statistics (worker-extension backend)
     capture_costs: dict[str, Any] | None = None  # where the capture's time went (costs.CaptureCosts)
     canaries: list[CanaryRound] = field(default_factory=list)  # rounds awaiting their comparisons
     collapses: list[dict[str, Any]] = field(default_factory=list)  # findings not yet reported
@@ -74,13 +74,9 @@ class Progress:
         """One `progress` milestone line plus a human line."""
         secs = max(time.monotonic() - self.started, 1e-9)
         tps = round(self.tokens / secs, 1)
-        extra: dict[str, Any] = {}
-        if self.out_dir is not None:
-            free = forecast.free_bytes(self.out_dir)
-            low = forecast.disk_state(free, max(self.bytes_todo - self.bytes, 0), self.disk_low_bytes)
-            extra = {"free_bytes": free, "disk_low": low}
-        if self.stats is not None:
-            extra["layer_rms"] = self.stats.take_recent()
+        free = forecast.free_bytes(self.out_dir)
+        low = forecast.disk_state(free, max(self.bytes_todo - self.bytes, 0), self.disk_low_bytes)
+        extra: dict[str, Any] = {"free_bytes": free, "disk_low": low, "layer_rms": self.stats.take_recent()}
         if self.collapses:
             extra["layer_collapse"], self.collapses = self.collapses, []
         if self.tokens_todo and self.tokens / secs > 0:
@@ -162,9 +158,7 @@ def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest
     """Emit check lines for finished samples, update counters and the manifest; raise on policy stop."""
     stop_reason = None
     per_file: list[tuple[int, list[dict[str, float]]]] = []  # layer_stats.jsonl lines, appended at once
-    for r in sorted(results, key=lambda r: r.get("idx", -1)):
-        if "error" in r:
-            raise CaptureFailed(f"capture writer failed: {r['error']}")
+    for r in sorted(results, key=lambda r: r["idx"]):
         prog.done += 1
         prog.tokens += r["tokens"]
         if r["written"]:
@@ -172,7 +166,7 @@ def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest
             prog.bytes += r["bytes"]
             manifest.bytes_written += r["bytes"]
             manifest.sample_tokens[r["idx"]] = r["tokens"]
-            if r.get("layer_stats") and prog.stats is not None:
+            if r.get("layer_stats"):
                 found = prog.stats.add(r["layer_stats"])
                 per_file.append((r["idx"], r["layer_stats"]))
                 for f in found:
@@ -188,9 +182,8 @@ def handle_results(results: list[dict[str, Any]], plan: Plan, manifest: Manifest
                 stop_reason = f"{r['file']}: {r['problems'][0]['message']} (on_shape_failure=stop)"
         else:
             signals.emit("shape_check_passed", file=r["file"], index=r["idx"])
-    if prog.stats is not None:
-        stats.append_files(plan.spec.output_dir or ".", plan.layer_ids, per_file)
-        manifest.layer_stats = prog.stats.to_manifest()
+    stats.append_files(plan.spec.output_dir or ".", plan.layer_ids, per_file)
+    manifest.layer_stats = prog.stats.to_manifest()
     manifest.save(plan.spec.output_dir or ".")
     if stop_reason:
         raise CaptureFailed(stop_reason)
@@ -201,12 +194,10 @@ def run_worker_extension(
     todo: list[Sample],
     manifest: Manifest,
     prog: Progress,
-    extension: str = WORKER_EXTENSION,
-    overlap_results: bool = True,
+    extension: str,
+    overlap_results: bool,
 ) -> None:
-    """Backend worker-extension: vLLM with our worker extension; the worker writes the files.
-
-    overlap_results: take each drain's results in beside the next batch (False: between batches)."""
+    """Backend worker-extension: vLLM with our worker extension; the worker writes the files."""
     from vllm import LLM
 
     spec = plan.spec
@@ -256,7 +247,7 @@ def capture_batches(
     """Run the batches through the engine, collect their files, run the canary rounds.
 
     A batch's last writes overlap the next batch's steps; overlap_results: so does taking in a drain's
-    results."""
+    results (False: between batches)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -326,23 +317,6 @@ def start_canary(llm: Any, plan: Plan, batch: list[Sample], dtype: str, when: st
     prog.canaries.append(CanaryRound(when, len(chosen), dtype))
 
 
-def canary_results(results: list[dict[str, Any]], plan: Plan, prog: Progress) -> list[dict[str, Any]]:
-    """Take the canary comparisons out of a drain into their rounds (oldest first), report every round
-    that is complete; returns the other results. Raises CaptureFailed on a mismatch under stop."""
-    rest = []
-    for r in results:
-        if not r.get("canary"):
-            rest.append(r)
-            continue
-        open_rounds = [c for c in prog.canaries if len(c.diffs) < c.expected]
-        if open_rounds:
-            open_rounds[0].diffs.append(r.get("rel_diff"))
-    while prog.canaries and len(prog.canaries[0].diffs) >= prog.canaries[0].expected:
-        done = prog.canaries.pop(0)
-        report_canary(plan, done.diffs, done.dtype, done.when)
-    return rest
-
-
 def report_canary(plan: Plan, diffs: list[float | None], dtype: str, when: str) -> None:
     """The canary_checked milestone of one round; raises CaptureFailed on a mismatch under stop."""
     result = canary.verdict(diffs, dtype)
@@ -373,15 +347,7 @@ def collect(
     t0 = time.monotonic()
     drained = one_result(llm.collective_rpc("eaglewatch_drain", args=(wait,)))
     prog.drain_s += time.monotonic() - t0
-
-    def take() -> None:
-        t1 = time.monotonic()
-        try:
-            take_drained(drained, plan, manifest, prog, batches)
-        finally:
-            prog.results_s += time.monotonic() - t1
-
-    lane.run(take, inline=wait)
+    lane.run(lambda: take_drained(drained, plan, manifest, prog, batches), inline=wait)
 
 
 def take_drained(
@@ -391,21 +357,32 @@ def take_drained(
     prog: Progress,
     batches: tuple[list[list[Sample]], set[int], bool],
 ) -> None:
-    """Report one drain's results: checks, manifest, and each batch (of collect's outstanding, seen,
-    wait) whose files are all in."""
+    """Report one drain's results: canary rounds now complete, checks, manifest, and each batch (of
+    collect's outstanding, seen, wait) whose files are all in."""
+    t0 = time.monotonic()
     outstanding, seen, wait = batches
     prog.sp_gathers = int(drained.get("gathers", 0))
     prog.capture_costs = drained.get("costs") or prog.capture_costs
+    results = []
     for r in drained["results"]:
         if "error" in r:
             raise CaptureFailed(f"capture writer failed: {r['error']}")
-    results = canary_results(drained["results"], plan, prog)
-    seen.update(r["idx"] for r in results if "idx" in r)
+        if not r.get("canary"):
+            results.append(r)
+            continue
+        open_rounds = [c for c in prog.canaries if len(c.diffs) < c.expected]  # the oldest fills first
+        if open_rounds:
+            open_rounds[0].diffs.append(r.get("rel_diff"))
+    while prog.canaries and len(prog.canaries[0].diffs) >= prog.canaries[0].expected:
+        done = prog.canaries.pop(0)
+        report_canary(plan, done.diffs, done.dtype, done.when)
+    seen.update(r["idx"] for r in results)
     handle_results(results, plan, manifest, prog)
     complete = []
     while outstanding and all(s.idx in seen for s in outstanding[0]):
         complete.append(outstanding.pop(0))
     batches_done(complete, prog)
+    prog.results_s += time.monotonic() - t0  # a failed take fails the run: its time is never reported
     if wait and outstanding:
         missing = [s.idx for b in outstanding for s in b if s.idx not in seen]
         raise CaptureFailed(f"no capture came back for samples {missing}")

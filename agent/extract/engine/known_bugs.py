@@ -1,7 +1,6 @@
 """Known vLLM capture bugs (known_bugs.toml) matched against the host's vLLM, the model and the backend.
 
-Pure: the table is data, the facts of a run are a `Target`, and `match` says which entries apply; the
-preflight turns a refusal into a failed job and a warning into a `warning` milestone.
+Pure: the facts of a run are a `Target`; the preflight turns a refusal into a failed job.
 """
 
 from __future__ import annotations
@@ -134,19 +133,6 @@ def load_bugs(path: Path = DEFAULT_FILE) -> list[KnownBug]:
     return parse_bugs(data)
 
 
-def run_conditions(
-    config: Mapping[str, Any], layer_ids: Iterable[int], convention: str, n: int
-) -> frozenset[str]:
-    """The CONDITIONS that hold for a run: from the raw config.json and the resolved layer ids."""
-    out = set()
-    final = n if convention == "input" else n - 1
-    if final in set(layer_ids):
-        out.add("captures_final_layer")
-    if isinstance(config.get("text_config"), dict):
-        out.add("vlm_wrapper")
-    return frozenset(out)
-
-
 def target_for(
     version: str, config: Mapping[str, Any], backend: Backend, layer_ids: Iterable[int], convention: str
 ) -> Target:
@@ -157,10 +143,14 @@ def target_for(
     inner_archs = inner.get("architectures") if isinstance(inner, dict) else None
     archs += [a for a in inner_archs or [] if isinstance(a, str) and a not in archs]
     n = int(config["num_hidden_layers"])
-    conditions = run_conditions(config, layer_ids, convention, n)
+    conditions = set()
+    if (n if convention == "input" else n - 1) in set(layer_ids):
+        conditions.add("captures_final_layer")
+    if isinstance(inner, dict):
+        conditions.add("vlm_wrapper")
     if backend == Backend.VLLM_NATIVE:
-        conditions |= {"aux_outputs"}
-    return Target(version, tuple(archs), backend, conditions)
+        conditions.add("aux_outputs")
+    return Target(version, tuple(archs), backend, frozenset(conditions))
 
 
 def with_aux(target: Target) -> Target:
@@ -195,11 +185,6 @@ def applies(bug: KnownBug, target: Target) -> bool:
 def match(bugs: Iterable[KnownBug], target: Target) -> list[KnownBug]:
     """Every known bug that applies to the target, in table order."""
     return [b for b in bugs if applies(b, target)]
-
-
-def allowed_ids(env: Mapping[str, str]) -> frozenset[str]:
-    """Bug ids the user declared fixed in their vLLM build (settings.ALLOW_KNOWN_BUGS)."""
-    return settings.ALLOW_KNOWN_BUGS.get(env)
 
 
 def aux_refusal(bugs: Iterable[KnownBug], target: Target, allowed: frozenset[str]) -> str | None:

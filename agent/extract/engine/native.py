@@ -24,18 +24,29 @@ from agent.extract.writing.writer import Manifest, sample_path, write_sample
 
 CONNECTOR = "EagleWatchHiddenStatesConnector"
 CONNECTOR_MODULE = "agent.extract.engine.native_connector"
-
-
-def torch_cuda() -> bool:
-    """Whether vLLM runs on a CUDA device here."""
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cuda())
+STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
 
 
 def native_layer_ids(layer_ids: list[int], convention: str) -> list[int]:
     """vLLM's aux layer ids are in the "input" convention: output id k is input id k + 1."""
     return list(layer_ids) if convention == "input" else [k + 1 for k in layer_ids]
+
+
+def speculative_config(layers: list[int]) -> dict[str, Any]:
+    """vLLM's `extract_hidden_states` method for these layer ids (its "input" convention)."""
+    hf_config = {"eagle_aux_hidden_state_layer_ids": layers}
+    return {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": hf_config},
+    }
+
+
+def transfer_config(staging: str, stock: bool = False) -> dict[str, Any]:
+    """The kv_transfer_config writing each request's states under staging: our connector, or vLLM's own."""
+    ours = {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE}
+    writes = {"kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": staging}}
+    return {**({"kv_connector": STOCK_CONNECTOR} if stock else ours), **writes}
 
 
 def _wait_and_load(path: str) -> dict[str, Any]:
@@ -95,6 +106,7 @@ def run_native(plan: Plan, todo: list[Sample], manifest: Manifest, prog: Progres
     """Configure extract_hidden_states + our connector, send each batch, check and move every file."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.platforms import current_platform
 
     spec = plan.spec
     out = Path(spec.output_dir or ".")
@@ -103,28 +115,13 @@ def run_native(plan: Plan, todo: list[Sample], manifest: Manifest, prog: Progres
     kwargs = engine_kwargs(str(plan.model_dir), [*spec.vllm_args, *extra])
     kwargs.setdefault("max_model_len", max(len(s.token_ids) for s in todo) + 1)
     kwargs["enable_prefix_caching"] = False  # cached tokens would never reach the aux layers
-    if not torch_cuda():
+    if not current_platform.is_cuda():
         kwargs["enforce_eager"] = True  # no CUDA graphs off the GPU; CPU compilation only costs start time
     llm = LLM(
         model=str(plan.model_dir),
         tensor_parallel_size=spec.tensor_parallel_size,
-        speculative_config={
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,
-            "draft_model_config": {
-                "hf_config": {
-                    "eagle_aux_hidden_state_layer_ids": native_layer_ids(
-                        plan.layer_ids, spec.layer_convention
-                    )
-                }
-            },
-        },
-        kv_transfer_config={
-            "kv_connector": CONNECTOR,
-            "kv_connector_module_path": CONNECTOR_MODULE,
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": staging},
-        },
+        speculative_config=speculative_config(native_layer_ids(plan.layer_ids, spec.layer_convention)),
+        kv_transfer_config=transfer_config(staging),
         **kwargs,
     )
     dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")

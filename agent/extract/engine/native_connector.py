@@ -1,9 +1,7 @@
 """Our hidden-states connector for vLLM's `extract_hidden_states` method: the stock one, plus a CPU path.
 
-vLLM's ExampleHiddenStatesConnector pins memory and uses a CUDA copy stream, so its first write fails on a
-machine without a GPU. On CUDA this class changes nothing; on any other device it extracts the request's
-rows from the hidden-states cache and writes the file synchronously (still under the `.lock` protocol).
-Loaded by vLLM through kv_transfer_config `kv_connector_module_path="agent.extract.engine.native_connector"`.
+vLLM's ExampleHiddenStatesConnector pins memory and uses a CUDA copy stream, so its first write fails off
+the GPU; there this class writes the request's rows synchronously (still under the `.lock` protocol).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Engine decisions made before vLLM starts: the version gate, the model runner, safe CPU-engine defaults.
 
-Pure functions of what the job can read without an engine (vLLM's version, the model's config, the
-spec's env and engine arguments, the host's CPUs); `setup.prepare_engine` applies what they return and
-reports it in one `engine_config` milestone. The user's own settings always win over a default.
+Pure (`setup.prepare_engine` applies them); the user's own settings always win over a default.
 """
 
 from __future__ import annotations
@@ -95,13 +93,8 @@ class RunnerChoice:
 
 @dataclass(frozen=True)
 class CaptureChoice:
-    """How the worker extension captures: through vLLM's aux hidden-state outputs or Python layer hooks.
-
-    "aux" turns on the model's own EAGLE-3 aux outputs before vLLM compiles it, so torch.compile and CUDA
-    graphs stay on and the states come out of the graph; "hooks" runs eager with forward hooks on the decoder
-    layers (any decoder, either model runner). `compiled`: whether the engine keeps torch.compile (and, on a
-    GPU, CUDA graphs) rather than running eager.
-    """
+    """How the worker extension captures (docs/extraction.md, "Capture paths"); `compiled`: whether the engine
+    keeps torch.compile (and, on a GPU, CUDA graphs) rather than running eager."""
 
     path: str  # "aux" | "hooks" | "native" (vllm-native)
     compiled: bool

@@ -97,10 +97,8 @@ def platform_defaults(
 
 
 def prepare_engine(plan: Plan) -> tuple[list[str], runtime.CaptureChoice]:
-    """Apply the capture, runner and platform defaults to os.environ; emit engine_config.
-
-    Returns the extra engine arguments and the capture choice (`compiled`: whether to run eager).
-    """
+    """Apply the capture, runner and platform defaults to os.environ; emit engine_config. Returns the extra
+    engine arguments and the capture choice."""
     from vllm.platforms import current_platform
 
     spec = plan.spec

@@ -1,9 +1,7 @@
 """Disk progress of a user's pipeline: its files in the output dir, free space, disk_low and an ETA.
 
-The tools' own bars say how many samples they processed but nothing of the disk. While the pipeline runs,
-the job looks at its output dir every ``interval`` seconds and emits a ``progress`` line of the same shape
-as our own backends' (samples_done, samples_total, files_written, bytes_written, free_bytes, disk_low,
-eta_s), counting only what this attempt wrote (files present at the start were written before).
+The tools' own bars say nothing of the disk: a ``progress`` line of our own backends' shape, counting only
+what this attempt wrote (files present at the start were written before).
 """
 
 from __future__ import annotations
@@ -81,7 +79,12 @@ class DiskWatch:
                 out["eta_s"] = round(max(self.total - done, 0) * secs / done, 1)
         return out
 
-    def run(self, stop: threading.Event, emit: Callable[..., None], interval: float) -> None:
-        """Emit a progress line every interval seconds until stop is set."""
-        while not stop.wait(interval):
-            emit("progress", **self.fields())
+    def start(self, stop: threading.Event, emit: Callable[..., None]) -> None:
+        """begin(), then a progress line every PROGRESS_INTERVAL_S until stop is set (on a daemon thread)."""
+        self.begin()
+
+        def lines() -> None:
+            while not stop.wait(PROGRESS_INTERVAL_S):
+                emit("progress", **self.fields())
+
+        threading.Thread(target=lines, daemon=True).start()

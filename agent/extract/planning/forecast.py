@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -136,8 +135,7 @@ def refuse_overrun(need: Forecast, out: str, allowed: bool) -> bool:
         f"the output will not fit: {need.bytes} bytes to write (+{FIT_MARGIN_PCT}% margin) but {out} has "
         f"{need.free_bytes} bytes free; free space, or set allow_disk_overrun in the spec to try anyway"
     )
-    print(f"eaglewatch extract: error: {reason}", file=sys.stderr, flush=True)
-    signals.emit("failed", reason=reason)
+    signals.cannot_start(reason)
     return True
 
 

@@ -1,8 +1,6 @@
 """Merge a sharded run's shard manifests into one `manifest.json`: `eaglewatch-agent merge-manifests DIR`.
 
-Standard library only: the merge needs no engine, so it runs wherever the shards' files were gathered.
-The last shard to complete also runs it in its output dir (agent/extract/cli.py); when shards wrote on
-several hosts, copy their files and shard manifests into one directory and run the command there.
+Standard library only: it runs wherever the shards' files were gathered (the last shard runs it too).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Capture files pushed to disk as they are written, with a bound on the bytes still on their way there.
 
-Left to itself the kernel keeps written files dirty in the page cache until its thresholds are crossed, and
-then throttles *every* writer on the host (the job's log, its manifest, the agent's journal): on the H200
-the job stalled for seconds with gigabytes of capture data dirty (docs/benchmarks.md). sync_file_range(2)
-starts each file's write-out at once, and past the bound the writer waits for its oldest files, so the
-wait lands on the writer (behind the pinned-buffer backpressure). Linux only, through ctypes; elsewhere, or
-where the file system refuses the call, it does nothing and says why in `reason`.
+Why (the kernel throttling every writer on the host): docs/extraction.md, "Costs and tuning". Past the
+bound the writer waits for its oldest files, so the wait lands on the writer (behind the pinned-buffer
+backpressure). Linux only, through ctypes; elsewhere, or where the file system refuses the call, it does
+nothing and says why in `reason`.
 """
 
 from __future__ import annotations

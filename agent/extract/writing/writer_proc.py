@@ -1,11 +1,9 @@
 """The capture writer: a child process fed through shared memory, so the worker's forward thread never waits
 for the GIL behind assembly, checks and file writes (writer threads inside the worker fell short on the H200).
 
-The worker keeps the device-to-host copy into shared buffers (memfds, pinned with cudaHostRegister on CUDA),
-a thread that waits for each step's copy and sends a JSON line describing it, and one reading the replies.
-The child (`python -m agent.extract.writing.writer_proc FD`) gets each buffer's fd over a Unix socket and
-runs the CaptureSink (agent/extract/capture/assembly.py); it answers `release` once it no longer needs a
-buffer (backpressure) and `drained` with the results.
+The worker sends each step's buffer (a memfd, pinned on CUDA) over a Unix socket and a JSON line describing
+it; the child (`python -m agent.extract.writing.writer_proc FD`) runs a CaptureSink and answers `release`
+once it no longer needs a buffer (backpressure) and `drained` with the results.
 """
 
 from __future__ import annotations
@@ -95,7 +93,6 @@ class ProcessSink:
         self._releases: dict[int, Callable[[], None] | None] = {}
         self._ids = itertools.count()
         self._drained: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._pending = 0
         self._dead: str | None = None
         self._drain_sent = 0.0  # when the forward thread sent the last drain to the child
         self._ready = threading.Event()  # the child has started (imports done) and holds its sink
@@ -209,17 +206,12 @@ class ProcessSink:
                     raise RuntimeError(self._dead) from None
         if "error" in reply:
             raise RuntimeError(str(reply["error"]))
-        self._pending = int(reply["pending"])
         child = reply.get("costs") or {}
         self.costs.writer_fields = {k: child[k] for k in WRITER_FIELDS if k in child}
         if wait:  # where a waiting drain's time goes: this side's queue, then the child
             sent = self._drain_sent
             self.costs.add_drain_route(1000 * (sent - asked), 1000 * (time.perf_counter() - sent))
         return list(reply["results"])
-
-    def pending(self) -> int:
-        """Requests registered but not finished, as of the last drain."""
-        return self._pending
 
     def cost_fields(self) -> dict[str, Any]:
         """The capture_costs fields (the child's own, writes and write-out, as its last drain said)."""
@@ -282,11 +274,10 @@ class ProcessSink:
                 elif op == "drain":
                     self._drain_sent = time.perf_counter()
                     self._send({"op": "drain", "wait": item[1]})
-                else:
-                    self._send({"op": op})
-                    if op == "close":
-                        self._out.close()
-                        return
+                else:  # close
+                    self._send({"op": "close"})
+                    self._out.close()
+                    return
             except (OSError, ValueError) as e:  # the child is gone: drain reports it
                 self._dead = self._dead or f"capture writer process unreachable: {type(e).__name__}: {e}"
                 if item[0] == "close":
@@ -368,7 +359,7 @@ class _Child:
         elif op == "drain":
             results = self.sink.drain(wait=bool(msg.get("wait", True)))
             costs = self.sink.cost_fields()
-            self.send({"op": "drained", "results": results, "pending": self.sink.pending(), "costs": costs})
+            self.send({"op": "drained", "results": results, "costs": costs})
         elif op == "forget":
             self.maps.pop(int(msg["seg"]), None)
         elif op == "close":
