@@ -101,7 +101,7 @@ def _run(
     from agent import settings
     from agent.extract.capture.stats import RunStats
     from agent.extract.engine import driver, setup
-    from agent.extract.planning.forecast import engine_dtype, forecast_lengths, refuse_overrun
+    from agent.extract.planning.forecast import forecast_lengths, refuse_overrun
     from agent.extract.planning.preflight import SpecError
     from agent.extract.writing.writer import (
         MANIFEST,
@@ -155,9 +155,8 @@ def _run(
         signals.say(
             f"resuming: {len(manifest.sample_tokens)} of {len(samples)} samples already valid in {out}"
         )
-    dtype = engine_dtype(spec.vllm_args, {"torch_dtype": plan.dtype})
     need = forecast_lengths(
-        [len(s.token_ids) for s in todo], len(plan.layer_ids), plan.hidden_size, dtype, out
+        [len(s.token_ids) for s in todo], len(plan.layer_ids), plan.hidden_size, wanted.dtype, out
     )
     signals.emit("forecast", **need.to_dict())
     if refuse_overrun(need, out, spec.allow_disk_overrun):

@@ -76,6 +76,7 @@ def extraction(model: Path, out: Path, layers: list[int] | None, **extra: Any) -
     return {
         "name": "own", "host": "local", "backend": "worker-extension", "model": str(model),
         "dataset": str(dataset), "output_dir": str(out), "layers": layers, "expect": {"hidden_size": 1},
+        "vllm_args": ["--dtype", "float32"],  # the files' dtype on any CPU (bf16 ones would pick bfloat16)
         **extra,
     }  # fmt: skip
 

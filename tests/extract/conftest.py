@@ -10,6 +10,7 @@ import pytest
 from tests.extract.jobrun import (
     BARE_ENV,
     CHUNKED,
+    FLOAT32,
     IN_PROCESS_ENGINE,
     LAYERS,
     LLAMA_LENGTHS,
@@ -21,8 +22,9 @@ from tests.extract.jobrun import (
 
 @pytest.fixture(scope="session")
 def llama_run(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A bare worker-extension spec at TP=1: run 1 is SIGKILLed after its first batch, one of its files is
-    then truncated, run 2 resumes in vLLM's default process layout with a costs trace."""
+    """A worker-extension spec at TP=1 asking for chunked prefill and float32 only: run 1 is SIGKILLed after
+    its first batch, one of its files is then truncated, run 2 resumes in vLLM's default process layout with
+    a costs trace."""
     tmp = tmp_path_factory.mktemp("llama")
     data = tmp / "data.jsonl"
     samples = token_dataset(data, LLAMA_LENGTHS, seed=7)
@@ -34,7 +36,7 @@ def llama_run(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         output_dir=str(out),
         layers=LAYERS,
         batch_size=4,
-        vllm_args=CHUNKED,
+        vllm_args=[*CHUNKED, *FLOAT32],
     )
     # the run that is killed needs no engine process of its own (jobrun.IN_PROCESS_ENGINE); its results are
     # taken in between batches, which keeps its milestones in step with its files: the kill on the first

@@ -57,6 +57,9 @@ LAYERS = [2, 4, 5, 8]
 LLAMA_LENGTHS = [5, 37, 12, 64, 1, 50, 23, 9, 41, 17]
 #: Chunked prefill forced: 64-token prompts cross steps of at most 24 tokens, mixed with other prompts.
 CHUNKED = ["--max-num-batched-tokens", "24", "--max-num-seqs", "4"]
+#: float32 on any CPU: the job's own default where the CPU lacks bf16 kernels, asked for where it has them
+#: (vLLM would downcast to bf16), so that captures compare with float32 references at a float32 tolerance.
+FLOAT32 = ["--dtype", "float32"]
 #: A bare spec's environment: an empty value unsets, so the job picks its own CPU defaults (KV-cache size,
 #: thread binding) where jobrun would set a KV-cache size.
 BARE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "", "VLLM_CPU_OMP_THREADS_BIND": ""}

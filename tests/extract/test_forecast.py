@@ -34,17 +34,20 @@ def test_file_bytes_is_the_writers_layout() -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "config", "want"),
+    ("args", "config", "cpu_float32", "want"),
     [
-        ([], {"torch_dtype": "float32"}, "float32"),
-        (["--dtype", "float16"], {"torch_dtype": "float32"}, "float16"),
-        (["--dtype=bfloat16"], {"torch_dtype": "float32"}, "bfloat16"),
-        (["--dtype", "auto"], {"dtype": "float16"}, "float16"),
-        ([], {}, "bfloat16"),
+        ([], {"torch_dtype": "float32"}, False, "bfloat16"),  # vLLM's 'auto' downcasts a float32 checkpoint
+        ([], {"torch_dtype": "float16"}, False, "float16"),
+        ([], {"torch_dtype": "bfloat16"}, True, "float32"),  # the job's default on a CPU without bf16
+        (["--dtype", "float16"], {"torch_dtype": "float32"}, True, "float16"),  # the user's wins
+        (["--dtype=float32"], {"torch_dtype": "float32"}, False, "float32"),
+        (["--dtype", "auto"], {"dtype": "float16"}, False, "float16"),
+        (["--dtype", "auto"], {"dtype": "float16"}, True, "float16"),  # no default over the user's auto
+        ([], {}, False, "bfloat16"),
     ],
 )
-def test_engine_dtype(args: list[str], config: dict[str, str], want: str) -> None:
-    assert engine_dtype(args, config) == want
+def test_engine_dtype(args: list[str], config: dict[str, str], cpu_float32: bool, want: str) -> None:
+    assert engine_dtype(args, config, cpu_float32) == want
 
 
 def test_exact_and_estimated_forecasts() -> None:
@@ -106,6 +109,7 @@ def test_forecast_command_prints_one_object_and_starts_nothing(tmp_path: Path, r
     data.write_text("".join(json.dumps({"token_ids": list(range(5 + i % 3))}) + "\n" for i in range(rows)))
     out_dir = tmp_path / "not-yet" / "out"
     spec = {"model": str(_model(tmp_path)), "dataset": str(data), "output_dir": str(out_dir), "seq_len": 6}
+    spec["vllm_args"] = ["--dtype", "float32"]  # 4 bytes a value on any CPU (test_engine_dtype: the default)
     p = _run(tmp_path, spec, "--forecast")
     assert p.returncode == 0, p.stderr
     (line,) = p.stdout.splitlines()
@@ -138,6 +142,7 @@ def test_job_refuses_output_that_cannot_fit(tmp_path: Path) -> None:
         "dataset": str(data),
         "output_dir": str(tmp_path / "out"),
         "seq_len": 200_000,
+        "vllm_args": ["--dtype", "float32"],
     }
     p = _run(tmp_path, spec)
     assert p.returncode == 2, p.stdout + p.stderr

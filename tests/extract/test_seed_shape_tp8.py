@@ -58,7 +58,8 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model = build(tmp / "model", "deepseek_v3", seed=5, dtype="bfloat16", overrides=KIMI_LIKE)
     data = tmp / "data.jsonl"
     samples = token_dataset(data, LENGTHS, seed=3)
-    # no vllm_args: both prompts share one engine step, as the seed's batch did
+    # no vllm_args: both prompts share one engine step, as the seed's batch did, in the job's own dtype
+    # (float32 on a CPU without bf16 kernels; bf16 on one with them, where vLLM's MLA kernels want it)
     common = {"model": str(model), "dataset": str(data), "layers": LAYERS, "batch_size": len(LENGTHS)}
     # one sample captured again alone (the 512-token one): the canary of the seed's batch
     eight = write_spec(
@@ -162,14 +163,18 @@ def test_tp8_is_finite_and_each_layers_rms_is_near_tp1(seed: dict[str, Any]) -> 
 
 
 def _err(seed: dict[str, Any], rows: slice) -> list[str]:
+    import torch
+
     from tests.extract.reference import max_rel_err
 
     eight, one = _pair(seed)
     bad = []
     for i in eight:
+        # TP=8 sums in another order than TP=1: rounding, far below a wrong state's error of order 1
+        tolerance = 1e-4 if eight[i]["hidden_states"].dtype == torch.float32 else 3e-2
         for slot, k in enumerate(LAYERS):
             err = max_rel_err(eight[i]["hidden_states"][rows, slot], one[i]["hidden_states"][rows, slot])
-            if err > 1e-4:
+            if err > tolerance:
                 bad.append(f"sample {i} layer {k}: rel err {err:.2e}")
     return bad
 

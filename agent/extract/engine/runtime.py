@@ -239,6 +239,10 @@ class EngineDefaults:
     warnings: list[str] = field(default_factory=list)
 
 
+#: CPU flags that give vLLM's CPU engine working bf16 kernels; without them the job runs it in float32.
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
 def cpu_defaults(
     env: Mapping[str, str],
     vllm_args: list[str],
@@ -276,7 +280,7 @@ def cpu_defaults(
             why["VLLM_CPU_OMP_THREADS_BIND"] = (
                 f"cores split between {tp} workers; vLLM cannot bind them itself"
             )
-    if not has_arg(vllm_args, "--dtype") and not cpu_flags & {"avx512_bf16", "amx_bf16"}:
+    if not has_arg(vllm_args, "--dtype") and not cpu_flags & BF16_FLAGS:
         # vLLM's CPU engine picks bf16 for "auto" even for a float32 checkpoint
         args += ["--dtype", "float32"]
         why["--dtype"] = f"float32 (model: {model_dtype}): bf16 kills workers on CPUs lacking AVX512-BF16"

@@ -11,6 +11,7 @@ from typing import Any
 from agent import settings
 from agent.extract import signals
 from agent.extract.engine import runtime
+from agent.extract.planning.forecast import cpu_flags
 from agent.extract.planning.preflight import Plan
 
 
@@ -57,17 +58,6 @@ def engine_kwargs(model: str, vllm_args: list[str]) -> dict[str, Any]:
     return {k: v for k, v in got.items() if v != base.get(k) and k != "model"}
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
-
-
 def _mem_available() -> int:
     try:
         for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
@@ -85,7 +75,7 @@ def platform_defaults(
     none."""
     if platform == "cpu":
         return runtime.cpu_defaults(
-            env, vllm_args, tp, sorted(os.sched_getaffinity(0)), _cpu_flags(), _mem_available(), model_dtype
+            env, vllm_args, tp, sorted(os.sched_getaffinity(0)), cpu_flags(), _mem_available(), model_dtype
         )
     if platform == "cuda" and "VLLM_WORKER_MULTIPROC_METHOD" not in env:
         return runtime.EngineDefaults(

