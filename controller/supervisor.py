@@ -243,8 +243,16 @@ class HostSupervisor:
             await self.store.write(partial(crud.transition, run_id=run_id, event=now, policy=self.policy))
         elif status.get("state") == "lost" and run["state"] in ("unknown", "running", "starting", "pending"):
             # A lost job never writes a final journal state of its own.
-            lost = partial(crud.transition, run_id=run_id, event=RunEvent.JOB_LOST, policy=self.policy)
-            await self.store.write(partial(lost, exit=status.get("exit"), reason="the agent lost the job"))
+            await self.store.write(
+                partial(
+                    crud.transition,
+                    run_id=run_id,
+                    event=RunEvent.JOB_LOST,
+                    policy=self.policy,
+                    exit=status.get("exit"),
+                    reason="the agent lost the job",
+                )
+            )
 
     async def on_stream(self, msg: dict[str, Any]) -> None:
         """Queue a stream message (journal event or log block) to the store, in arrival order."""

@@ -193,7 +193,7 @@ async def read_log(
     run_id: str,
     after: Annotated[
         int,
-        Query(ge=-1, le=2**62, description="byte offset: lines after it; -1: the last `limit` lines"),
+        Query(ge=-1, le=MAX_OFFSET, description="byte offset: lines after it; -1: the last `limit` lines"),
     ] = -1,
     before: Annotated[
         int | None, Query(ge=0, le=MAX_OFFSET, description="page backwards: lines before this offset")

@@ -225,6 +225,14 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
         create_schema(db)
 
 
+def _commits(store: Store) -> list[str]:
+    """The COMMITs the store's writer connection runs from now on (until its trace callback is reset)."""
+    commits: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    return commits
+
+
 async def test_a_block_commits_at_once_while_the_writer_is_idle_and_queues_otherwise(store: Store) -> None:
     """``now_if_idle``: committed and published SOON_S after the first such block, in one transaction with
     the others that came meanwhile (``at_once``: when the loop's round ends, with those waiting), when
@@ -233,9 +241,7 @@ async def test_a_block_commits_at_once_while_the_writer_is_idle_and_queues_other
     await store.write(_run)
     sub = store.bus.subscribe()
     lines = _lines(0, 30)
-    commits: list[str] = []
-    assert store._conn is not None
-    store._conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    commits = _commits(store)
     add = partial(crud.add_log_block, run_id="r-1")
     fut = store.submit(partial(add, block=_block(lines[:4])), now_if_idle=True)
     fut2 = store.submit(partial(add, block=_block(lines[4:10])), now_if_idle=True)
@@ -278,9 +284,7 @@ async def test_blocks_of_later_loop_rounds_share_one_commit_within_soon_s(
     monkeypatch.setattr(controller.store, "SOON_S", 0.5)
     await store.write(_run)
     lines = _lines(0, 12)
-    commits: list[str] = []
-    assert store._conn is not None
-    store._conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    commits = _commits(store)
     add = partial(crud.add_log_block, run_id="r-1")
     first = store.submit(partial(add, block=_block(lines[:4])), now_if_idle=True)
     for _ in range(3):

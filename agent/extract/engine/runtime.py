@@ -6,7 +6,7 @@ Pure (`setup.prepare_engine` applies them); the user's own settings always win o
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent import settings
@@ -209,7 +209,7 @@ def is_moe(config: Mapping[str, object]) -> bool:
     return any(isinstance(config.get(k), int) and int(config[k]) > 1 for k in keys)  # type: ignore[call-overload]
 
 
-def has_arg(vllm_args: list[str], name: str) -> bool:
+def has_arg(vllm_args: Sequence[str], name: str) -> bool:
     """Whether an engine argument (`--dtype` or `--dtype=…`) is among the user's vllm_args."""
     return any(a == name or a.startswith(name + "=") for a in vllm_args)
 

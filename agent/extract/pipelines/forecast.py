@@ -6,7 +6,6 @@ applies a chat template, so its token counts here are estimates (never above ``-
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,14 +16,13 @@ from agent.extract.planning.forecast import (
     SAMPLE_ROWS,
     Forecast,
     count_rows,
-    cpu_float32,
     element_bytes,
-    engine_dtype,
     file_bytes,
     forecast_sizes,
     free_bytes,
     picked_rows,
     sample_indices,
+    spec_dtype,
 )
 from agent.extract.planning.preflight import SpecError, text_config
 from agent.spec import RunSpec, SpecForgeOptions, SpeculatorsOptions
@@ -136,7 +134,7 @@ def forecast_speculators(spec: RunSpec) -> Forecast:
     todo = [i for i in range(start, end) if i not in done]
     picked = [todo[i] for i in sorted(sample_indices(len(todo)))]
     counts = speculators_lengths(data, picked)
-    elt = element_bytes(engine_dtype(spec.vllm_args, cfg, cpu_float32({**os.environ, **spec.env})))
+    elt = element_bytes(spec_dtype(spec, cfg))
     hidden = int(cfg["hidden_size"])
     return forecast_sizes(counts, len(todo), lambda t: file_bytes(t, layers, hidden, elt), free_bytes(out))
 

@@ -171,10 +171,15 @@ def engine_dtype(vllm_args: Sequence[str], config: dict[str, Any], cpu_float32: 
             value = vllm_args[i + 1]
         if value and value != "auto":
             return value
-    if cpu_float32 and not has_arg(list(vllm_args), "--dtype"):
+    if cpu_float32 and not has_arg(vllm_args, "--dtype"):
         return "float32"
     model = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     return "bfloat16" if model == "float32" else model
+
+
+def spec_dtype(spec: RunSpec, config: dict[str, Any]) -> str:
+    """``engine_dtype`` of a spec on this host (its env as the job will run with it)."""
+    return engine_dtype(spec.vllm_args, config, cpu_float32({**os.environ, **spec.env}))
 
 
 def cpu_flags() -> set[str]:
@@ -220,7 +225,7 @@ def forecast_spec(spec: RunSpec) -> Forecast:
         raise SpecError(f"dataset {dataset} does not exist")
     rows = count_rows(dataset, spec.max_samples)
     counts = token_counts(dataset, model_dir, spec.seq_len, rows, sample_indices(rows))
-    elt = element_bytes(engine_dtype(spec.vllm_args, cfg, cpu_float32({**os.environ, **spec.env})))
+    elt = element_bytes(spec_dtype(spec, cfg))
     return forecast_counts(counts, rows, len(layers), cfg["hidden_size"], elt, free_bytes(spec.output_dir))
 
 

@@ -108,7 +108,7 @@ def wanted_capture(spec: RunSpec) -> Capture:
 
     Raises preflight.SpecError when the model's config.json cannot tell (or the spec captures nothing).
     """
-    from agent.extract.planning.forecast import cpu_float32, engine_dtype
+    from agent.extract.planning.forecast import spec_dtype
     from agent.extract.planning.preflight import SpecError, resolve_layers, text_config
 
     if spec.backend not in OWN or spec.model is None:
@@ -119,7 +119,7 @@ def wanted_capture(spec: RunSpec) -> Capture:
         layer_convention=spec.layer_convention,
         model=os.path.normpath(spec.model),
         model_config_sha256=config_sha256(spec.model),
-        dtype=engine_dtype(spec.vllm_args, cfg, cpu_float32({**os.environ, **spec.env})),
+        dtype=spec_dtype(spec, cfg),
         backend=str(spec.backend),
     )
 
