@@ -94,6 +94,8 @@ def test_start_watch_alert_stop(page: Any, live_server: LiveServer, tmp_path: Pa
     # pause holds new log lines back; resume shows them (while the job still prints a line every 0.5 s)
     page.wait_for_function("document.querySelectorAll('#log .ln').length >= 8", timeout=30000)
     page.click("#log-pause")
+    # lines that came before the click are drawn in the frame after it: count once that frame says paused
+    page.wait_for_function("/paused/.test(document.getElementById('log-info').innerText)")
     held = page.locator("#log .ln").count()
     # the job keeps printing: wait until the info line counts lines held back, then none was shown
     page.wait_for_function("/paused, [0-9]+ new/.test(document.getElementById('log-info').innerText)")
